@@ -1,0 +1,1166 @@
+//! The `Communicator`: the one type most users touch.
+
+use crate::bootstrap::{self, PeerInfo, Secret, UniqueId};
+use crate::config::Config;
+use crate::connection::{self, CommListener, Connection, ControlFrame};
+use crate::dtype::{DataType, Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::executor::{self, Buffers, Header, OpRun};
+use crate::reduce::{self, Combine};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use strata_algorithms::{Algorithm, Collective, Plan, RankSchedule, algorithms_for};
+use strata_topology::HostIdentity;
+
+/// Most schedules kept per communicator.
+const SCHEDULE_CACHE: usize = 512;
+
+/// One collective call, independent of the buffers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CallSpec {
+    /// The collective.
+    pub collective: Collective,
+    /// Element type.
+    pub dtype: DataType,
+    /// Elements, with NCCL's meaning (per rank for gather-like and scatter-like collectives).
+    pub count: usize,
+    /// Reduction (ignored by collectives that do not reduce).
+    pub op: ReduceOp,
+    /// Root of rooted collectives (ignored otherwise).
+    pub root: usize,
+}
+
+impl CallSpec {
+    /// A call of `collective` on `count` elements of `dtype`, summing, rooted at 0.
+    pub fn new(collective: Collective, dtype: DataType, count: usize) -> Self {
+        Self {
+            collective,
+            dtype,
+            count,
+            op: ReduceOp::Sum,
+            root: 0,
+        }
+    }
+}
+
+struct State {
+    conns: Vec<Option<Connection>>,
+    seq: u64,
+    p2p_sent: HashMap<usize, u64>,
+    p2p_received: HashMap<usize, u64>,
+    scratch: Vec<u64>,
+    staging: Vec<u64>,
+    schedules: HashMap<Plan, Arc<RankSchedule>>,
+    splits: u64,
+}
+
+struct Inner {
+    rank: usize,
+    size: usize,
+    comm_id: String,
+    secret: Secret,
+    peers: Vec<PeerInfo>,
+    cfg: Config,
+    listener: CommListener,
+    abort: AtomicBool,
+    failed: Mutex<Option<Error>>,
+    state: Mutex<State>,
+    algo_override: HashMap<Collective, Algorithm>,
+}
+
+/// A group of ranks that run collectives together.
+///
+/// All methods take `&self`; calls on one communicator are serialised, and [`abort`]
+/// (`Communicator::abort`) may be called from any thread at any time.
+///
+/// [`abort`]: Communicator::abort
+pub struct Communicator {
+    inner: Arc<Inner>,
+}
+
+fn comm_id_of(secret: &Secret, label: &[u8]) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"strata comm id");
+    h.update(secret);
+    h.update(label);
+    h.finalize().to_hex()[..24].to_string()
+}
+
+fn parse_algo_env() -> Result<HashMap<Collective, Algorithm>> {
+    let mut out = HashMap::new();
+    let Some(spec) = std::env::var("STRATA_ALGO")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    else {
+        return Ok(out);
+    };
+    for item in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        let (coll, algo) = item.split_once(':').ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "STRATA_ALGO item '{item}' is not collective:algorithm"
+            ))
+        })?;
+        let coll = Collective::parse(coll).ok_or_else(|| {
+            let valid: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
+            Error::InvalidArgument(format!(
+                "STRATA_ALGO: unknown collective '{coll}'; valid: {}",
+                valid.join(", ")
+            ))
+        })?;
+        let valid: Vec<&str> = algorithms_for(coll).iter().map(|a| a.name()).collect();
+        let algo = Algorithm::parse(algo)
+            .filter(|a| a.supports(coll))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "STRATA_ALGO: '{algo}' cannot run {coll}; valid: {}",
+                    valid.join(", ")
+                ))
+            })?;
+        out.insert(coll, algo);
+    }
+    Ok(out)
+}
+
+impl Communicator {
+    /// Joins the communicator named by `id` as `rank` of `nranks`, with configuration from the
+    /// environment. Every rank must call this; it returns when all have arrived, or fails on
+    /// every rank that did arrive, naming the missing ones, when `STRATA_INIT_TIMEOUT` runs out.
+    pub fn init(id: &UniqueId, nranks: usize, rank: usize) -> Result<Self> {
+        Self::init_with_config(id, nranks, rank, Config::from_env()?)
+    }
+
+    /// [`Communicator::init`] with an explicit configuration.
+    pub fn init_with_config(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        cfg: Config,
+    ) -> Result<Self> {
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} is out of range for {nranks} ranks"
+            )));
+        }
+        crate::init_logging();
+        let secret = id.secret();
+        let comm_id = comm_id_of(&secret, b"world");
+        let listener = CommListener::bind(&cfg)?;
+        let listen = listener
+            .local_addr()
+            .map_err(|e| Error::io("listener address", e))?;
+        let listener = CommListener::start(listener, comm_id.clone(), rank, nranks, secret, &cfg)?;
+        let me = PeerInfo {
+            rank,
+            host: HostIdentity::detect(),
+            pid: std::process::id(),
+            process: bootstrap::process_nonce(),
+            listen,
+        };
+        let peers = bootstrap::rendezvous(id, nranks, me, &cfg)?;
+        tracing::debug!(rank, nranks, "communicator initialised");
+        Self::from_parts(rank, peers, comm_id, secret, cfg, listener)
+    }
+
+    /// Joins using the launcher's variables: rank and size from torchrun, Slurm, Open MPI or
+    /// MPICH; the root from `STRATA_ROOT=host:port`, else `MASTER_ADDR` with port
+    /// `STRATA_PORT` (default `MASTER_PORT + 1`, since torchrun's store owns `MASTER_PORT`).
+    /// The job secret is `STRATA_SECRET` (32 hex digits) when set, otherwise derived from the
+    /// launcher's job identifiers and the root address.
+    pub fn from_env() -> Result<Self> {
+        let info = crate::launcher::detect()?.ok_or_else(|| {
+            Error::InvalidArgument("no launcher variables found (RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_*, PMI_*)".into())
+        })?;
+        let root = root_from_env()?;
+        let secret = secret_from_env(&root)?;
+        let cfg = Config::from_env()?;
+        let id = if info.rank == 0 {
+            let bind = SocketAddr::new(
+                if root.is_ipv4() {
+                    IpAddr::from([0, 0, 0, 0])
+                } else {
+                    IpAddr::from([0u16; 8])
+                },
+                root.port(),
+            );
+            let served = UniqueId::serve(bind, secret, cfg.init_timeout)?;
+            UniqueId::from_parts(
+                SocketAddr::new(root.ip(), served.root_addr().port()),
+                &secret,
+            )
+        } else {
+            UniqueId::from_parts(root, &secret)
+        };
+        Self::init_with_config(&id, info.size, info.rank, cfg)
+    }
+
+    fn from_parts(
+        rank: usize,
+        peers: Vec<PeerInfo>,
+        comm_id: String,
+        secret: Secret,
+        cfg: Config,
+        listener: CommListener,
+    ) -> Result<Self> {
+        let size = peers.len();
+        let state = State {
+            conns: (0..size).map(|_| None).collect(),
+            seq: 0,
+            p2p_sent: HashMap::new(),
+            p2p_received: HashMap::new(),
+            scratch: Vec::new(),
+            staging: Vec::new(),
+            schedules: HashMap::new(),
+            splits: 0,
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                rank,
+                size,
+                comm_id,
+                secret,
+                peers,
+                cfg,
+                listener,
+                abort: AtomicBool::new(false),
+                failed: Mutex::new(None),
+                state: Mutex::new(state),
+                algo_override: parse_algo_env()?,
+            }),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// What every rank said about itself at init.
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.inner.peers
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Makes the call in progress (from another thread) and every later call fail with
+    /// `Aborted`. Returns at once; the waiting call notices within 50 ms.
+    pub fn abort(&self) {
+        self.inner.abort.store(true, Ordering::Release);
+    }
+
+    /// The error that broke this communicator, if any; never blocks.
+    pub fn async_error(&self) -> Option<Error> {
+        if self.inner.abort.load(Ordering::Acquire) {
+            return Some(Error::Aborted(None));
+        }
+        self.inner.failed.lock().ok().and_then(|g| g.clone())
+    }
+
+    /// The algorithm used for `collective` (the `STRATA_ALGO` choice or the default).
+    pub fn algorithm_for(&self, collective: Collective) -> Algorithm {
+        self.inner
+            .algo_override
+            .get(&collective)
+            .copied()
+            .unwrap_or(algorithms_for(collective)[0])
+    }
+
+    // ----- typed API -----------------------------------------------------------------------
+
+    /// `recv = reduce(send over all ranks)`; `send` and `recv` have the same length.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        same_len(send.len(), recv.len(), "all_reduce send and recv")?;
+        self.call_typed(
+            CallSpec {
+                op,
+                ..CallSpec::new(Collective::AllReduce, T::DTYPE, recv.len())
+            },
+            Some(send),
+            recv,
+        )
+    }
+
+    /// In-place all-reduce.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.call_typed::<T>(
+            CallSpec {
+                op,
+                ..CallSpec::new(Collective::AllReduce, T::DTYPE, buf.len())
+            },
+            None,
+            buf,
+        )
+    }
+
+    /// Every rank receives `root`'s `send` into `recv` (`send` is read on the root only).
+    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        if self.rank() == root {
+            same_len(
+                send.len(),
+                recv.len(),
+                "broadcast send and recv at the root",
+            )?;
+        }
+        self.call_typed(
+            CallSpec {
+                root,
+                ..CallSpec::new(Collective::Broadcast, T::DTYPE, recv.len())
+            },
+            Some(send),
+            recv,
+        )
+    }
+
+    /// In-place broadcast: `buf` on the root is sent into `buf` everywhere.
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.call_typed::<T>(
+            CallSpec {
+                root,
+                ..CallSpec::new(Collective::Broadcast, T::DTYPE, buf.len())
+            },
+            None,
+            buf,
+        )
+    }
+
+    /// The root receives the reduction into `recv`; other ranks may pass an empty `recv`.
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        if self.rank() == root {
+            same_len(send.len(), recv.len(), "reduce send and recv at the root")?;
+        }
+        self.call_typed(
+            CallSpec {
+                op,
+                root,
+                ..CallSpec::new(Collective::Reduce, T::DTYPE, send.len())
+            },
+            Some(send),
+            recv,
+        )
+    }
+
+    /// In-place reduce: the root's `buf` ends with the result.
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.call_typed::<T>(
+            CallSpec {
+                op,
+                root,
+                ..CallSpec::new(Collective::Reduce, T::DTYPE, buf.len())
+            },
+            None,
+            buf,
+        )
+    }
+
+    /// `recv` (size × `send.len()`) receives every rank's `send`, in rank order.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        same_len(
+            send.len() * self.size(),
+            recv.len(),
+            "all_gather recv (size × send)",
+        )?;
+        self.call_typed(
+            CallSpec::new(Collective::AllGather, T::DTYPE, send.len()),
+            Some(send),
+            recv,
+        )
+    }
+
+    /// In-place all-gather: this rank's block already sits at `buf[rank × count..]`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.per_rank(buf.len(), "all_gather_in_place buffer")?;
+        self.call_typed::<T>(
+            CallSpec::new(Collective::AllGather, T::DTYPE, count),
+            None,
+            buf,
+        )
+    }
+
+    /// `recv` receives block `rank` of the reduction of every rank's `send` (size × `recv.len()`).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        same_len(
+            recv.len() * self.size(),
+            send.len(),
+            "reduce_scatter send (size × recv)",
+        )?;
+        self.call_typed(
+            CallSpec {
+                op,
+                ..CallSpec::new(Collective::ReduceScatter, T::DTYPE, recv.len())
+            },
+            Some(send),
+            recv,
+        )
+    }
+
+    /// In-place reduce-scatter: the result lands in `buf[rank × count..(rank + 1) × count]`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let count = self.per_rank(buf.len(), "reduce_scatter_in_place buffer")?;
+        self.call_typed::<T>(
+            CallSpec {
+                op,
+                ..CallSpec::new(Collective::ReduceScatter, T::DTYPE, count)
+            },
+            None,
+            buf,
+        )
+    }
+
+    /// Block j of `send` goes to rank j, which stores it as block `rank` of its `recv`.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        same_len(send.len(), recv.len(), "all_to_all send and recv")?;
+        let count = self.per_rank(recv.len(), "all_to_all buffers")?;
+        self.call_typed(
+            CallSpec::new(Collective::AllToAll, T::DTYPE, count),
+            Some(send),
+            recv,
+        )
+    }
+
+    /// In-place all-to-all.
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.per_rank(buf.len(), "all_to_all_in_place buffer")?;
+        self.call_typed::<T>(
+            CallSpec::new(Collective::AllToAll, T::DTYPE, count),
+            None,
+            buf,
+        )
+    }
+
+    /// The root's `recv` (size × `send.len()`) receives every rank's `send`.
+    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        if self.rank() == root {
+            same_len(
+                send.len() * self.size(),
+                recv.len(),
+                "gather recv at the root (size × send)",
+            )?;
+        }
+        self.call_typed(
+            CallSpec {
+                root,
+                ..CallSpec::new(Collective::Gather, T::DTYPE, send.len())
+            },
+            Some(send),
+            recv,
+        )
+    }
+
+    /// Block j of the root's `send` (size × `recv.len()`) lands in rank j's `recv`.
+    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        if self.rank() == root {
+            same_len(
+                recv.len() * self.size(),
+                send.len(),
+                "scatter send at the root (size × recv)",
+            )?;
+        }
+        self.call_typed(
+            CallSpec {
+                root,
+                ..CallSpec::new(Collective::Scatter, T::DTYPE, recv.len())
+            },
+            Some(send),
+            recv,
+        )
+    }
+
+    /// Waits until every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        self.call_bytes(
+            CallSpec::new(Collective::Barrier, DataType::Uint8, 0),
+            None,
+            &mut [],
+        )
+    }
+
+    /// Sends `buf` to `peer`, which must call [`Communicator::recv`] with the same length.
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        self.p2p(
+            Collective::Send,
+            T::DTYPE,
+            buf.len(),
+            peer,
+            bytemuck::cast_slice(buf).as_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+
+    /// Receives `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        self.p2p(
+            Collective::Recv,
+            T::DTYPE,
+            bytes.len() / T::DTYPE.size(),
+            peer,
+            std::ptr::null(),
+            bytes.as_mut_ptr(),
+        )
+    }
+
+    /// Splits into communicators of the ranks with the same `color`, ordered by `(key, rank)`.
+    /// Ranks passing `None` take part but get no communicator. Every rank must call it.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        const REC: usize = 40;
+        let listener = CommListener::bind(&self.inner.cfg)?;
+        let listen = listener
+            .local_addr()
+            .map_err(|e| Error::io("listener address", e))?;
+        let mut mine = [0u8; REC];
+        mine[0..8].copy_from_slice(&color.map_or(-1i64, i64::from).to_le_bytes());
+        mine[8..16].copy_from_slice(&(key as i64).to_le_bytes());
+        match listen.ip() {
+            IpAddr::V4(ip) => {
+                mine[16] = 4;
+                mine[18..22].copy_from_slice(&ip.octets());
+            }
+            IpAddr::V6(ip) => {
+                mine[16] = 6;
+                mine[18..34].copy_from_slice(&ip.octets());
+            }
+        }
+        mine[34..36].copy_from_slice(&listen.port().to_le_bytes());
+        let mut all = vec![0u8; REC * self.size()];
+        self.all_gather(&mine, &mut all)?;
+        let split_no = {
+            let mut st = self.lock_state()?;
+            st.splits += 1;
+            st.splits
+        };
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, usize, SocketAddr)> = Vec::new();
+        for (r, rec) in all.chunks_exact(REC).enumerate() {
+            let c = i64::from_le_bytes(rec[0..8].try_into().unwrap_or_default());
+            if c != i64::from(color) {
+                continue;
+            }
+            let k = i64::from_le_bytes(rec[8..16].try_into().unwrap_or_default());
+            let port = u16::from_le_bytes([rec[34], rec[35]]);
+            let ip = if rec[16] == 6 {
+                IpAddr::from(<[u8; 16]>::try_from(&rec[18..34]).unwrap_or_default())
+            } else {
+                IpAddr::from(<[u8; 4]>::try_from(&rec[18..22]).unwrap_or_default())
+            };
+            members.push((k, r, SocketAddr::new(ip, port)));
+        }
+        members.sort_by_key(|m| (m.0, m.1));
+        let peers: Vec<PeerInfo> = members
+            .iter()
+            .enumerate()
+            .map(|(new, (_, old, listen))| PeerInfo {
+                rank: new,
+                listen: *listen,
+                ..self.inner.peers[*old].clone()
+            })
+            .collect();
+        let rank = members
+            .iter()
+            .position(|m| m.1 == self.rank())
+            .ok_or_else(|| Error::Transport("internal: split lost this rank".into()))?;
+        let label = format!("{}/split{split_no}/color{color}", self.inner.comm_id);
+        let comm_id = comm_id_of(&self.inner.secret, label.as_bytes());
+        let listener = CommListener::start(
+            listener,
+            comm_id.clone(),
+            rank,
+            peers.len(),
+            self.inner.secret,
+            &self.inner.cfg,
+        )?;
+        Self::from_parts(
+            rank,
+            peers,
+            comm_id,
+            self.inner.secret,
+            self.inner.cfg.clone(),
+            listener,
+        )
+        .map(Some)
+    }
+
+    // ----- byte-level API ------------------------------------------------------------------
+
+    /// Runs `spec` on byte buffers. `send` is `None` for the in-place form, in which `recv`
+    /// holds the input at NCCL's in-place position (all_gather and gather: block `rank`/`root`
+    /// of `recv`; reduce_scatter and scatter: the whole of `recv`, result in block `rank`).
+    pub fn call_bytes(&self, spec: CallSpec, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        let es = spec.dtype.size();
+        let p = self.size();
+        if matches!(spec.collective, Collective::Send | Collective::Recv) {
+            return Err(Error::InvalidArgument(
+                "use send/recv for point-to-point transfers".into(),
+            ));
+        }
+        if spec.collective.rooted() && spec.root >= p {
+            return Err(Error::InvalidArgument(format!(
+                "root {} is out of range for {p} ranks",
+                spec.root
+            )));
+        }
+        let total = spec
+            .count
+            .checked_mul(p)
+            .and_then(|n| n.checked_mul(es))
+            .filter(|&n| n <= isize::MAX as usize);
+        if total.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "count {} overflows for {p} ranks of {}",
+                spec.count, spec.dtype
+            )));
+        }
+        let (ilen, olen) = spec
+            .collective
+            .buffer_elems(spec.count, p, self.rank(), spec.root);
+        let (ib, ob) = (ilen * es, olen * es);
+        let (input, input_bytes, output, output_bytes): (*const u8, usize, *mut u8, usize) =
+            match send {
+                Some(send) => {
+                    need(send.len(), ib, "send buffer")?;
+                    need(recv.len(), ob, "recv buffer")?;
+                    (send.as_ptr(), ib, recv.as_mut_ptr(), ob)
+                }
+                None => {
+                    let base = recv.as_mut_ptr();
+                    let (in_off, out_off) =
+                        in_place_offsets(spec.collective, spec.count * es, self.rank(), spec.root);
+                    need(
+                        recv.len(),
+                        (in_off + ib).max(out_off + ob),
+                        "in-place buffer",
+                    )?;
+                    // SAFETY: both offsets plus lengths were checked against recv.len().
+                    unsafe { (base.add(in_off) as *const u8, ib, base.add(out_off), ob) }
+                }
+            };
+        // SAFETY: the spans are bounds-checked views of `send`/`recv`, which outlive the call.
+        unsafe { self.run(spec, input, input_bytes, output, output_bytes, None) }
+    }
+
+    fn call_typed<T: Element>(
+        &self,
+        spec: CallSpec,
+        send: Option<&[T]>,
+        recv: &mut [T],
+    ) -> Result<()> {
+        self.call_bytes(
+            spec,
+            send.map(bytemuck::cast_slice),
+            bytemuck::cast_slice_mut(recv),
+        )
+    }
+
+    fn per_rank(&self, len: usize, what: &str) -> Result<usize> {
+        if len % self.size() != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{what} has {len} elements, not a multiple of {} ranks",
+                self.size()
+            )));
+        }
+        Ok(len / self.size())
+    }
+
+    fn p2p(
+        &self,
+        kind: Collective,
+        dtype: DataType,
+        count: usize,
+        peer: usize,
+        input: *const u8,
+        output: *mut u8,
+    ) -> Result<()> {
+        if peer >= self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "peer {peer} is out of range for {} ranks",
+                self.size()
+            )));
+        }
+        if peer == self.rank() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {peer} cannot {kind} to itself"
+            )));
+        }
+        let bytes = count * dtype.size();
+        let spec = CallSpec {
+            root: peer,
+            ..CallSpec::new(kind, dtype, count)
+        };
+        let (in_bytes, out_bytes) = if kind == Collective::Send {
+            (bytes, 0)
+        } else {
+            (0, bytes)
+        };
+        // SAFETY: input/output come from slices of `bytes` bytes that outlive the call.
+        unsafe { self.run(spec, input, in_bytes, output, out_bytes, Some(peer)) }
+    }
+
+    fn lock_state(&self) -> Result<std::sync::MutexGuard<'_, State>> {
+        self.inner
+            .state
+            .lock()
+            .map_err(|_| Error::Aborted(Some("an earlier call panicked".into())))
+    }
+
+    /// Plans and executes one call.
+    ///
+    /// # Safety
+    /// `input`/`output` must be valid for reads/writes of the given byte counts for the whole
+    /// call (they may alias as NCCL's in-place rules allow).
+    unsafe fn run(
+        &self,
+        spec: CallSpec,
+        input: *const u8,
+        input_bytes: usize,
+        output: *mut u8,
+        output_bytes: usize,
+        p2p_peer: Option<usize>,
+    ) -> Result<()> {
+        let inner = &*self.inner;
+        if inner.abort.load(Ordering::Acquire) {
+            return Err(Error::Aborted(None));
+        }
+        if let Some(e) = inner.failed.lock().ok().and_then(|g| g.clone()) {
+            return Err(Error::Aborted(Some(e.to_string())));
+        }
+        if let ReduceOp::PreMulSum(s) = spec.op {
+            if spec.collective.reduces() && s.dtype != spec.dtype {
+                return Err(Error::InvalidArgument(format!(
+                    "premulsum scalar is {} but the buffers are {}",
+                    s.dtype, spec.dtype
+                )));
+            }
+        }
+        let (p, rank, es) = (inner.size, inner.rank, spec.dtype.size());
+        let mut guard = self.lock_state()?;
+        let st = &mut *guard;
+        let started = Instant::now();
+        let deadline = started + inner.cfg.timeout;
+        let algorithm = self.algorithm_for(spec.collective);
+        let (seq, hdr_out, hdr_in) = match p2p_peer {
+            Some(peer) => {
+                let ctr = if spec.collective == Collective::Send {
+                    &mut st.p2p_sent
+                } else {
+                    &mut st.p2p_received
+                };
+                let seq = ctr.entry(peer).or_insert(0);
+                *seq += 1;
+                let mine = Header {
+                    collective: Collective::Send,
+                    seq: *seq,
+                    dtype: spec.dtype,
+                    count: spec.count as u64,
+                    op: 0,
+                    root: 0,
+                };
+                if spec.collective == Collective::Send {
+                    (
+                        *seq,
+                        vec![(
+                            peer,
+                            Header {
+                                root: peer as u64,
+                                ..mine
+                            },
+                        )],
+                        vec![],
+                    )
+                } else {
+                    (
+                        *seq,
+                        vec![],
+                        vec![(
+                            peer,
+                            Header {
+                                root: rank as u64,
+                                ..mine
+                            },
+                        )],
+                    )
+                }
+            }
+            None => (st.seq + 1, vec![], vec![]),
+        };
+        let plan = Plan {
+            collective: spec.collective,
+            algorithm,
+            nranks: p,
+            rank,
+            count: spec.count,
+            root: spec.root,
+            chunk_elems: (inner.cfg.chunk_bytes / es).max(1),
+        };
+        let sched = match st.schedules.get(&plan) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Arc::new(
+                    strata_algorithms::plan(&plan)
+                        .map_err(|e| Error::InvalidArgument(e.to_string()))?,
+                );
+                if st.schedules.len() >= SCHEDULE_CACHE {
+                    st.schedules.clear();
+                }
+                st.schedules.insert(plan, s.clone());
+                s
+            }
+        };
+        let header = Header {
+            collective: spec.collective,
+            seq,
+            dtype: spec.dtype,
+            count: spec.count as u64,
+            op: if spec.collective.reduces() {
+                spec.op.code()
+            } else {
+                0
+            },
+            root: if spec.collective.rooted() {
+                spec.root as u64
+            } else {
+                0
+            },
+        };
+        let (hdr_out, hdr_in) = if p2p_peer.is_some() {
+            (hdr_out, hdr_in)
+        } else {
+            st.seq = seq;
+            let mut peers = sched.send_peers();
+            peers.extend(sched.recv_peers());
+            if p > 1 {
+                peers.push((rank + 1) % p);
+                peers.push((rank + p - 1) % p);
+            }
+            peers.sort_unstable();
+            peers.dedup();
+            peers.retain(|&q| q != rank);
+            (
+                peers.iter().map(|&q| (q, header)).collect(),
+                peers.iter().map(|&q| (q, header)).collect(),
+            )
+        };
+        let desc = if p2p_peer.is_some() {
+            let dir = if spec.collective == Collective::Send {
+                "to"
+            } else {
+                "from"
+            };
+            format!(
+                "{} #{seq} ({}, {} elements, {dir} rank {})",
+                spec.collective, spec.dtype, spec.count, spec.root
+            )
+        } else {
+            header.describe()
+        };
+        let mut peers_needed: Vec<usize> = hdr_out.iter().chain(&hdr_in).map(|h| h.0).collect();
+        peers_needed.sort_unstable();
+        peers_needed.dedup();
+        let result = (|| {
+            self.ensure_connections(st, &peers_needed, deadline, &desc)?;
+            // Inputs that the schedule must not see the caller's memory for.
+            let mut input = input;
+            let needs_private = spec.collective == Collective::AllToAll
+                && input_bytes > 0
+                && std::ptr::eq(input, output);
+            let premul = match spec.op {
+                ReduceOp::PreMulSum(s) if spec.collective.reduces() => Some(s),
+                _ => None,
+            };
+            if let Some(s) = premul {
+                grow(&mut st.staging, input_bytes);
+                let staged =
+                    &mut bytemuck::cast_slice_mut::<u64, u8>(&mut st.staging)[..input_bytes];
+                // SAFETY: the caller guarantees input is readable for input_bytes.
+                reduce::scale(
+                    spec.dtype,
+                    staged,
+                    unsafe { std::slice::from_raw_parts(input, input_bytes) },
+                    &s,
+                );
+                input = staged.as_ptr();
+            } else if needs_private {
+                grow(&mut st.staging, input_bytes);
+                let staged =
+                    &mut bytemuck::cast_slice_mut::<u64, u8>(&mut st.staging)[..input_bytes];
+                // SAFETY: as above.
+                staged.copy_from_slice(unsafe { std::slice::from_raw_parts(input, input_bytes) });
+                input = staged.as_ptr();
+            }
+            let scratch_bytes = sched.scratch_elems * es;
+            grow(&mut st.scratch, scratch_bytes);
+            let bufs = Buffers {
+                input,
+                input_bytes,
+                output,
+                output_bytes,
+                scratch: st.scratch.as_mut_ptr() as *mut u8,
+                scratch_bytes,
+            };
+            let (combine, divide_by) = match spec.op {
+                ReduceOp::Sum | ReduceOp::PreMulSum(_) => (Combine::Sum, None),
+                ReduceOp::Prod => (Combine::Prod, None),
+                ReduceOp::Min => (Combine::Min, None),
+                ReduceOp::Max => (Combine::Max, None),
+                ReduceOp::Avg => (Combine::Sum, Some(p)),
+            };
+            let mut op_run = OpRun {
+                rank,
+                peers: &inner.peers,
+                conns: &mut st.conns,
+                dtype: if spec.collective == Collective::Barrier {
+                    DataType::Uint8
+                } else {
+                    spec.dtype
+                },
+                combine,
+                divide_by: if spec.collective.reduces() {
+                    divide_by
+                } else {
+                    None
+                },
+                hdr_out,
+                hdr_in,
+                deadline,
+                started,
+                abort: &inner.abort,
+                desc: desc.clone(),
+            };
+            op_run.run(&sched, &bufs)
+        })();
+        if let Err(e) = &result {
+            self.fail(st, e, &desc);
+        }
+        result
+    }
+
+    /// Opens (as the lower rank) or waits for (as the higher rank) every connection needed.
+    fn ensure_connections(
+        &self,
+        st: &mut State,
+        peers: &[usize],
+        deadline: Instant,
+        desc: &str,
+    ) -> Result<()> {
+        let inner = &*self.inner;
+        let me = &inner.peers[inner.rank];
+        for &q in peers.iter().filter(|&&q| q > inner.rank) {
+            if st.conns[q].is_none() {
+                let c = connection::connect(
+                    &inner.comm_id,
+                    me,
+                    &inner.peers[q],
+                    &inner.secret,
+                    &inner.cfg,
+                    deadline,
+                )?;
+                tracing::debug!(
+                    rank = inner.rank,
+                    peer = q,
+                    transport = c.data.name(),
+                    "connected"
+                );
+                st.conns[q] = Some(c);
+            }
+        }
+        let started = Instant::now();
+        loop {
+            let mut missing = Vec::new();
+            for &q in peers.iter().filter(|&&q| q < inner.rank) {
+                if st.conns[q].is_none() {
+                    match inner.listener.take(q) {
+                        Some(c) => st.conns[q] = Some(c),
+                        None => missing.push(q),
+                    }
+                }
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if inner.abort.load(Ordering::Acquire) {
+                return Err(Error::Aborted(None));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    op: format!("{desc} (connecting)"),
+                    waiting_on: missing,
+                    after_s: started.elapsed().as_secs_f64(),
+                });
+            }
+            executor::check_control(&mut st.conns, &inner.peers, &[], desc)?;
+            inner.listener.wait(Duration::from_millis(20));
+        }
+    }
+
+    /// Marks the communicator failed and tells every connected peer.
+    fn fail(&self, st: &mut State, e: &Error, desc: &str) {
+        let inner = &*self.inner;
+        if let Ok(mut f) = inner.failed.lock() {
+            if f.is_none() {
+                *f = Some(e.clone());
+            }
+        }
+        let blamed = executor::blamed(e);
+        tracing::error!(rank = inner.rank, op = desc, blamed = %blamed, "{e}");
+        let frame = match e {
+            Error::Mismatch(m) => ControlFrame::Poison {
+                mismatch: true,
+                message: m.clone(),
+            },
+            other => ControlFrame::Poison {
+                mismatch: false,
+                message: format!("rank {} failed {desc}: {other}", inner.rank),
+            },
+        };
+        for c in st.conns.iter_mut().flatten() {
+            c.send_control(&frame);
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(st) = self.state.get_mut() {
+            for c in st.conns.iter_mut().flatten() {
+                c.send_control(&ControlFrame::Goodbye);
+            }
+        }
+    }
+}
+
+fn grow(v: &mut Vec<u64>, bytes: usize) {
+    let words = bytes.div_ceil(8);
+    if v.len() < words {
+        v.resize(words, 0);
+    }
+}
+
+fn same_len(a: usize, b: usize, what: &str) -> Result<()> {
+    if a != b {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: lengths {a} and {b} differ"
+        )));
+    }
+    Ok(())
+}
+
+fn need(have: usize, want: usize, what: &str) -> Result<()> {
+    if have < want {
+        return Err(Error::InvalidArgument(format!(
+            "{what} holds {have} bytes but the call needs {want}"
+        )));
+    }
+    Ok(())
+}
+
+/// Byte offsets of the input and output inside the one buffer of an in-place call.
+fn in_place_offsets(c: Collective, block_bytes: usize, rank: usize, root: usize) -> (usize, usize) {
+    match c {
+        Collective::AllGather => (rank * block_bytes, 0),
+        Collective::Gather if rank == root => (root * block_bytes, 0),
+        Collective::ReduceScatter => (0, rank * block_bytes),
+        Collective::Scatter if rank == root => (0, root * block_bytes),
+        _ => (0, 0),
+    }
+}
+
+fn root_from_env() -> Result<SocketAddr> {
+    let resolve = |s: &str| -> Result<SocketAddr> {
+        s.to_socket_addrs()
+            .map_err(|e| {
+                Error::InvalidArgument(format!("cannot resolve bootstrap root '{s}': {e}"))
+            })?
+            .find(|a| a.is_ipv4())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("bootstrap root '{s}' has no IPv4 address"))
+            })
+    };
+    if let Ok(root) = std::env::var("STRATA_ROOT") {
+        return resolve(root.trim());
+    }
+    let addr = std::env::var("MASTER_ADDR").map_err(|_| {
+        Error::InvalidArgument(
+            "set STRATA_ROOT=host:port or MASTER_ADDR (with MASTER_PORT or STRATA_PORT)".into(),
+        )
+    })?;
+    let port = match std::env::var("STRATA_PORT") {
+        Ok(p) => p
+            .trim()
+            .parse::<u16>()
+            .map_err(|_| Error::InvalidArgument(format!("STRATA_PORT={p} is not a port")))?,
+        Err(_) => {
+            let mp = std::env::var("MASTER_PORT").map_err(|_| {
+                Error::InvalidArgument(
+                    "MASTER_ADDR is set but neither MASTER_PORT nor STRATA_PORT".into(),
+                )
+            })?;
+            let mp: u16 = mp
+                .trim()
+                .parse()
+                .map_err(|_| Error::InvalidArgument(format!("MASTER_PORT={mp} is not a port")))?;
+            mp.checked_add(1).ok_or_else(|| {
+                Error::InvalidArgument("MASTER_PORT + 1 overflows; set STRATA_PORT".into())
+            })?
+        }
+    };
+    resolve(&format!("{}:{port}", addr.trim()))
+}
+
+fn secret_from_env(root: &SocketAddr) -> Result<Secret> {
+    if let Ok(hex) = std::env::var("STRATA_SECRET") {
+        let hex = hex.trim();
+        let bytes: Option<Vec<u8>> = (0..hex.len())
+            .step_by(2)
+            .map(|i| {
+                hex.get(i..i + 2)
+                    .and_then(|b| u8::from_str_radix(b, 16).ok())
+            })
+            .collect();
+        return bytes
+            .and_then(|b| <Secret>::try_from(b.as_slice()).ok())
+            .ok_or_else(|| Error::InvalidArgument("STRATA_SECRET must be 32 hex digits".into()));
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(b"strata job secret");
+    for var in [
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_JOB_ID",
+        "SLURM_STEP_ID",
+        "OMPI_MCA_ess_base_jobid",
+        "PMI_ID",
+        "PMIX_NAMESPACE",
+    ] {
+        if let Ok(v) = std::env::var(var) {
+            h.update(var.as_bytes());
+            h.update(v.as_bytes());
+        }
+    }
+    h.update(root.to_string().as_bytes());
+    let mut s = [0u8; 16];
+    s.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    Ok(s)
+}

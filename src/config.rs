@@ -1,0 +1,200 @@
+//! Runtime configuration from `STRATA_*` (and NCCL's) environment variables.
+
+use crate::error::{Error, Result};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+/// Which transport to use between ranks of one host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportPolicy {
+    /// In-process rings between threads, shared memory within a host, TCP between hosts.
+    Auto,
+    /// TCP everywhere (`STRATA_TRANSPORT=tcp`), so one host can test the network path.
+    Tcp,
+}
+
+/// Tunables of a communicator. [`Config::from_env`] reads them; every field can be set directly.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Deadline of one operation (`STRATA_TIMEOUT`, seconds; default 600 as in PyTorch).
+    pub timeout: Duration,
+    /// Deadline of init (`STRATA_INIT_TIMEOUT`, seconds; default 120).
+    pub init_timeout: Duration,
+    /// Transport choice (`STRATA_TRANSPORT=auto|tcp`).
+    pub transport: TransportPolicy,
+    /// TCP streams per peer (`STRATA_TCP_STREAMS`, default 2).
+    pub tcp_streams: usize,
+    /// Bytes per stripe across TCP streams (`STRATA_TCP_STRIPE`, default 512 KiB).
+    pub tcp_stripe: usize,
+    /// Socket buffer size requested (`STRATA_SOCKET_BUFFER`, default 4 MiB).
+    pub socket_buffer: usize,
+    /// Slots per shared-memory ring (`STRATA_SHM_SLOTS`, default 8).
+    pub shm_slots: u32,
+    /// Bytes per slot (`STRATA_SHM_SLOT_SIZE`, default 256 KiB, multiple of 64).
+    pub shm_slot_size: usize,
+    /// Pipeline chunk of chunked schedules (`STRATA_CHUNK_SIZE`, default 512 KiB).
+    pub chunk_bytes: usize,
+    /// How long an accepted connection may take to authenticate (`STRATA_HANDSHAKE_TIMEOUT`, s).
+    pub handshake_timeout: Duration,
+    /// Address to listen on (from `STRATA_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME`, else the first
+    /// non-loopback IPv4 interface that is up, else loopback).
+    pub listen_ip: IpAddr,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn parse_env<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
+    match env(name) {
+        None => Ok(default),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| Error::InvalidArgument(format!("{name}={v} is not a valid value"))),
+    }
+}
+
+fn secs(name: &str, default: f64) -> Result<Duration> {
+    let s: f64 = parse_env(name, default)?;
+    if !(s > 0.0 && s.is_finite()) {
+        return Err(Error::InvalidArgument(format!(
+            "{name} must be a positive number of seconds"
+        )));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+impl Config {
+    /// Reads the environment; a malformed value is an error that names the variable.
+    pub fn from_env() -> Result<Self> {
+        let transport = match env("STRATA_TRANSPORT").map(|s| s.to_ascii_lowercase()) {
+            None => TransportPolicy::Auto,
+            Some(s) if s == "auto" || s == "shm" => TransportPolicy::Auto,
+            Some(s) if s == "tcp" || s == "socket" => TransportPolicy::Tcp,
+            Some(s) => {
+                return Err(Error::InvalidArgument(format!(
+                    "STRATA_TRANSPORT={s}: valid values are auto, shm, tcp"
+                )));
+            }
+        };
+        let shm_slot_size: usize = parse_env("STRATA_SHM_SLOT_SIZE", 256 << 10)?;
+        let shm_slots: u32 = parse_env("STRATA_SHM_SLOTS", 8)?;
+        if shm_slot_size == 0
+            || shm_slot_size % 64 != 0
+            || shm_slots == 0
+            || shm_slots > crate::transport::ring::MAX_SLOTS
+        {
+            return Err(Error::InvalidArgument(format!(
+                "STRATA_SHM_SLOT_SIZE must be a positive multiple of 64 and STRATA_SHM_SLOTS in 1..={}",
+                crate::transport::ring::MAX_SLOTS
+            )));
+        }
+        let tcp_streams: usize = parse_env("STRATA_TCP_STREAMS", 2)?;
+        if !(1..=64).contains(&tcp_streams) {
+            return Err(Error::InvalidArgument(
+                "STRATA_TCP_STREAMS must be in 1..=64".into(),
+            ));
+        }
+        let ifname = env("STRATA_SOCKET_IFNAME").or_else(|| env("NCCL_SOCKET_IFNAME"));
+        Ok(Self {
+            timeout: secs("STRATA_TIMEOUT", 600.0)?,
+            init_timeout: secs("STRATA_INIT_TIMEOUT", 120.0)?,
+            transport,
+            tcp_streams,
+            tcp_stripe: parse_env("STRATA_TCP_STRIPE", 512 << 10)?,
+            socket_buffer: parse_env("STRATA_SOCKET_BUFFER", 4 << 20)?,
+            shm_slots,
+            shm_slot_size,
+            chunk_bytes: parse_env::<usize>("STRATA_CHUNK_SIZE", 512 << 10)?.max(64),
+            handshake_timeout: secs("STRATA_HANDSHAKE_TIMEOUT", 5.0)?,
+            listen_ip: pick_interface(ifname.as_deref())?,
+        })
+    }
+}
+
+/// Picks the address to listen on. `spec` follows NCCL_SOCKET_IFNAME: a comma-separated list of
+/// name prefixes, `=` for exact names, `^` to exclude.
+pub fn pick_interface(spec: Option<&str>) -> Result<IpAddr> {
+    let ifaces = interfaces();
+    let pick = |f: &dyn Fn(&str) -> bool| ifaces.iter().find(|(n, _)| f(n)).map(|(_, a)| *a);
+    match spec {
+        Some(spec) => {
+            let (exclude, list) = match spec.strip_prefix('^') {
+                Some(rest) => (true, rest),
+                None => (false, spec),
+            };
+            let (exact, list) = match list.strip_prefix('=') {
+                Some(rest) => (true, rest),
+                None => (false, list),
+            };
+            let names: Vec<&str> = list
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect();
+            let matches = |n: &str| {
+                names
+                    .iter()
+                    .any(|p| if exact { n == *p } else { n.starts_with(p) })
+            };
+            pick(&|n| matches(n) != exclude).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "no interface with an IPv4 address matches socket interface '{spec}'"
+                ))
+            })
+        }
+        None => Ok(
+            pick(&|n| n != "lo" && !n.starts_with("docker") && !n.starts_with("virbr"))
+                .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        ),
+    }
+}
+
+/// (name, IPv4 address) of every interface that is up.
+fn interfaces() -> Vec<(String, IpAddr)> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: cur is a node of the list returned by getifaddrs.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() && ifa.ifa_flags & libc::IFF_UP as u32 != 0 {
+            // SAFETY: ifa_addr is non-null and points to a sockaddr.
+            let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+            if family == libc::AF_INET {
+                // SAFETY: AF_INET addresses are sockaddr_in; ifa_name is a C string.
+                let (sin, name) = unsafe {
+                    (
+                        &*(ifa.ifa_addr as *const libc::sockaddr_in),
+                        std::ffi::CStr::from_ptr(ifa.ifa_name),
+                    )
+                };
+                let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                out.push((name.to_string_lossy().into_owned(), IpAddr::V4(ip)));
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: head came from getifaddrs.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_can_be_chosen_by_name() {
+        assert_eq!(
+            pick_interface(Some("=lo")).unwrap(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        assert!(pick_interface(Some("=no-such-interface0")).is_err());
+    }
+}

@@ -1,0 +1,450 @@
+//! Connections between two ranks of a communicator: a data path (a [`Transport`]) plus a TCP
+//! control stream that carries out-of-band frames (failure notices, goodbyes) and whose loss
+//! means the peer is gone.
+//!
+//! The lower rank of a pair always opens the connection. The higher rank's listener thread
+//! authenticates it, builds the data path and parks the finished connection until the owning
+//! thread asks for it, so opening a connection never waits for the other rank's thread.
+
+use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret, TransportSetup};
+use crate::config::{Config, TransportPolicy};
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+use crate::transport::ring::{Geometry, HeapMemory, Memory, RingEndpoint, ShmMemory};
+use crate::transport::tcp::{TcpTransport, tune_socket};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Largest control frame.
+const MAX_CONTROL_FRAME: usize = 1 << 20;
+
+/// Out-of-band frames on a connection's control stream.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum ControlFrame {
+    /// The sender failed an operation; the receiver must fail too.
+    Poison { mismatch: bool, message: String },
+    /// The sender is destroying its communicator; a later EOF is not a failure.
+    Goodbye,
+}
+
+/// A connection to one peer.
+pub(crate) struct Connection {
+    pub peer: usize,
+    pub data: Box<dyn Transport>,
+    pub control: TcpStream,
+    control_in: Vec<u8>,
+    /// The peer said goodbye.
+    pub gone: bool,
+    /// Bytes of the current operation's incoming header read so far.
+    pub hdr_in: Vec<u8>,
+}
+
+impl Connection {
+    fn new(peer: usize, data: Box<dyn Transport>, control: TcpStream) -> Result<Self> {
+        control
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("control stream", e))?;
+        control.set_read_timeout(None).ok();
+        Ok(Self {
+            peer,
+            data,
+            control,
+            control_in: Vec::new(),
+            gone: false,
+            hdr_in: Vec::new(),
+        })
+    }
+
+    /// Sends a control frame (best effort: the peer may already be gone).
+    pub fn send_control(&mut self, frame: &ControlFrame) {
+        let Ok(body) = serde_json::to_vec(frame) else {
+            return;
+        };
+        let mut buf = (body.len() as u32).to_le_bytes().to_vec();
+        buf.extend_from_slice(&body);
+        let _ = self.control.set_nonblocking(false);
+        let _ = self.control.set_write_timeout(Some(Duration::from_secs(1)));
+        let _ = self.control.write_all(&buf);
+        let _ = self.control.set_nonblocking(true);
+    }
+
+    /// Reads whatever control frames have arrived. `Ok(None)` when nothing is pending; an
+    /// `Err` when the peer failed or vanished without a goodbye.
+    pub fn poll_control(&mut self, peer_info: &PeerInfo) -> Result<Option<ControlFrame>> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(frame) = self.take_frame()? {
+                if matches!(frame, ControlFrame::Goodbye) {
+                    self.gone = true;
+                }
+                return Ok(Some(frame));
+            }
+            match self.control.read(&mut chunk) {
+                Ok(0) => {
+                    if self.gone {
+                        return Ok(None);
+                    }
+                    return Err(Error::PeerFailed {
+                        rank: self.peer,
+                        host: peer_info.host.hostname.clone(),
+                        reason: format!(
+                            "connection closed without a goodbye (pid {} exited or was killed?)",
+                            peer_info.pid
+                        ),
+                    });
+                }
+                Ok(n) => self.control_in.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    if self.gone {
+                        return Ok(None);
+                    }
+                    return Err(Error::PeerFailed {
+                        rank: self.peer,
+                        host: peer_info.host.hostname.clone(),
+                        reason: format!("control stream: {e}"),
+                    });
+                }
+            }
+        }
+    }
+
+    fn take_frame(&mut self) -> Result<Option<ControlFrame>> {
+        if self.control_in.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes([
+            self.control_in[0],
+            self.control_in[1],
+            self.control_in[2],
+            self.control_in[3],
+        ]) as usize;
+        if len > MAX_CONTROL_FRAME {
+            return Err(Error::Transport(format!(
+                "rank {} sent a {len}-byte control frame",
+                self.peer
+            )));
+        }
+        if self.control_in.len() < 4 + len {
+            return Ok(None);
+        }
+        let frame = serde_json::from_slice(&self.control_in[4..4 + len]).map_err(|e| {
+            Error::Transport(format!(
+                "rank {} sent a malformed control frame: {e}",
+                self.peer
+            ))
+        });
+        self.control_in.drain(..4 + len);
+        frame.map(Some)
+    }
+}
+
+/// Ring segments handed between threads of one process, by key.
+fn inproc_registry() -> &'static Mutex<HashMap<String, Arc<HeapMemory>>> {
+    static REG: OnceLock<Mutex<HashMap<String, Arc<HeapMemory>>>> = OnceLock::new();
+    REG.get_or_init(Default::default)
+}
+
+fn random_hex() -> String {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+struct ListenerShared {
+    comm: String,
+    rank: usize,
+    nranks: usize,
+    cfg: Config,
+    ready: Mutex<HashMap<usize, Connection>>,
+    streams: Mutex<HashMap<(usize, usize), TcpStream>>,
+    cv: Condvar,
+}
+
+/// A communicator's listener: accepts, authenticates and builds incoming connections.
+pub(crate) struct CommListener {
+    shared: Arc<ListenerShared>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CommListener {
+    /// Binds a listener on the configured interface.
+    pub fn bind(cfg: &Config) -> Result<TcpListener> {
+        TcpListener::bind(SocketAddr::new(cfg.listen_ip, 0))
+            .map_err(|e| Error::io(format!("binding a listener on {}", cfg.listen_ip), e))
+    }
+
+    /// Starts serving `listener` for communicator `comm`.
+    pub fn start(
+        listener: TcpListener,
+        comm: String,
+        rank: usize,
+        nranks: usize,
+        secret: Secret,
+        cfg: &Config,
+    ) -> Result<Self> {
+        let shared = Arc::new(ListenerShared {
+            comm,
+            rank,
+            nranks,
+            cfg: cfg.clone(),
+            ready: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
+            cv: Condvar::new(),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let sh = shared.clone();
+        let handle: Arc<dyn Fn(TcpStream) + Send + Sync> = Arc::new(move |s| {
+            if let Err(e) = accept_connection(&sh, s) {
+                tracing::warn!(rank = sh.rank, error = %e, "refused an incoming connection");
+            }
+        });
+        let (st, hs) = (stop.clone(), cfg.handshake_timeout);
+        let thread = std::thread::Builder::new()
+            .name(format!("strata-listen-{rank}"))
+            .spawn(move || bootstrap::accept_loop(listener, secret, hs, st, handle))
+            .map_err(|e| Error::io("spawning the listener", e))?;
+        Ok(Self {
+            shared,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Takes the connection from `peer` if its listener side is complete.
+    pub fn take(&self, peer: usize) -> Option<Connection> {
+        self.shared.ready.lock().ok()?.remove(&peer)
+    }
+
+    /// Waits up to `d` for any new connection.
+    pub fn wait(&self, d: Duration) {
+        if let Ok(g) = self.shared.ready.lock() {
+            let _ = self.shared.cv.wait_timeout(g, d);
+        }
+    }
+}
+
+impl Drop for CommListener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
+    let msg = bootstrap::recv_msg(&mut s)?;
+    let Msg::Connect {
+        comm,
+        from,
+        to,
+        kind,
+    } = msg
+    else {
+        return Err(Error::Transport("expected a Connect frame".into()));
+    };
+    let refuse = |s: &mut TcpStream, reason: String| -> Result<()> {
+        let _ = bootstrap::send_msg(
+            s,
+            &Msg::Nack {
+                reason: reason.clone(),
+            },
+        );
+        Err(Error::Transport(reason))
+    };
+    if comm != sh.comm || to != sh.rank || from >= sh.nranks || from >= to {
+        return refuse(
+            &mut s,
+            format!("connection for comm {comm} rank {from}->{to} does not belong here"),
+        );
+    }
+    match kind {
+        ConnectKind::TcpStream { index } => {
+            tune_socket(&s, sh.cfg.socket_buffer).map_err(|e| Error::io("socket options", e))?;
+            s.set_read_timeout(None).ok();
+            let mut m = sh
+                .streams
+                .lock()
+                .map_err(|_| Error::Transport("listener lock poisoned".into()))?;
+            m.insert((from, index), s);
+            sh.cv.notify_all();
+            Ok(())
+        }
+        ConnectKind::Control { transport } => {
+            let data: Box<dyn Transport> = match transport {
+                TransportSetup::Tcp { streams, stripe } => {
+                    if streams == 0 || streams > 64 {
+                        return refuse(&mut s, format!("{streams} streams requested"));
+                    }
+                    let deadline = Instant::now() + sh.cfg.handshake_timeout;
+                    let mut m = sh
+                        .streams
+                        .lock()
+                        .map_err(|_| Error::Transport("listener lock poisoned".into()))?;
+                    while (0..streams).any(|i| !m.contains_key(&(from, i))) {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            drop(m);
+                            return refuse(&mut s, "data streams did not arrive".into());
+                        }
+                        m = sh
+                            .cv
+                            .wait_timeout(m, left)
+                            .map_err(|_| Error::Transport("listener lock poisoned".into()))?
+                            .0;
+                    }
+                    let list: Vec<TcpStream> =
+                        (0..streams).filter_map(|i| m.remove(&(from, i))).collect();
+                    drop(m);
+                    Box::new(
+                        TcpTransport::new(list, stripe)
+                            .map_err(|e| Error::io("tcp transport", e))?,
+                    )
+                }
+                TransportSetup::Shm { name } => {
+                    if !name.starts_with("/strata-") || name.len() > 200 || name[1..].contains('/')
+                    {
+                        return refuse(&mut s, "bad segment name".into());
+                    }
+                    let mem = ShmMemory::open(&name)
+                        .map_err(|e| Error::io(format!("opening {name}"), e))?;
+                    Box::new(
+                        RingEndpoint::attach(Arc::new(mem), "shm")
+                            .map_err(|e| Error::io("shm ring", e))?,
+                    )
+                }
+                TransportSetup::InProcess { key } => {
+                    let mem = inproc_registry()
+                        .lock()
+                        .ok()
+                        .and_then(|mut r| r.remove(&key));
+                    let Some(mem) = mem else {
+                        return refuse(&mut s, "unknown in-process segment".into());
+                    };
+                    let mem: Arc<dyn Memory> = mem;
+                    Box::new(
+                        RingEndpoint::attach(mem, "inproc")
+                            .map_err(|e| Error::io("inproc ring", e))?,
+                    )
+                }
+            };
+            bootstrap::send_msg(&mut s, &Msg::Ack)?;
+            let conn = Connection::new(from, data, s)?;
+            let mut ready = sh
+                .ready
+                .lock()
+                .map_err(|_| Error::Transport("listener lock poisoned".into()))?;
+            ready.insert(from, conn);
+            sh.cv.notify_all();
+            Ok(())
+        }
+    }
+}
+
+/// Opens a connection from `me` to the higher rank `peer`, choosing the transport by where
+/// the two ranks live.
+pub(crate) fn connect(
+    comm: &str,
+    me: &PeerInfo,
+    peer: &PeerInfo,
+    secret: &Secret,
+    cfg: &Config,
+    deadline: Instant,
+) -> Result<Connection> {
+    let same_host = me.host.same_host(&peer.host);
+    let hs = cfg.handshake_timeout;
+    let connect_msg = |kind| Msg::Connect {
+        comm: comm.to_string(),
+        from: me.rank,
+        to: peer.rank,
+        kind,
+    };
+    let mut shm_mem: Option<Arc<ShmMemory>> = None;
+    let geo = Geometry {
+        slots: cfg.shm_slots,
+        slot_size: cfg.shm_slot_size,
+    };
+    let (setup, data): (TransportSetup, Box<dyn Transport>) =
+        if cfg.transport == TransportPolicy::Tcp || !same_host {
+            let mut streams = Vec::with_capacity(cfg.tcp_streams);
+            for index in 0..cfg.tcp_streams {
+                let mut s = bootstrap::connect_authenticated(peer.listen, secret, deadline, hs)?;
+                tune_socket(&s, cfg.socket_buffer).map_err(|e| Error::io("socket options", e))?;
+                bootstrap::send_msg(&mut s, &connect_msg(ConnectKind::TcpStream { index }))?;
+                streams.push(s);
+            }
+            let t = TcpTransport::new(streams, cfg.tcp_stripe)
+                .map_err(|e| Error::io("tcp transport", e))?;
+            (
+                TransportSetup::Tcp {
+                    streams: cfg.tcp_streams,
+                    stripe: cfg.tcp_stripe,
+                },
+                Box::new(t),
+            )
+        } else if me.process == peer.process {
+            let mem = Arc::new(
+                HeapMemory::new(geo.segment_bytes())
+                    .map_err(|e| Error::io("ring allocation", e))?,
+            );
+            let ep = RingEndpoint::create(mem.clone(), geo, "inproc")
+                .map_err(|e| Error::io("inproc ring", e))?;
+            let key = format!("{comm}-{}-{}-{}", me.rank, peer.rank, random_hex());
+            inproc_registry()
+                .lock()
+                .map_err(|_| Error::Transport("registry lock poisoned".into()))?
+                .insert(key.clone(), mem);
+            (TransportSetup::InProcess { key }, Box::new(ep))
+        } else {
+            let name = format!("/strata-{}-{}", std::process::id(), random_hex());
+            let mem = Arc::new(
+                ShmMemory::create(&name, geo.segment_bytes())
+                    .map_err(|e| Error::io(format!("creating {name}"), e))?,
+            );
+            let ep = RingEndpoint::create(mem.clone(), geo, "shm")
+                .map_err(|e| Error::io("shm ring", e))?;
+            shm_mem = Some(mem);
+            (TransportSetup::Shm { name }, Box::new(ep))
+        };
+    let mut control = bootstrap::connect_authenticated(peer.listen, secret, deadline, hs)?;
+    bootstrap::send_msg(
+        &mut control,
+        &connect_msg(ConnectKind::Control {
+            transport: setup.clone(),
+        }),
+    )?;
+    control
+        .set_read_timeout(Some(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(10)),
+        ))
+        .ok();
+    let reply = bootstrap::recv_msg(&mut control);
+    if let TransportSetup::InProcess { key } = &setup {
+        // Whatever happened, the listener took the segment or never will.
+        if let Ok(mut r) = inproc_registry().lock() {
+            r.remove(key);
+        }
+    }
+    // Both sides have the segment mapped (or the peer failed); the name is no longer needed.
+    if let Some(m) = &shm_mem {
+        m.unlink();
+    }
+    match reply? {
+        Msg::Ack => Connection::new(peer.rank, data, control),
+        Msg::Nack { reason } => Err(Error::Transport(format!(
+            "rank {} refused the connection: {reason}",
+            peer.rank
+        ))),
+        other => Err(Error::Transport(format!("unexpected reply {other:?}"))),
+    }
+}

@@ -1,0 +1,601 @@
+//! The executor: runs one rank's [`RankSchedule`] over its connections.
+//!
+//! All operations of a step progress together through non-blocking transport calls; operations
+//! of one step that use the same connection direction go in list order, which keeps each byte
+//! stream in schedule order. Before its data, every connection an operation uses carries a
+//! 64-byte header (sequence number, collective, type, count, op, root) in each direction, and
+//! the receiver checks it against its own call. Every wait spins briefly, then yields, then
+//! sleeps on futexes or sockets for at most 50 ms at a time, checking the abort flag, the
+//! deadline and the peers' control streams in between.
+
+use crate::bootstrap::PeerInfo;
+use crate::connection::{Connection, ControlFrame};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, RankList, Result};
+use crate::reduce::{self, Combine};
+use crate::transport::{Direction, Wait, futex};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use strata_algorithms::{Buf, Collective, Op, RankSchedule, Region};
+
+/// Bytes of an operation header.
+pub(crate) const HEADER_BYTES: usize = 64;
+const HEADER_MAGIC: u32 = 0x5244_4853; // "SHDR"
+const SPINS: u32 = 2000;
+const YIELDS: u32 = 50;
+const MAX_SLEEP: Duration = Duration::from_millis(50);
+
+/// What a rank says about the operation it is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub collective: Collective,
+    pub seq: u64,
+    pub dtype: DataType,
+    pub count: u64,
+    pub op: u8,
+    pub root: u64,
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
+        b[4] = self.collective.code();
+        b[5] = self.dtype as u8;
+        b[6] = self.op;
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.count.to_le_bytes());
+        b[24..32].copy_from_slice(&self.root.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        if b.len() < HEADER_BYTES || u32::from_le_bytes(b[0..4].try_into().ok()?) != HEADER_MAGIC {
+            return None;
+        }
+        Some(Self {
+            collective: Collective::from_code(b[4])?,
+            dtype: DataType::from_code(b[5])?,
+            op: b[6],
+            seq: u64_at(8),
+            count: u64_at(16),
+            root: u64_at(24),
+        })
+    }
+
+    /// `all_reduce #3 (float, sum, 1024 elements)`.
+    pub fn describe(&self) -> String {
+        let c = self.collective;
+        let mut s = format!("{c} #{} ({}", self.seq, self.dtype);
+        if c.reduces() {
+            s += &format!(", {}", ReduceOp::name_of_code(self.op));
+        }
+        s += &format!(", {} elements", self.count);
+        match c {
+            _ if c.rooted() => s += &format!(", root {}", self.root),
+            Collective::Send => s += &format!(", to rank {}", self.root),
+            Collective::Recv => s += &format!(", from rank {}", self.root),
+            _ => {}
+        }
+        s + ")"
+    }
+}
+
+/// The caller's buffers and the scratch memory, as raw spans.
+pub(crate) struct Buffers {
+    pub input: *const u8,
+    pub input_bytes: usize,
+    pub output: *mut u8,
+    pub output_bytes: usize,
+    pub scratch: *mut u8,
+    pub scratch_bytes: usize,
+}
+
+impl Buffers {
+    fn span(&self, r: &Region, es: usize) -> Result<(*mut u8, usize)> {
+        let (base, cap) = match r.buf {
+            Buf::Input => (self.input as *mut u8, self.input_bytes),
+            Buf::Output => (self.output, self.output_bytes),
+            Buf::Scratch => (self.scratch, self.scratch_bytes),
+        };
+        let (off, len) = (r.offset * es, r.len * es);
+        if off + len > cap {
+            return Err(Error::Transport(format!(
+                "internal: schedule region {r:?} exceeds its {cap}-byte buffer"
+            )));
+        }
+        // SAFETY: off + len ≤ cap, the size of the buffer base points to.
+        Ok((unsafe { base.add(off) }, len))
+    }
+}
+
+/// One operation's context.
+pub(crate) struct OpRun<'a> {
+    pub rank: usize,
+    pub peers: &'a [PeerInfo],
+    pub conns: &'a mut [Option<Connection>],
+    pub dtype: DataType,
+    pub combine: Combine,
+    /// `Some(n)` for avg: divide by n when finalising.
+    pub divide_by: Option<usize>,
+    /// Headers to send: (peer, header).
+    pub hdr_out: Vec<(usize, Header)>,
+    /// Headers to expect: (peer, header).
+    pub hdr_in: Vec<(usize, Header)>,
+    pub deadline: Instant,
+    pub started: Instant,
+    pub abort: &'a AtomicBool,
+    /// The operation, for messages.
+    pub desc: String,
+}
+
+struct PeerState {
+    peer: usize,
+    out: Option<[u8; HEADER_BYTES]>,
+    out_sent: usize,
+    expect: Option<Header>,
+    in_done: bool,
+}
+
+impl OpRun<'_> {
+    fn conn(&mut self, peer: usize) -> Result<&mut Connection> {
+        self.conns
+            .get_mut(peer)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Transport(format!("internal: no connection to rank {peer}")))
+    }
+
+    /// Runs the schedule to the end.
+    pub fn run(&mut self, sched: &RankSchedule, bufs: &Buffers) -> Result<()> {
+        let mut states: Vec<PeerState> = Vec::new();
+        let state_of = |peer: usize, states: &mut Vec<PeerState>| -> usize {
+            states
+                .iter()
+                .position(|s| s.peer == peer)
+                .unwrap_or_else(|| {
+                    states.push(PeerState {
+                        peer,
+                        out: None,
+                        out_sent: 0,
+                        expect: None,
+                        in_done: true,
+                    });
+                    states.len() - 1
+                })
+        };
+        for (peer, h) in std::mem::take(&mut self.hdr_out) {
+            let i = state_of(peer, &mut states);
+            states[i].out = Some(h.encode());
+        }
+        for (peer, h) in std::mem::take(&mut self.hdr_in) {
+            let i = state_of(peer, &mut states);
+            states[i].expect = Some(h);
+            states[i].in_done = false;
+        }
+        for p in &states {
+            if let Some(c) = self.conns.get_mut(p.peer).and_then(Option::as_mut) {
+                c.hdr_in.clear();
+            }
+        }
+        for step in &sched.steps {
+            self.run_ops(&step.ops, bufs, &mut states)?;
+        }
+        self.run_ops(&[], bufs, &mut states)
+    }
+
+    fn run_ops(&mut self, ops: &[Op], bufs: &Buffers, states: &mut [PeerState]) -> Result<()> {
+        let es = self.dtype.size();
+        let mut done = vec![0usize; ops.len()];
+        let mut finished = vec![false; ops.len()];
+        // Local operations first: they never wait.
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                Op::Copy { src, dst } => {
+                    let (s, n) = bufs.span(src, es)?;
+                    let (d, _) = bufs.span(dst, es)?;
+                    if s != d {
+                        // SAFETY: both spans were bounds-checked; `copy` handles overlap.
+                        unsafe { std::ptr::copy(s, d, n) };
+                    }
+                    finished[i] = true;
+                }
+                Op::Finalize { region } => {
+                    if let Some(n) = self.divide_by {
+                        let (p, len) = bufs.span(region, es)?;
+                        // SAFETY: bounds-checked span of the output or scratch buffer, which no
+                        // other operation of this step touches.
+                        reduce::divide(
+                            self.dtype,
+                            unsafe { std::slice::from_raw_parts_mut(p, len) },
+                            n,
+                        );
+                    }
+                    finished[i] = true;
+                }
+                _ => {}
+            }
+        }
+        let mut idle = 0u32;
+        let mut busy_send: Vec<usize> = Vec::new();
+        let mut busy_recv: Vec<usize> = Vec::new();
+        loop {
+            let mut progressed = false;
+            let mut waits: Vec<(usize, Direction)> = Vec::new();
+            // Headers out.
+            for st in states.iter_mut() {
+                if let Some(h) = st.out {
+                    if st.out_sent < HEADER_BYTES {
+                        let peer = st.peer;
+                        let n = self
+                            .conn(peer)?
+                            .data
+                            .send_some(&h[st.out_sent..])
+                            .map_err(|e| self.io_err(peer, e))?;
+                        st.out_sent += n;
+                        progressed |= n > 0;
+                        if st.out_sent < HEADER_BYTES {
+                            waits.push((peer, Direction::Send));
+                        }
+                    }
+                }
+            }
+            busy_send.clear();
+            busy_recv.clear();
+            let mut all_done = true;
+            for (i, op) in ops.iter().enumerate() {
+                if finished[i] {
+                    continue;
+                }
+                all_done = false;
+                match op {
+                    Op::Send { peer, src } => {
+                        let peer = *peer;
+                        if busy_send.contains(&peer) {
+                            continue;
+                        }
+                        busy_send.push(peer);
+                        let st = states.iter().find(|s| s.peer == peer);
+                        if st.is_some_and(|s| s.out.is_some() && s.out_sent < HEADER_BYTES) {
+                            continue;
+                        }
+                        let (p, len) = bufs.span(src, es)?;
+                        // SAFETY: bounds-checked span that no operation of this step writes.
+                        let data =
+                            unsafe { std::slice::from_raw_parts(p.add(done[i]), len - done[i]) };
+                        let n = self
+                            .conn(peer)?
+                            .data
+                            .send_some(data)
+                            .map_err(|e| self.io_err(peer, e))?;
+                        done[i] += n;
+                        progressed |= n > 0;
+                        if done[i] == len {
+                            finished[i] = true;
+                        } else {
+                            waits.push((peer, Direction::Send));
+                        }
+                    }
+                    Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                        let peer = *peer;
+                        if busy_recv.contains(&peer) {
+                            continue;
+                        }
+                        busy_recv.push(peer);
+                        if let Some(si) = states.iter().position(|s| s.peer == peer && !s.in_done) {
+                            progressed |= self.read_header(&mut states[si])?;
+                            if !states[si].in_done {
+                                waits.push((peer, Direction::Recv));
+                                continue;
+                            }
+                        }
+                        let n = self.recv_data(op, done[i], bufs)?;
+                        done[i] += n;
+                        progressed |= n > 0;
+                        if done[i] == op.elems_received() * es {
+                            finished[i] = true;
+                        } else {
+                            waits.push((peer, Direction::Recv));
+                        }
+                    }
+                    Op::Copy { .. } | Op::Finalize { .. } => {
+                        unreachable!("local ops finish at once")
+                    }
+                }
+            }
+            if ops.is_empty() {
+                // End of the operation: the remaining headers from peers we only exchanged
+                // headers with.
+                for si in 0..states.len() {
+                    if !states[si].in_done {
+                        progressed |= self.read_header(&mut states[si])?;
+                        if !states[si].in_done {
+                            waits.push((states[si].peer, Direction::Recv));
+                        }
+                    }
+                }
+            }
+            if all_done && waits.is_empty() {
+                return Ok(());
+            }
+            if progressed {
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            self.idle_wait(idle, &waits)?;
+        }
+    }
+
+    fn io_err(&self, peer: usize, e: std::io::Error) -> Error {
+        let host = self
+            .peers
+            .get(peer)
+            .map(|p| p.host.hostname.clone())
+            .unwrap_or_default();
+        Error::PeerFailed {
+            rank: peer,
+            host,
+            reason: format!("{} during {}: {e}", "connection lost", self.desc),
+        }
+    }
+
+    /// Reads (part of) the header from `st.peer`; returns whether bytes arrived.
+    fn read_header(&mut self, st: &mut PeerState) -> Result<bool> {
+        let peer = st.peer;
+        let conn = self.conn(peer)?;
+        let have = conn.hdr_in.len();
+        let mut buf = [0u8; HEADER_BYTES];
+        let n = conn
+            .data
+            .recv_into(&mut buf[..HEADER_BYTES - have])
+            .map_err(|e| self.io_err(peer, e))?;
+        let conn = self.conn(peer)?;
+        conn.hdr_in.extend_from_slice(&buf[..n]);
+        if conn.hdr_in.len() < HEADER_BYTES {
+            return Ok(n > 0);
+        }
+        let got = Header::decode(&conn.hdr_in);
+        conn.hdr_in.clear();
+        st.in_done = true;
+        let expect = st
+            .expect
+            .ok_or_else(|| Error::Transport("internal: header without expectation".into()))?;
+        let who = self
+            .peers
+            .get(peer)
+            .map(PeerInfo::describe)
+            .unwrap_or_default();
+        match got {
+            Some(h) if h == expect => Ok(true),
+            Some(h) => Err(Error::Mismatch(format!(
+                "rank {} called {}; rank {peer} ({who}) called {}",
+                self.rank,
+                expect.describe(),
+                h.describe()
+            ))),
+            None => Err(Error::Mismatch(format!(
+                "rank {} in {} received a malformed operation header from rank {peer} ({who}): the byte streams are out of step",
+                self.rank,
+                expect.describe()
+            ))),
+        }
+    }
+
+    fn recv_data(&mut self, op: &Op, done: usize, bufs: &Buffers) -> Result<usize> {
+        let es = self.dtype.size();
+        let (dtype, combine) = (self.dtype, self.combine);
+        match op {
+            Op::Recv { peer, dst } => {
+                let (d, len) = bufs.span(dst, es)?;
+                // SAFETY: bounds-checked span that only this operation touches in this step.
+                let dst = unsafe { std::slice::from_raw_parts_mut(d.add(done), len - done) };
+                let peer = *peer;
+                self.conn(peer)?
+                    .data
+                    .recv_into(dst)
+                    .map_err(|e| self.io_err(peer, e))
+            }
+            Op::RecvReduce { peer, src, dst } => {
+                let (s, len) = bufs.span(src, es)?;
+                let (d, dlen) = bufs.span(dst, es)?;
+                if dlen != len
+                    || (s != d
+                        && (s as usize) < d as usize + len
+                        && (d as usize) < s as usize + len)
+                {
+                    return Err(Error::Transport(
+                        "internal: reduce operands overlap partially".into(),
+                    ));
+                }
+                let mut pos = done;
+                let peer = *peer;
+                let n = self
+                    .conn(peer)?
+                    .data
+                    .recv_some(len - done, es, &mut |incoming| {
+                        let k = incoming.len();
+                        // SAFETY: [pos, pos+k) lies inside both bounds-checked spans; when the
+                        // spans are the same memory only one mutable slice is made.
+                        unsafe {
+                            let out = std::slice::from_raw_parts_mut(d.add(pos), k);
+                            if s == d {
+                                reduce::reduce_in_place(dtype, combine, out, incoming);
+                            } else {
+                                let a = std::slice::from_raw_parts(s.add(pos), k);
+                                reduce::reduce_into(dtype, combine, out, a, incoming);
+                            }
+                        }
+                        pos += k;
+                    })
+                    .map_err(|e| self.io_err(peer, e))?;
+                Ok(n)
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// Waits for progress: spin, then yield, then sleep on what the blocked transfers wait for.
+    fn idle_wait(&mut self, idle: u32, waits: &[(usize, Direction)]) -> Result<()> {
+        if self.abort.load(Ordering::Acquire) {
+            return Err(Error::Aborted(None));
+        }
+        if idle < SPINS {
+            std::hint::spin_loop();
+            return Ok(());
+        }
+        if idle < SPINS + YIELDS {
+            std::thread::yield_now();
+            return Ok(());
+        }
+        let now = Instant::now();
+        if now >= self.deadline {
+            let mut waiting_on: Vec<usize> = waits.iter().map(|w| w.0).collect();
+            waiting_on.sort_unstable();
+            waiting_on.dedup();
+            return Err(Error::Timeout {
+                op: self.desc.clone(),
+                waiting_on,
+                after_s: (now - self.started).as_secs_f64(),
+            });
+        }
+        self.check_control(waits)?;
+        let sleep = MAX_SLEEP.min(self.deadline - now);
+        let mut futexes: Vec<(*const AtomicU32, u32, *const AtomicU32)> = Vec::new();
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        for &(peer, dir) in waits {
+            match self.conn(peer)?.data.wait_for(dir) {
+                Wait::Futex {
+                    word,
+                    expected,
+                    flag,
+                } => futexes.push((word, expected, flag)),
+                Wait::Fd { fd, events } => fds.push(libc::pollfd {
+                    fd,
+                    events,
+                    revents: 0,
+                }),
+            }
+        }
+        for c in self.conns.iter().flatten() {
+            fds.push(libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&c.control),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let only_control = fds.len() - self.conns.iter().flatten().count() == 0;
+        if !futexes.is_empty() {
+            // SAFETY: the words and flags live in ring memory owned by connections that outlive
+            // this call.
+            let words: Vec<(&AtomicU32, u32)> = futexes
+                .iter()
+                .map(|(w, v, _)| (unsafe { &**w }, *v))
+                .collect();
+            for (_, _, f) in &futexes {
+                // SAFETY: as above.
+                unsafe { &**f }.store(1, Ordering::SeqCst);
+            }
+            let t = if only_control {
+                sleep
+            } else {
+                Duration::from_millis(1)
+            };
+            futex::wait_any(&words, t);
+            for (_, _, f) in &futexes {
+                // SAFETY: as above.
+                unsafe { &**f }.store(0, Ordering::SeqCst);
+            }
+            if !only_control {
+                // SAFETY: valid pollfd array.
+                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+            }
+        } else {
+            // SAFETY: valid pollfd array.
+            unsafe {
+                libc::poll(
+                    fds.as_mut_ptr(),
+                    fds.len() as libc::nfds_t,
+                    sleep.as_millis().max(1) as i32,
+                )
+            };
+        }
+        Ok(())
+    }
+
+    fn check_control(&mut self, waits: &[(usize, Direction)]) -> Result<()> {
+        let waiting: Vec<usize> = waits.iter().map(|w| w.0).collect();
+        check_control(self.conns, self.peers, &waiting, &self.desc)
+    }
+}
+
+/// Reads control frames from every connection: a failure notice or a vanished peer is an
+/// error, and so is a goodbye from a peer in `waiting`.
+pub(crate) fn check_control(
+    conns: &mut [Option<Connection>],
+    peers: &[PeerInfo],
+    waiting: &[usize],
+    desc: &str,
+) -> Result<()> {
+    for c in conns.iter_mut().flatten() {
+        let info = &peers[c.peer];
+        while let Some(frame) = c.poll_control(info)? {
+            match frame {
+                ControlFrame::Poison {
+                    mismatch: true,
+                    message,
+                } => return Err(Error::Mismatch(message)),
+                ControlFrame::Poison {
+                    mismatch: false,
+                    message,
+                } => {
+                    return Err(Error::PeerFailed {
+                        rank: c.peer,
+                        host: info.host.hostname.clone(),
+                        reason: message,
+                    });
+                }
+                ControlFrame::Goodbye => {}
+            }
+        }
+        if c.gone && waiting.contains(&c.peer) {
+            return Err(Error::PeerFailed {
+                rank: c.peer,
+                host: info.host.hostname.clone(),
+                reason: format!(
+                    "it destroyed its communicator while this rank waits on it in {desc}"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Names the ranks an error blames, for logs.
+pub(crate) fn blamed(e: &Error) -> String {
+    match e {
+        Error::Timeout { waiting_on, .. } => RankList(waiting_on).to_string(),
+        Error::PeerFailed { rank, .. } => format!("rank {rank}"),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_describe() {
+        let h = Header {
+            collective: Collective::AllReduce,
+            seq: 7,
+            dtype: DataType::Float32,
+            count: 1024,
+            op: 0,
+            root: 0,
+        };
+        assert_eq!(Header::decode(&h.encode()), Some(h));
+        assert_eq!(h.describe(), "all_reduce #7 (float, sum, 1024 elements)");
+        assert!(Header::decode(&[0u8; 64]).is_none());
+    }
+}

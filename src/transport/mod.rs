@@ -1,0 +1,71 @@
+//! Transports: how bytes move between two ranks.
+//!
+//! Every transport is a pair of ordered byte streams (one per direction) with non-blocking
+//! `send_some` / `recv_some` calls, so the executor can progress many transfers at once and
+//! bound every wait by a deadline and the abort flag. [`Transport::wait_for`] says what to
+//! sleep on when nothing can move.
+
+pub(crate) mod futex;
+pub(crate) mod ring;
+pub(crate) mod tcp;
+
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::AtomicU32;
+
+/// Which way a wait is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// Room to send.
+    Send,
+    /// Data to receive.
+    Recv,
+}
+
+/// Something a blocked transfer can sleep on.
+pub(crate) enum Wait {
+    /// Sleep while the word holds `expected`. `flag` is raised while sleeping so the other side
+    /// knows to issue a wake.
+    Futex {
+        /// The word that changes on progress.
+        word: *const AtomicU32,
+        /// Its value when progress stopped.
+        expected: u32,
+        /// The "someone sleeps" flag of this direction.
+        flag: *const AtomicU32,
+    },
+    /// Poll a socket for these events.
+    Fd {
+        /// The socket.
+        fd: RawFd,
+        /// `POLLIN` or `POLLOUT`.
+        events: i16,
+    },
+}
+
+/// One connection's data path.
+pub(crate) trait Transport: Send {
+    /// A short name for logs: `shm`, `inproc`, `tcp`.
+    fn name(&self) -> &'static str;
+    /// Accepts as much of `data` as fits now and returns how much; never blocks.
+    fn send_some(&mut self, data: &[u8]) -> io::Result<usize>;
+    /// Hands received bytes to `f` — at most `max`, in whole multiples of `granule` — and
+    /// returns how many were consumed; never blocks.
+    fn recv_some(
+        &mut self,
+        max: usize,
+        granule: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> io::Result<usize>;
+    /// Copies received bytes into `dst` and returns how many; never blocks.
+    fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        let mut done = 0;
+        let max = dst.len();
+        self.recv_some(max, 1, &mut |b| {
+            dst[done..done + b.len()].copy_from_slice(b);
+            done += b.len();
+        })
+    }
+    /// What to sleep on until the given direction can make progress.
+    fn wait_for(&self, dir: Direction) -> Wait;
+}

@@ -1,0 +1,519 @@
+//! Slot rings in shared memory: the shared-memory transport between processes of one host and
+//! the in-process transport between threads of one process use the same code over different
+//! memory (a `/dev/shm` mapping or a heap allocation).
+//!
+//! A connection's segment holds two rings, one per direction. A ring is `slots` slots of
+//! `slot_size` bytes plus two cache-padded counters: `head` (slots posted, written only by the
+//! producer) and `tail` (slots released, written only by the consumer). A slot carries the
+//! bytes of one `send_some` call, at most `slot_size`. Sleepers wait on the counters with a
+//! futex and raise a flag so that the other side only pays for a wake when someone sleeps.
+
+use super::futex;
+use super::{Direction, Transport, Wait};
+use std::ffi::CString;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+const MAGIC: u32 = 0x5354_5241; // "STRA"
+const CACHE_LINE: usize = 64;
+const CONTROL_BYTES: usize = 4096;
+
+/// Memory that both endpoints of a ring connection can see.
+pub(crate) trait Memory: Send + Sync {
+    /// Start of the region (page aligned).
+    fn base(&self) -> *mut u8;
+    /// Bytes in the region.
+    fn len(&self) -> usize;
+}
+
+/// Ring geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    /// Slots per direction.
+    pub slots: u32,
+    /// Bytes per slot (a multiple of 64).
+    pub slot_size: usize,
+}
+
+impl Geometry {
+    fn ring_bytes(&self) -> usize {
+        CONTROL_BYTES + self.slots as usize * self.slot_size
+    }
+    /// Bytes of a segment holding both directions.
+    pub fn segment_bytes(&self) -> usize {
+        CONTROL_BYTES + 2 * self.ring_bytes()
+    }
+}
+
+#[repr(C)]
+struct SegmentHeader {
+    magic: AtomicU32,
+    slots: AtomicU32,
+    slot_size: AtomicU32,
+    /// Set to 1 by the side that opens an existing segment.
+    attached: AtomicU32,
+}
+
+/// Counters of one direction, each on its own cache line.
+#[repr(C, align(64))]
+struct Padded(AtomicU32);
+
+#[repr(C)]
+struct RingControl {
+    head: Padded,
+    tail: Padded,
+    consumer_sleeping: Padded,
+    producer_sleeping: Padded,
+    // followed by `slots` AtomicU32 lengths
+}
+
+/// One endpoint of a ring connection: it produces into one ring and consumes the other.
+pub(crate) struct RingEndpoint {
+    mem: Arc<dyn Memory>,
+    geo: Geometry,
+    tx: usize,
+    rx: usize,
+    /// Producer-side copy of our own head.
+    tx_head: u32,
+    /// Consumer-side copy of our own tail, and how far into the current slot we have read.
+    rx_tail: u32,
+    rx_offset: usize,
+    name: &'static str,
+}
+
+// SAFETY: the endpoint only touches the shared memory through atomics and through slots that
+// the ring protocol gives it exclusively (producer: slots in [head, tail + slots); consumer:
+// slots in [tail, head)). The memory is kept alive by the Arc.
+unsafe impl Send for RingEndpoint {}
+
+impl RingEndpoint {
+    /// Lays out a fresh segment in `mem` and returns the creator's endpoint.
+    pub fn create(mem: Arc<dyn Memory>, geo: Geometry, name: &'static str) -> io::Result<Self> {
+        if mem.len() < geo.segment_bytes() || geo.slot_size % CACHE_LINE != 0 || geo.slots == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "ring segment too small or misshapen",
+            ));
+        }
+        // SAFETY: the region is at least segment_bytes long and page aligned; nobody else has
+        // attached yet, so plain initialisation through atomics is race-free.
+        let hdr = unsafe { &*(mem.base() as *const SegmentHeader) };
+        hdr.slots.store(geo.slots, Ordering::Relaxed);
+        hdr.slot_size.store(geo.slot_size as u32, Ordering::Relaxed);
+        hdr.magic.store(MAGIC, Ordering::Release);
+        Ok(Self::endpoint(mem, geo, 0, 1, name))
+    }
+
+    /// Attaches to a segment laid out by [`RingEndpoint::create`] and returns the other endpoint.
+    pub fn attach(mem: Arc<dyn Memory>, name: &'static str) -> io::Result<Self> {
+        if mem.len() < CONTROL_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "ring segment too small",
+            ));
+        }
+        // SAFETY: the region is at least CONTROL_BYTES long and page aligned.
+        let hdr = unsafe { &*(mem.base() as *const SegmentHeader) };
+        if hdr.magic.load(Ordering::Acquire) != MAGIC {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a strata ring segment",
+            ));
+        }
+        let geo = Geometry {
+            slots: hdr.slots.load(Ordering::Relaxed),
+            slot_size: hdr.slot_size.load(Ordering::Relaxed) as usize,
+        };
+        if geo.slots == 0 || geo.slot_size % CACHE_LINE != 0 || mem.len() < geo.segment_bytes() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "ring segment geometry does not fit",
+            ));
+        }
+        hdr.attached.store(1, Ordering::Release);
+        Ok(Self::endpoint(mem, geo, 1, 0, name))
+    }
+
+    fn endpoint(
+        mem: Arc<dyn Memory>,
+        geo: Geometry,
+        tx: usize,
+        rx: usize,
+        name: &'static str,
+    ) -> Self {
+        Self {
+            mem,
+            geo,
+            tx,
+            rx,
+            tx_head: 0,
+            rx_tail: 0,
+            rx_offset: 0,
+            name,
+        }
+    }
+
+    fn ring_base(&self, which: usize) -> *mut u8 {
+        // SAFETY: offsets stay inside segment_bytes, checked at create/attach.
+        unsafe {
+            self.mem
+                .base()
+                .add(CONTROL_BYTES + which * self.geo.ring_bytes())
+        }
+    }
+
+    /// The control block of ring `which`. The reference is not tied to `&self` so that the
+    /// endpoint's own cursors can be updated while it is held; it must not outlive `self`.
+    fn control<'a>(&self, which: usize) -> &'a RingControl {
+        // SAFETY: each ring starts with a 4 KiB control block, page aligned, inside memory that
+        // `self.mem` keeps alive; callers only use the reference while `self` is borrowed.
+        unsafe { &*(self.ring_base(which) as *const RingControl) }
+    }
+
+    fn len_word<'a>(&self, which: usize, slot: u32) -> &'a AtomicU32 {
+        // SAFETY: the lengths follow the four padded counters inside the control block
+        // (4 * 64 + slots * 4 bytes must fit in 4 KiB, so slots ≤ 960; enforced by config).
+        unsafe {
+            &*(self
+                .ring_base(which)
+                .add(4 * CACHE_LINE + 4 * slot as usize) as *const AtomicU32)
+        }
+    }
+
+    fn slot_ptr(&self, which: usize, slot: u32) -> *mut u8 {
+        // SAFETY: slot < slots, so the slot lies inside the ring.
+        unsafe {
+            self.ring_base(which)
+                .add(CONTROL_BYTES + slot as usize * self.geo.slot_size)
+        }
+    }
+}
+
+/// Largest slot count whose lengths fit in a control block.
+pub(crate) const MAX_SLOTS: u32 = ((CONTROL_BYTES - 4 * CACHE_LINE) / 4) as u32;
+
+impl Transport for RingEndpoint {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn send_some(&mut self, data: &[u8]) -> io::Result<usize> {
+        let ctl = self.control(self.tx);
+        let mut sent = 0;
+        while sent < data.len() {
+            let tail = ctl.tail.0.load(Ordering::Acquire);
+            if self.tx_head.wrapping_sub(tail) >= self.geo.slots {
+                break;
+            }
+            let slot = self.tx_head % self.geo.slots;
+            let n = self.geo.slot_size.min(data.len() - sent);
+            // SAFETY: the slot is free (head - tail < slots), so the consumer does not read it;
+            // n ≤ slot_size.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.as_ptr().add(sent),
+                    self.slot_ptr(self.tx, slot),
+                    n,
+                )
+            };
+            self.len_word(self.tx, slot)
+                .store(n as u32, Ordering::Relaxed);
+            self.tx_head = self.tx_head.wrapping_add(1);
+            ctl.head.0.store(self.tx_head, Ordering::SeqCst);
+            sent += n;
+        }
+        if sent > 0 && ctl.consumer_sleeping.0.load(Ordering::SeqCst) != 0 {
+            futex::wake(&ctl.head.0);
+        }
+        Ok(sent)
+    }
+
+    fn recv_some(
+        &mut self,
+        max: usize,
+        granule: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> io::Result<usize> {
+        let ctl = self.control(self.rx);
+        let mut consumed = 0;
+        let mut released = false;
+        while consumed < max {
+            let head = ctl.head.0.load(Ordering::Acquire);
+            if head == self.rx_tail {
+                break;
+            }
+            let slot = self.rx_tail % self.geo.slots;
+            let len = (self.len_word(self.rx, slot).load(Ordering::Relaxed) as usize)
+                .min(self.geo.slot_size);
+            let avail = len - self.rx_offset;
+            let mut take = avail.min(max - consumed);
+            take -= take % granule.max(1);
+            if take == 0 {
+                if avail > 0 && avail < granule && consumed == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "stream split inside an element (peer sent a different type?)",
+                    ));
+                }
+                break;
+            }
+            // SAFETY: slots in [tail, head) belong to the consumer until tail moves; the range
+            // lies inside the slot's posted length.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(self.slot_ptr(self.rx, slot).add(self.rx_offset), take)
+            };
+            f(bytes);
+            consumed += take;
+            self.rx_offset += take;
+            if self.rx_offset == len {
+                self.rx_offset = 0;
+                self.rx_tail = self.rx_tail.wrapping_add(1);
+                ctl.tail.0.store(self.rx_tail, Ordering::SeqCst);
+                released = true;
+            }
+        }
+        if released && ctl.producer_sleeping.0.load(Ordering::SeqCst) != 0 {
+            futex::wake(&ctl.tail.0);
+        }
+        Ok(consumed)
+    }
+
+    fn wait_for(&self, dir: Direction) -> Wait {
+        match dir {
+            Direction::Recv => {
+                let ctl = self.control(self.rx);
+                Wait::Futex {
+                    word: &ctl.head.0,
+                    expected: self.rx_tail,
+                    flag: &ctl.consumer_sleeping.0,
+                }
+            }
+            Direction::Send => {
+                let ctl = self.control(self.tx);
+                let tail = ctl.tail.0.load(Ordering::Acquire);
+                Wait::Futex {
+                    word: &ctl.tail.0,
+                    expected: tail,
+                    flag: &ctl.producer_sleeping.0,
+                }
+            }
+        }
+    }
+}
+
+/// A heap allocation shared by threads of one process.
+pub(crate) struct HeapMemory {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the allocation is only accessed through the ring protocol (atomics plus exclusive
+// slots), so sharing it between threads is sound.
+unsafe impl Send for HeapMemory {}
+// SAFETY: as above.
+unsafe impl Sync for HeapMemory {}
+
+impl HeapMemory {
+    /// Allocates `len` zeroed bytes, page aligned.
+    pub fn new(len: usize) -> io::Result<Self> {
+        let layout = std::alloc::Layout::from_size_align(len.max(CONTROL_BYTES), 4096)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: the layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "ring allocation failed",
+            ));
+        }
+        Ok(Self { ptr, layout })
+    }
+}
+
+impl Memory for HeapMemory {
+    fn base(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+}
+
+impl Drop for HeapMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// A `/dev/shm` mapping shared by processes of one host.
+pub(crate) struct ShmMemory {
+    ptr: *mut u8,
+    len: usize,
+    name: String,
+    owner: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: see HeapMemory; the mapping is process-wide.
+unsafe impl Send for ShmMemory {}
+// SAFETY: see HeapMemory.
+unsafe impl Sync for ShmMemory {}
+
+impl ShmMemory {
+    /// Creates and maps a new segment named `name` (must start with '/').
+    pub fn create(name: &str, len: usize) -> io::Result<Self> {
+        Self::open_inner(name, len, true)
+    }
+
+    /// Maps an existing segment.
+    pub fn open(name: &str) -> io::Result<Self> {
+        Self::open_inner(name, 0, false)
+    }
+
+    fn open_inner(name: &str, len: usize, create: bool) -> io::Result<Self> {
+        let cname =
+            CString::new(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let flags = if create {
+            libc::O_CREAT | libc::O_EXCL | libc::O_RDWR
+        } else {
+            libc::O_RDWR
+        };
+        // SAFETY: cname is a valid C string.
+        let fd = unsafe { libc::shm_open(cname.as_ptr(), flags, 0o600) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let result = (|| {
+            let len = if create {
+                // SAFETY: fd is a valid descriptor we own.
+                if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                len
+            } else {
+                // SAFETY: stat is plain data and fd is valid.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: as above.
+                if unsafe { libc::fstat(fd, &mut st) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                st.st_size as usize
+            };
+            if len == 0 {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "empty segment"));
+            }
+            // SAFETY: mapping a regular shm file we opened read-write.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            };
+            if ptr == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            Ok((ptr as *mut u8, len))
+        })();
+        // SAFETY: fd is ours; the mapping stays valid after close.
+        unsafe { libc::close(fd) };
+        match result {
+            Ok((ptr, len)) => Ok(Self {
+                ptr,
+                len,
+                name: name.to_string(),
+                owner: create.into(),
+            }),
+            Err(e) => {
+                if create {
+                    // SAFETY: removing the name we just created.
+                    unsafe { libc::shm_unlink(cname.as_ptr()) };
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes the name; the mapping lives on until both sides unmap.
+    pub fn unlink(&self) {
+        if self.owner.swap(false, Ordering::AcqRel) {
+            if let Ok(c) = CString::new(self.name.as_str()) {
+                // SAFETY: valid C string; failure (already gone) is harmless.
+                unsafe { libc::shm_unlink(c.as_ptr()) };
+            }
+        }
+    }
+}
+
+impl Memory for ShmMemory {
+    fn base(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for ShmMemory {
+    fn drop(&mut self) {
+        self.unlink();
+        // SAFETY: ptr/len come from a successful mmap.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(geo: Geometry) -> (RingEndpoint, RingEndpoint) {
+        let mem: Arc<dyn Memory> = Arc::new(HeapMemory::new(geo.segment_bytes()).unwrap());
+        let a = RingEndpoint::create(mem.clone(), geo, "inproc").unwrap();
+        let b = RingEndpoint::attach(mem, "inproc").unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn bytes_arrive_in_order_across_slot_wraps() {
+        let (mut a, mut b) = pair(Geometry {
+            slots: 3,
+            slot_size: 64,
+        });
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut got = Vec::new();
+        let mut sent = 0;
+        while got.len() < data.len() {
+            sent += a.send_some(&data[sent..]).unwrap();
+            b.recv_some(usize::MAX, 1, &mut |x| got.extend_from_slice(x))
+                .unwrap();
+        }
+        assert_eq!(got, data);
+        // And the other direction.
+        assert_eq!(b.send_some(b"hello").unwrap(), 5);
+        let mut buf = [0u8; 5];
+        assert_eq!(a.recv_into(&mut buf).unwrap(), 5);
+        assert_eq!(&buf, b"hello");
+    }
+
+    #[test]
+    fn shm_segment_maps_twice() {
+        let name = format!("/strata-test-{}", std::process::id());
+        let geo = Geometry {
+            slots: 2,
+            slot_size: 128,
+        };
+        let mem: Arc<dyn Memory> = Arc::new(ShmMemory::create(&name, geo.segment_bytes()).unwrap());
+        let mut a = RingEndpoint::create(mem, geo, "shm").unwrap();
+        let other = ShmMemory::open(&name).unwrap();
+        other.unlink();
+        let mut b = RingEndpoint::attach(Arc::new(other), "shm").unwrap();
+        a.send_some(&[1, 2, 3]).unwrap();
+        let mut buf = [0u8; 3];
+        assert_eq!(b.recv_into(&mut buf).unwrap(), 3);
+        assert_eq!(buf, [1, 2, 3]);
+    }
+}
