@@ -44,6 +44,21 @@ impl CallSpec {
             root: 0,
         }
     }
+
+    /// Byte offsets of the input and of the output inside the single buffer of an in-place
+    /// call by `rank` (NCCL's rules: all_gather and gather put the input at block `rank`,
+    /// reduce_scatter and scatter put the output there).
+    pub fn in_place_offsets(&self, rank: usize) -> (usize, usize) {
+        let block = self.count * self.dtype.size();
+        let is_root = rank == self.root;
+        match self.collective {
+            Collective::AllGather => (rank * block, 0),
+            Collective::Gather if is_root => (rank * block, 0),
+            Collective::ReduceScatter => (0, rank * block),
+            Collective::Scatter if is_root => (0, rank * block),
+            _ => (0, 0),
+        }
+    }
 }
 
 struct State {
@@ -69,6 +84,7 @@ struct Inner {
     failed: Mutex<Option<Error>>,
     state: Mutex<State>,
     algo_override: HashMap<Collective, Algorithm>,
+    spin: executor::SpinPolicy,
 }
 
 /// A group of ranks that run collectives together.
@@ -205,6 +221,10 @@ impl Communicator {
         listener: CommListener,
     ) -> Result<Self> {
         let size = peers.len();
+        let local_ranks = peers
+            .iter()
+            .filter(|p| p.host.same_host(&peers[rank].host))
+            .count();
         let state = State {
             conns: (0..size).map(|_| None).collect(),
             seq: 0,
@@ -228,6 +248,7 @@ impl Communicator {
                 failed: Mutex::new(None),
                 state: Mutex::new(state),
                 algo_override: parse_algo_env()?,
+                spin: executor::SpinPolicy::for_host(local_ranks),
             }),
         })
     }
@@ -648,8 +669,7 @@ impl Communicator {
                 }
                 None => {
                     let base = recv.as_mut_ptr();
-                    let (in_off, out_off) =
-                        in_place_offsets(spec.collective, spec.count * es, self.rank(), spec.root);
+                    let (in_off, out_off) = spec.in_place_offsets(self.rank());
                     need(
                         recv.len(),
                         (in_off + ib).max(out_off + ob),
@@ -949,6 +969,7 @@ impl Communicator {
                 started,
                 abort: &inner.abort,
                 desc: desc.clone(),
+                spin: inner.spin,
             };
             op_run.run(&sched, &bufs)
         })();
@@ -1075,17 +1096,6 @@ fn need(have: usize, want: usize, what: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Byte offsets of the input and output inside the one buffer of an in-place call.
-fn in_place_offsets(c: Collective, block_bytes: usize, rank: usize, root: usize) -> (usize, usize) {
-    match c {
-        Collective::AllGather => (rank * block_bytes, 0),
-        Collective::Gather if rank == root => (root * block_bytes, 0),
-        Collective::ReduceScatter => (0, rank * block_bytes),
-        Collective::Scatter if rank == root => (0, root * block_bytes),
-        _ => (0, 0),
-    }
 }
 
 fn root_from_env() -> Result<SocketAddr> {

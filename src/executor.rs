@@ -21,8 +21,6 @@ use strata_algorithms::{Buf, Collective, Op, RankSchedule, Region};
 /// Bytes of an operation header.
 pub(crate) const HEADER_BYTES: usize = 64;
 const HEADER_MAGIC: u32 = 0x5244_4853; // "SHDR"
-const SPINS: u32 = 2000;
-const YIELDS: u32 = 50;
 const MAX_SLEEP: Duration = Duration::from_millis(50);
 
 /// What a rank says about the operation it is in.
@@ -128,6 +126,34 @@ pub(crate) struct OpRun<'a> {
     pub abort: &'a AtomicBool,
     /// The operation, for messages.
     pub desc: String,
+    /// Idle polls spent spinning, then yielding, before sleeping.
+    pub spin: SpinPolicy,
+}
+
+/// How long an idle wait spins and yields before it sleeps.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpinPolicy {
+    pub spins: u32,
+    pub yields: u32,
+}
+
+impl SpinPolicy {
+    /// Spin generously when every rank of the host has a core of its own; barely at all when
+    /// ranks outnumber cores, because a spinning rank would take the core of the rank it waits
+    /// for. `STRATA_SPIN` overrides the spin count.
+    pub fn for_host(local_ranks: usize) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let oversubscribed = local_ranks > cores;
+        let default = if oversubscribed { 20 } else { 2000 };
+        let spins = std::env::var("STRATA_SPIN")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default);
+        Self {
+            spins,
+            yields: if oversubscribed { 2 } else { 50 },
+        }
+    }
 }
 
 struct PeerState {
@@ -440,11 +466,11 @@ impl OpRun<'_> {
         if self.abort.load(Ordering::Acquire) {
             return Err(Error::Aborted(None));
         }
-        if idle < SPINS {
+        if idle < self.spin.spins {
             std::hint::spin_loop();
             return Ok(());
         }
-        if idle < SPINS + YIELDS {
+        if idle < self.spin.spins + self.spin.yields {
             std::thread::yield_now();
             return Ok(());
         }

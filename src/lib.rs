@@ -17,6 +17,7 @@
 //! [`RankSchedule`]: strata_algorithms::RankSchedule
 
 pub mod bootstrap;
+pub mod check;
 mod comm;
 pub mod config;
 mod connection;

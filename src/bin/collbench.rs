@@ -1,1 +1,659 @@
-fn main() {}
+//! collbench: an nccl-tests-style benchmark of strata's collectives.
+//!
+//! `collbench --np 4` spawns 4 ranks of itself on this host; under torchrun, srun or mpirun it
+//! joins from the launcher's variables instead. Results are checked by default (`-c 1`) and
+//! the process exits non-zero when any element is wrong.
+
+use clap::Parser;
+use serde::Serialize;
+use std::process::{Child, Command, ExitCode};
+use std::time::{Duration, Instant};
+use strata::check;
+use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId};
+
+/// Environment variables a spawning parent hands its children.
+const ENV_ID: &str = "STRATA_COLLBENCH_ID";
+const ENV_RANK: &str = "STRATA_COLLBENCH_RANK";
+const ENV_NRANKS: &str = "STRATA_COLLBENCH_NRANKS";
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "collbench",
+    version,
+    about = "nccl-tests-style benchmark for strata collectives"
+)]
+struct Args {
+    /// Spawn this many ranks on this host (0: join from launcher variables, else run 1 rank).
+    #[arg(long, default_value_t = 0)]
+    np: usize,
+    /// The collective: all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all,
+    /// gather, scatter, send_recv.
+    #[arg(long = "op", default_value = "all_reduce")]
+    collective: String,
+    /// Smallest size in bytes (K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    min_bytes: usize,
+    /// Largest size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_size)]
+    max_bytes: usize,
+    /// Multiply the size by this factor between rows (when > 1).
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    step_factor: usize,
+    /// Add this many bytes between rows (when the factor is 1).
+    #[arg(short = 'i', long = "stepbytes", default_value = "1M", value_parser = parse_size)]
+    step_bytes: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    warmup: usize,
+    /// Check results (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    check: u8,
+    /// Reduction: sum, prod, min, max, avg, premulsum, or all.
+    #[arg(short = 'o', long = "redop", default_value = "sum")]
+    redop: String,
+    /// Element type (float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64,
+    /// f8e4m3, f8e5m2) or all.
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    dtype: String,
+    /// Root of rooted collectives.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    root: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(short = 'J', long = "json")]
+    json: Option<std::path::PathBuf>,
+    /// Give up (and kill the ranks) after this many seconds, with --np.
+    #[arg(long)]
+    timeout: Option<f64>,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("'{s}' is not a size"))
+}
+
+#[derive(Serialize, Clone, Copy, Default)]
+struct Measure {
+    time_us: f64,
+    algbw_gbs: f64,
+    busbw_gbs: f64,
+    wrong: u64,
+}
+
+#[derive(Serialize)]
+struct Row {
+    collective: String,
+    dtype: String,
+    redop: String,
+    root: i64,
+    size_bytes: usize,
+    count: usize,
+    out_of_place: Measure,
+    in_place: Measure,
+}
+
+#[derive(Serialize)]
+struct Report {
+    nranks: usize,
+    transport: String,
+    rows: Vec<Row>,
+    avg_busbw_gbs: f64,
+    wrong: u64,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Ok(id_hex) = std::env::var(ENV_ID) {
+        return child_main(&args, &id_hex);
+    }
+    if args.np > 0 {
+        return spawn_main(&args);
+    }
+    let comm = match strata::launcher::detect() {
+        Ok(Some(_)) => Communicator::from_env(),
+        Ok(None) => UniqueId::new().and_then(|id| Communicator::init(&id, 1, 0)),
+        Err(e) => Err(e),
+    };
+    match comm {
+        Ok(comm) => bench_main(&args, &comm),
+        Err(e) => {
+            eprintln!("collbench: init failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+        .collect()
+}
+
+/// Spawns `np` ranks of this program on this host (over loopback unless told otherwise).
+fn spawn_main(args: &Args) -> ExitCode {
+    if std::env::var_os("STRATA_SOCKET_IFNAME").is_none()
+        && std::env::var_os("NCCL_SOCKET_IFNAME").is_none()
+    {
+        // SAFETY: single-threaded at this point; children inherit it.
+        unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
+    }
+    let id = match UniqueId::new() {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("collbench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("collbench: cannot find my own executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let passthrough: Vec<String> = std::env::args().skip(1).collect();
+    let mut children: Vec<Child> = Vec::new();
+    for rank in 0..args.np {
+        let child = Command::new(&exe)
+            .args(&passthrough)
+            .env(ENV_ID, hex(id.as_bytes()))
+            .env(ENV_RANK, rank.to_string())
+            .env(ENV_NRANKS, args.np.to_string())
+            .spawn();
+        match child {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                eprintln!("collbench: spawning rank {rank}: {e}");
+                kill_all(&mut children);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let deadline = args
+        .timeout
+        .map(|t| Instant::now() + Duration::from_secs_f64(t));
+    let mut status: Vec<Option<bool>> = vec![None; children.len()];
+    let mut failed_at: Option<Instant> = None;
+    loop {
+        for (r, c) in children.iter_mut().enumerate() {
+            if status[r].is_none() {
+                if let Ok(Some(s)) = c.try_wait() {
+                    status[r] = Some(s.success());
+                    if !s.success() {
+                        eprintln!("collbench: rank {r} exited with {s}");
+                        failed_at.get_or_insert_with(Instant::now);
+                    }
+                }
+            }
+        }
+        if status.iter().all(Option::is_some) {
+            break;
+        }
+        // After a failure, give the others a moment to report their own errors.
+        let grace_over = failed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
+        if grace_over || deadline.is_some_and(|d| Instant::now() > d) {
+            eprintln!("collbench: stopping the remaining ranks");
+            kill_all(&mut children);
+            return ExitCode::FAILURE;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if status.iter().all(|s| *s == Some(true)) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn kill_all(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+fn child_main(args: &Args, id_hex: &str) -> ExitCode {
+    let parsed = unhex(id_hex)
+        .ok_or(())
+        .and_then(|b| UniqueId::from_bytes(&b).map_err(|_| ()));
+    let rank = std::env::var(ENV_RANK)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let nranks = std::env::var(ENV_NRANKS)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let (Ok(id), Some(rank), Some(nranks)) = (parsed, rank, nranks) else {
+        eprintln!("collbench: malformed {ENV_ID}/{ENV_RANK}/{ENV_NRANKS}");
+        return ExitCode::FAILURE;
+    };
+    match Communicator::init(&id, nranks, rank) {
+        Ok(comm) => bench_main(args, &comm),
+        Err(e) => {
+            eprintln!("collbench: rank {rank}: init failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn list<T>(
+    spec: &str,
+    all: Vec<T>,
+    parse: impl Fn(&str) -> Option<T>,
+    what: &str,
+) -> Result<Vec<T>, String> {
+    if spec.eq_ignore_ascii_case("all") {
+        return Ok(all);
+    }
+    spec.split(',')
+        .map(|s| parse(s).ok_or_else(|| format!("unknown {what} '{s}'")))
+        .collect()
+}
+
+/// busbw / algbw for `c` on `n` ranks (nccl-tests' factors).
+fn bus_factor(c: Collective, n: usize) -> f64 {
+    let n = n as f64;
+    match c {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Gather
+        | Collective::Scatter => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+/// (count, input bytes, output bytes) for a row of `size` bytes, nccl-tests' convention: size
+/// is the larger of the two buffers of a rank.
+fn shape(
+    c: Collective,
+    size: usize,
+    es: usize,
+    n: usize,
+    rank: usize,
+    root: usize,
+) -> (usize, usize, usize) {
+    let elems = size / es;
+    let count = match c {
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Gather
+        | Collective::Scatter => elems / n,
+        _ => elems,
+    };
+    let (i, o) = c.buffer_elems(count, n, rank, root);
+    (count, i * es, o * es)
+}
+
+fn bench_main(args: &Args, comm: &Communicator) -> ExitCode {
+    match run_bench(args, comm) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(wrong) => {
+            if comm.rank() == 0 {
+                eprintln!("collbench: {wrong} wrong elements");
+            }
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("collbench: rank {}: {e}", comm.rank());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String> {
+    let collective = if args
+        .collective
+        .replace(['-', '_'], "")
+        .eq_ignore_ascii_case("sendrecv")
+    {
+        Collective::Send
+    } else {
+        Collective::parse(&args.collective)
+            .filter(|c| !matches!(c, Collective::Recv | Collective::Barrier | Collective::Send))
+            .ok_or_else(|| format!("unknown collective '{}'", args.collective))?
+    };
+    let dtypes = list(
+        &args.dtype,
+        DataType::ALL.to_vec(),
+        DataType::parse,
+        "data type",
+    )?;
+    let (n, rank) = (comm.size(), comm.rank());
+    if args.root >= n {
+        return Err(format!("root {} is out of range for {n} ranks", args.root));
+    }
+    if args.min_bytes > args.max_bytes {
+        return Err("-b must not exceed -e".into());
+    }
+    let mut sizes = Vec::new();
+    let mut s = args.min_bytes;
+    while s <= args.max_bytes {
+        sizes.push(s);
+        let next = if args.step_factor > 1 {
+            s.saturating_mul(args.step_factor)
+        } else {
+            s.saturating_add(args.step_bytes.max(1))
+        };
+        if next == s {
+            break;
+        }
+        s = next;
+    }
+    let transport = std::env::var("STRATA_TRANSPORT").unwrap_or_else(|_| "auto".into());
+    if rank == 0 {
+        println!(
+            "# collbench (strata {}): {collective}, {n} ranks, transport {transport}",
+            env!("CARGO_PKG_VERSION")
+        );
+        println!(
+            "# nccl-tests columns; algbw = size/time, busbw = algbw x {:.3}; GB = 1e9 B",
+            bus_factor(collective, n)
+        );
+        for p in comm.peers() {
+            println!(
+                "#  Rank {:3} Pid {:7} on {}",
+                p.rank, p.pid, p.host.hostname
+            );
+        }
+        println!("#");
+        println!(
+            "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+            "", "", "", "", "", "out-of-", "place", "", "", "in-", "place", "", ""
+        );
+        println!(
+            "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong"
+        );
+        println!(
+            "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            ""
+        );
+    }
+    let mut rows = Vec::new();
+    let mut total_wrong = 0u64;
+    let total_rows = sizes.len() * dtypes.len();
+    let started = Instant::now();
+    let mut last_progress = Instant::now();
+    for &dtype in &dtypes {
+        let ops = if collective.reduces() {
+            let all = ["sum", "prod", "min", "max", "avg", "premulsum"]
+                .map(|s| ReduceOp::parse(s, dtype).unwrap_or(ReduceOp::Sum));
+            list(
+                &args.redop,
+                all.to_vec(),
+                |s| ReduceOp::parse(s, dtype),
+                "reduction",
+            )?
+        } else {
+            vec![ReduceOp::Sum]
+        };
+        for op in ops {
+            for &size in &sizes {
+                let row = bench_row(args, comm, collective, dtype, op, size)?;
+                total_wrong += row.out_of_place.wrong + row.in_place.wrong;
+                if rank == 0 {
+                    print_row(&row);
+                    if last_progress.elapsed() > Duration::from_secs(2) {
+                        eprintln!(
+                            "# collbench: {} of {} rows done, {:.0} s",
+                            rows.len() + 1,
+                            total_rows,
+                            started.elapsed().as_secs_f64()
+                        );
+                        last_progress = Instant::now();
+                    }
+                }
+                rows.push(row);
+            }
+        }
+    }
+    let busbws: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| [r.out_of_place.busbw_gbs, r.in_place.busbw_gbs])
+        .collect();
+    let avg = if busbws.is_empty() {
+        0.0
+    } else {
+        busbws.iter().sum::<f64>() / busbws.len() as f64
+    };
+    if rank == 0 {
+        println!(
+            "# Out of bounds values : {total_wrong} {}",
+            if total_wrong == 0 { "OK" } else { "FAILED" }
+        );
+        println!("# Avg bus bandwidth    : {avg:.4}");
+        println!("#");
+        if let Some(path) = &args.json {
+            let report = Report {
+                nranks: n,
+                transport,
+                rows,
+                avg_busbw_gbs: avg,
+                wrong: total_wrong,
+            };
+            let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+            std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        }
+    }
+    Ok(total_wrong)
+}
+
+fn print_row(r: &Row) {
+    let m = |x: &Measure| {
+        format!(
+            "{:>9.2} {:>7.3} {:>7.3} {:>6}",
+            x.time_us, x.algbw_gbs, x.busbw_gbs, x.wrong
+        )
+    };
+    println!(
+        "  {:>10} {:>12} {:>8} {:>9} {:>5}   {}   {}",
+        r.size_bytes,
+        r.count,
+        r.dtype,
+        r.redop,
+        r.root,
+        m(&r.out_of_place),
+        m(&r.in_place)
+    );
+}
+
+/// One table row: out of place, then in place, then the results checked and agreed on.
+fn bench_row(
+    args: &Args,
+    comm: &Communicator,
+    collective: Collective,
+    dtype: DataType,
+    op: ReduceOp,
+    size: usize,
+) -> Result<Row, String> {
+    let (n, rank) = (comm.size(), comm.rank());
+    let es = dtype.size();
+    let root = args.root;
+    let (count, in_bytes, out_bytes) = shape(collective, size, es, n, rank, root);
+    let spec = CallSpec {
+        collective,
+        dtype,
+        count,
+        op: check::op_for_rank(op, dtype, rank),
+        root,
+    };
+    let mut send = vec![0u8; in_bytes.max(count * es)];
+    let mut recv = vec![0u8; out_bytes.max(in_bytes).max(count * es)];
+    let mut results = [Measure::default(); 2];
+    for (k, in_place) in [false, true].into_iter().enumerate() {
+        let once = |send: &mut [u8], recv: &mut [u8]| -> strata::Result<()> {
+            if collective == Collective::Send {
+                return send_recv(comm, dtype, count, send, recv);
+            }
+            if in_place {
+                comm.call_bytes(spec, None, recv)
+            } else {
+                comm.call_bytes(spec, Some(&send[..in_bytes]), &mut recv[..out_bytes])
+            }
+        };
+        for _ in 0..args.warmup {
+            once(&mut send, &mut recv).map_err(|e| e.to_string())?;
+        }
+        comm.barrier().map_err(|e| e.to_string())?;
+        let t0 = Instant::now();
+        for _ in 0..args.iters {
+            once(&mut send, &mut recv).map_err(|e| e.to_string())?;
+        }
+        let local_us = t0.elapsed().as_secs_f64() * 1e6 / args.iters.max(1) as f64;
+        let mut wrong = 0u64;
+        if args.check != 0 {
+            wrong = check_once(
+                comm, &spec, in_place, &mut send, &mut recv, in_bytes, out_bytes,
+            )?;
+        }
+        let mut agg = [local_us, wrong as f64];
+        let mut maxed = [0f64; 2];
+        comm.all_reduce(&agg, &mut maxed, ReduceOp::Max)
+            .map_err(|e| e.to_string())?;
+        agg[1] = wrong as f64;
+        let mut summed = [0f64; 2];
+        comm.all_reduce(&agg, &mut summed, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        let time_us = maxed[0];
+        let algbw = if time_us > 0.0 {
+            size as f64 / (time_us * 1e-6) / 1e9
+        } else {
+            0.0
+        };
+        results[k] = Measure {
+            time_us,
+            algbw_gbs: algbw,
+            busbw_gbs: algbw * bus_factor(collective, n),
+            wrong: summed[1] as u64,
+        };
+    }
+    Ok(Row {
+        collective: collective.to_string(),
+        dtype: dtype.name().into(),
+        redop: if collective.reduces() {
+            op.name().into()
+        } else {
+            "none".into()
+        },
+        root: if collective.rooted() { root as i64 } else { -1 },
+        size_bytes: size,
+        count,
+        out_of_place: results[0],
+        in_place: results[1],
+    })
+}
+
+/// The send/recv benchmark: ranks pair up (0↔1, 2↔3, ...), an odd last rank sits out.
+fn send_recv(
+    comm: &Communicator,
+    dtype: DataType,
+    count: usize,
+    send: &[u8],
+    recv: &mut [u8],
+) -> strata::Result<()> {
+    let (n, rank) = (comm.size(), comm.rank());
+    let peer = rank ^ 1;
+    if peer >= n {
+        return Ok(());
+    }
+    let bytes = count * dtype.size();
+    // Lower rank sends first; the pair never both block on a send.
+    let (s, r) = (&send[..bytes], &mut recv[..bytes]);
+    if rank < peer {
+        comm.send(s, peer)?;
+        comm.recv(r, peer)
+    } else {
+        comm.recv(r, peer)?;
+        comm.send(s, peer)
+    }
+}
+
+fn check_once(
+    comm: &Communicator,
+    spec: &CallSpec,
+    in_place: bool,
+    send: &mut [u8],
+    recv: &mut [u8],
+    in_bytes: usize,
+    out_bytes: usize,
+) -> Result<u64, String> {
+    let (n, rank) = (comm.size(), comm.rank());
+    if spec.collective == Collective::Send {
+        return Ok(0);
+    }
+    recv.fill(0xA5);
+    if in_place {
+        // The input lives inside recv at NCCL's in-place position.
+        let (off, out_off) = spec.in_place_offsets(rank);
+        check::fill_input(spec, rank, &mut recv[off..off + in_bytes]);
+        comm.call_bytes(*spec, None, recv)
+            .map_err(|e| e.to_string())?;
+        Ok(check::count_wrong(spec, n, rank, &recv[out_off..out_off + out_bytes]) as u64)
+    } else {
+        check::fill_input(spec, rank, &mut send[..in_bytes]);
+        comm.call_bytes(*spec, Some(&send[..in_bytes]), &mut recv[..out_bytes])
+            .map_err(|e| e.to_string())?;
+        Ok(check::count_wrong(spec, n, rank, &recv[..out_bytes]) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("8"), Ok(8));
+        assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn nccl_tests_bus_factors() {
+        assert_eq!(bus_factor(Collective::AllReduce, 4), 1.5);
+        assert_eq!(bus_factor(Collective::AllGather, 4), 0.75);
+        assert_eq!(bus_factor(Collective::Broadcast, 4), 1.0);
+    }
+}

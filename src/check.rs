@@ -1,0 +1,221 @@
+//! Deterministic inputs and their expected results, for collbench's `-c` and for tests.
+//!
+//! Inputs are small integers chosen so that every partial result of every algorithm is exactly
+//! representable in the element type (fp8 included); only `avg` rounds, once, and is compared
+//! with a tolerance of a couple of units in the last place of the type. Everything else must
+//! match exactly.
+
+use crate::comm::CallSpec;
+use crate::dtype::{DataType, ReduceOp, Scalar};
+use crate::reduce::{element_as_f64, scalar_from_f64, set_element_from_f64};
+use strata_algorithms::Collective;
+
+/// The scalar rank `rank` passes to a pre-multiplied sum in tests: 1, 2 or 3.
+pub fn premul_scalar(dtype: DataType, rank: usize) -> Scalar {
+    scalar_from_f64(dtype, (1 + rank % 3) as f64)
+}
+
+/// The op a rank uses: for `PreMulSum` its own scalar ([`premul_scalar`]), otherwise `op`.
+pub fn op_for_rank(op: ReduceOp, dtype: DataType, rank: usize) -> ReduceOp {
+    match op {
+        ReduceOp::PreMulSum(_) => ReduceOp::PreMulSum(premul_scalar(dtype, rank)),
+        other => other,
+    }
+}
+
+fn is_fp8(d: DataType) -> bool {
+    matches!(d, DataType::Float8E4M3 | DataType::Float8E5M2)
+}
+
+fn signed(d: DataType) -> bool {
+    !matches!(d, DataType::Uint8 | DataType::Uint32 | DataType::Uint64)
+}
+
+/// Input element `i` of `rank` for a call of `spec`.
+pub fn input_value(spec: &CallSpec, rank: usize, i: usize) -> f64 {
+    let d = spec.dtype;
+    let (r, i) = (rank as i64, i as i64);
+    if !spec.collective.reduces() {
+        // Distinct small values that show a misplaced block.
+        let v = (r * 31 + i * 7) % 61 - 30;
+        return if signed(d) { v as f64 } else { (v + 30) as f64 };
+    }
+    match spec.op {
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => {
+            if is_fp8(d) && (r + i) % 4 != 0 {
+                return 0.0; // keep fp8 sums within its exact integers
+            }
+            let v = (r + i) % 3;
+            if signed(d) { (v - 1) as f64 } else { v as f64 }
+        }
+        ReduceOp::Prod => {
+            if (r + 2 * i) % 5 == 0 {
+                2.0
+            } else if signed(d) && (r + i) % 7 == 3 {
+                -1.0
+            } else {
+                1.0
+            }
+        }
+        ReduceOp::Min | ReduceOp::Max => {
+            let v = (r * 7 + i * 13) % 17;
+            if signed(d) { (v - 8) as f64 } else { v as f64 }
+        }
+    }
+}
+
+/// Fills `buf` (the rank's input, `dtype` elements) with [`input_value`].
+pub fn fill_input(spec: &CallSpec, rank: usize, buf: &mut [u8]) {
+    for i in 0..buf.len() / spec.dtype.size() {
+        set_element_from_f64(spec.dtype, buf, i, input_value(spec, rank, i));
+    }
+}
+
+fn stored(d: DataType, v: f64) -> f64 {
+    let s = scalar_from_f64(d, v);
+    element_as_f64(d, s.as_bytes(), 0)
+}
+
+fn reduce_expected(spec: &CallSpec, nranks: usize, i: usize) -> f64 {
+    let d = spec.dtype;
+    let vals = (0..nranks).map(|r| stored(d, input_value(spec, r, i)));
+    match spec.op {
+        ReduceOp::Sum => vals.sum(),
+        ReduceOp::Avg => {
+            let s: f64 = vals.sum();
+            if d.is_float() {
+                s / nranks as f64
+            } else {
+                (s / nranks as f64).trunc()
+            }
+        }
+        ReduceOp::PreMulSum(_) => (0..nranks)
+            .map(|r| {
+                stored(d, input_value(spec, r, i))
+                    * element_as_f64(d, premul_scalar(d, r).as_bytes(), 0)
+            })
+            .sum(),
+        ReduceOp::Prod => vals.product(),
+        ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
+        ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+/// Expected output elements of `rank` (empty where the rank has no output to check).
+pub fn expected_output(spec: &CallSpec, nranks: usize, rank: usize) -> Vec<f64> {
+    let n = spec.count;
+    let d = spec.dtype;
+    let copy = |src_rank: usize, idx: usize| stored(d, input_value(spec, src_rank, idx));
+    match spec.collective {
+        Collective::AllReduce => (0..n).map(|i| reduce_expected(spec, nranks, i)).collect(),
+        Collective::Reduce if rank == spec.root => {
+            (0..n).map(|i| reduce_expected(spec, nranks, i)).collect()
+        }
+        Collective::ReduceScatter => (0..n)
+            .map(|i| reduce_expected(spec, nranks, rank * n + i))
+            .collect(),
+        Collective::Broadcast => (0..n).map(|i| copy(spec.root, i)).collect(),
+        Collective::AllGather => (0..nranks * n).map(|k| copy(k / n, k % n)).collect(),
+        Collective::Gather if rank == spec.root => {
+            (0..nranks * n).map(|k| copy(k / n, k % n)).collect()
+        }
+        Collective::AllToAll => (0..nranks * n)
+            .map(|k| copy(k / n, rank * n + k % n))
+            .collect(),
+        Collective::Scatter => (0..n).map(|i| copy(spec.root, rank * n + i)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Allowed distance between an `avg` result and the exact mean.
+fn tolerance(d: DataType, expect: f64) -> f64 {
+    let eps = match d {
+        DataType::Float64 => 1e-12,
+        DataType::Float32 => 1e-6,
+        DataType::Float16 => 2f64.powi(-10),
+        DataType::Bfloat16 => 2f64.powi(-7),
+        DataType::Float8E4M3 => 2f64.powi(-3),
+        DataType::Float8E5M2 => 2f64.powi(-2),
+        _ => 0.0,
+    };
+    eps * expect.abs().max(1.0)
+}
+
+fn element_ok(spec: &CallSpec, got: f64, expect: f64) -> bool {
+    let inexact = spec.collective.reduces() && spec.op == ReduceOp::Avg && spec.dtype.is_float();
+    if inexact {
+        (got - expect).abs() <= tolerance(spec.dtype, expect)
+    } else {
+        got == stored(spec.dtype, expect)
+    }
+}
+
+/// Counts elements of `out` (the rank's output bytes) that differ from [`expected_output`];
+/// missing elements count as wrong.
+pub fn count_wrong(spec: &CallSpec, nranks: usize, rank: usize, out: &[u8]) -> usize {
+    let expect = expected_output(spec, nranks, rank);
+    let have = out.len() / spec.dtype.size();
+    let bad = expect
+        .iter()
+        .take(have)
+        .enumerate()
+        .filter(|(i, e)| !element_ok(spec, element_as_f64(spec.dtype, out, *i), **e))
+        .count();
+    bad + expect.len().saturating_sub(have)
+}
+
+/// The first wrong element, `(index, got, expected)`, for error messages.
+pub fn first_wrong(
+    spec: &CallSpec,
+    nranks: usize,
+    rank: usize,
+    out: &[u8],
+) -> Option<(usize, f64, f64)> {
+    let expect = expected_output(spec, nranks, rank);
+    let have = out.len() / spec.dtype.size();
+    expect.iter().take(have).enumerate().find_map(|(i, e)| {
+        let got = element_as_f64(spec.dtype, out, i);
+        (!element_ok(spec, got, *e)).then_some((i, got, *e))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expected_values_are_exact_in_every_type() {
+        // The expected sum of 8 ranks must be representable exactly, so that "exact" checks
+        // are fair to every algorithm.
+        for d in DataType::ALL {
+            for op in [
+                ReduceOp::Sum,
+                ReduceOp::Prod,
+                ReduceOp::Min,
+                ReduceOp::Max,
+                ReduceOp::PreMulSum(premul_scalar(d, 0)),
+            ] {
+                let spec = CallSpec {
+                    op,
+                    ..CallSpec::new(Collective::AllReduce, d, 64)
+                };
+                for e in expected_output(&spec, 8, 0) {
+                    assert_eq!(stored(d, e), e, "{d} {op}: {e} is not exact");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_wrong_element_is_counted() {
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Int32, 4);
+        let mut out = vec![0u8; 16];
+        for (i, e) in expected_output(&spec, 3, 0).iter().enumerate() {
+            set_element_from_f64(DataType::Int32, &mut out, i, *e);
+        }
+        assert_eq!(count_wrong(&spec, 3, 0, &out), 0);
+        set_element_from_f64(DataType::Int32, &mut out, 2, 99.0);
+        assert_eq!(count_wrong(&spec, 3, 0, &out), 1);
+        assert_eq!(first_wrong(&spec, 3, 0, &out).map(|w| w.0), Some(2));
+    }
+}
