@@ -182,7 +182,7 @@ impl Fp8Format {
         let mag = code & 0x7F;
         let exp = (mag >> self.mant_bits) as i32;
         let man = (mag & ((1 << self.mant_bits) - 1)) as f32;
-        let exp_max = (0x7F >> self.mant_bits) as i32;
+        let exp_max: i32 = 0x7F >> self.mant_bits;
         if mag > self.max_code {
             if self.has_inf && mag == (exp_max << self.mant_bits) as u8 {
                 return sign * f32::INFINITY;

@@ -332,12 +332,10 @@ impl OpRun<'_> {
             if ops.is_empty() {
                 // End of the operation: the remaining headers from peers we only exchanged
                 // headers with.
-                for si in 0..states.len() {
-                    if !states[si].in_done {
-                        progressed |= self.read_header(&mut states[si])?;
-                        if !states[si].in_done {
-                            waits.push((states[si].peer, Direction::Recv));
-                        }
+                for st in states.iter_mut().filter(|s| !s.in_done) {
+                    progressed |= self.read_header(st)?;
+                    if !st.in_done {
+                        waits.push((st.peer, Direction::Recv));
                     }
                 }
             }

@@ -31,9 +31,10 @@ pub(crate) fn fp8_table(id: usize) -> &'static [f32; 256] {
     static TABLES: OnceLock<[[f32; 256]; 2]> = OnceLock::new();
     &TABLES.get_or_init(|| {
         let mut t = [[0f32; 256]; 2];
-        for c in 0..256 {
-            t[E4M3_ID][c] = E4M3.decode(c as u8);
-            t[E5M2_ID][c] = E5M2.decode(c as u8);
+        for (id, fmt) in [(E4M3_ID, E4M3), (E5M2_ID, E5M2)] {
+            for (c, v) in (0u8..=255).zip(t[id].iter_mut()) {
+                *v = fmt.decode(c);
+            }
         }
         t
     })[id]
@@ -183,14 +184,12 @@ fn cast_mut<T: Pod>(b: &mut [u8]) -> Option<&mut [T]> {
     bytemuck::try_cast_slice_mut(b).ok()
 }
 
+/// A kernel over typed views: `(dst, optional second operand, incoming)`.
+type Kernel<'k, T> = &'k mut dyn FnMut(&mut [T], Option<&[T]>, &[T]);
+
 /// Runs `f` on typed views of the three byte slices, copying through aligned blocks when any is
 /// misaligned for `T`.
-fn typed3<T: Pod>(
-    dst: &mut [u8],
-    a: Option<&[u8]>,
-    b: &[u8],
-    f: &mut dyn FnMut(&mut [T], Option<&[T]>, &[T]),
-) {
+fn typed3<T: Pod>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8], f: Kernel<'_, T>) {
     let aligned = cast::<T>(b).is_some()
         && a.is_none_or(|a| cast::<T>(a).is_some())
         && cast_mut::<T>(dst).is_some();
@@ -203,9 +202,9 @@ fn typed3<T: Pod>(
         return;
     }
     let size = std::mem::size_of::<T>();
-    let mut bd = vec![T::zeroed(); BLOCK];
-    let mut ba = vec![T::zeroed(); BLOCK];
-    let mut bb = vec![T::zeroed(); BLOCK];
+    let mut bd = [T::zeroed(); BLOCK];
+    let mut ba = [T::zeroed(); BLOCK];
+    let mut bb = [T::zeroed(); BLOCK];
     let n = dst.len() / size;
     let mut start = 0;
     while start < n {
@@ -267,7 +266,7 @@ pub fn reduce_into(dtype: DataType, op: Combine, dst: &mut [u8], a: &[u8], b: &[
 fn divide_narrow<T: Narrow>(buf: &mut [u8], n: usize) {
     let size = std::mem::size_of::<T>();
     let mut f = [0f32; BLOCK];
-    let mut t = vec![T::zeroed(); BLOCK];
+    let mut t = [T::zeroed(); BLOCK];
     for chunk in buf.chunks_mut(BLOCK * size) {
         let len = chunk.len() / size;
         bytemuck::cast_slice_mut::<T, u8>(&mut t[..len]).copy_from_slice(&chunk[..len * size]);

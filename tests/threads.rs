@@ -1,71 +1,166 @@
-//! Ranks as threads of one process (the in-process transport), plus the abort and
-//! stranger-on-the-port cases.
+//! Ranks as threads of one process: the in-process transport and forced TCP under proptest,
+//! split, abort, and strangers on every listening port.
 
-use std::sync::Arc;
+use proptest::prelude::*;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use strata::{Communicator, Config, Error, ReduceOp, UniqueId};
+use strata::check;
+use strata::{
+    CallSpec, Collective, Communicator, Config, DataType, Error, ReduceOp, TransportPolicy,
+    UniqueId,
+};
 
-fn cfg() -> Config {
+fn cfg(transport: TransportPolicy) -> Config {
     let mut c = Config::from_env().unwrap();
     c.listen_ip = "127.0.0.1".parse().unwrap();
     c.init_timeout = Duration::from_secs(20);
-    c.timeout = Duration::from_secs(30);
+    c.timeout = Duration::from_secs(60);
+    c.transport = transport;
     c
 }
 
-fn id() -> UniqueId {
-    // SAFETY of the test: loopback only.
-    let c = cfg();
-    let _ = c;
-    temp_env_loopback();
+/// A unique id whose root listens on loopback.
+fn loopback_id() -> UniqueId {
+    // SAFETY: every test in this binary sets the same value before reading it.
+    unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
     UniqueId::new().unwrap()
 }
 
-fn temp_env_loopback() {
-    // Tests run on loopback only.
-    // SAFETY: set before any thread of this test reads the environment; tests in this file
-    // all set the same value.
-    unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
+/// Initialises `n` ranks as threads and returns their communicators in rank order.
+fn init_threads(n: usize, transport: TransportPolicy) -> Vec<Communicator> {
+    init_threads_with(loopback_id(), n, transport)
 }
 
-/// Runs `f(comm)` on `n` ranks as threads and returns their results in rank order.
-fn on_threads<R: Send + 'static>(
-    n: usize,
-    f: impl Fn(Communicator) -> R + Send + Sync + 'static,
-) -> Vec<R> {
-    let id = id();
-    let f = Arc::new(f);
+fn init_threads_with(id: UniqueId, n: usize, transport: TransportPolicy) -> Vec<Communicator> {
     let handles: Vec<_> = (0..n)
         .map(|r| {
-            let f = f.clone();
-            std::thread::spawn(move || f(Communicator::init_with_config(&id, n, r, cfg()).unwrap()))
+            std::thread::spawn(move || {
+                Communicator::init_with_config(&id, n, r, cfg(transport)).unwrap()
+            })
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
-#[test]
-fn all_reduce_on_threads() {
-    for n in [1, 2, 3, 5] {
-        let out = on_threads(n, move |comm| {
-            let r = comm.rank() as f32;
-            let send: Vec<f32> = (0..1000).map(|i| i as f32 + r).collect();
-            let mut recv = vec![0f32; 1000];
-            comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
-            recv
-        });
-        let tri = (n * (n - 1) / 2) as f32;
-        for recv in out {
-            for (i, x) in recv.iter().enumerate() {
-                assert_eq!(*x, i as f32 * n as f32 + tri);
-            }
-        }
+/// Runs `f` on every communicator at once, one thread each.
+fn on_all<R: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Communicators kept across proptest cases (building them per case would dominate).
+fn pool(transport: TransportPolicy) -> &'static Vec<Vec<Communicator>> {
+    static INPROC: OnceLock<Vec<Vec<Communicator>>> = OnceLock::new();
+    static TCP: OnceLock<Vec<Vec<Communicator>>> = OnceLock::new();
+    let cell = if transport == TransportPolicy::Tcp {
+        &TCP
+    } else {
+        &INPROC
+    };
+    cell.get_or_init(|| (1..=6).map(|n| init_threads(n, transport)).collect())
+}
+
+fn checked_call(c: &Communicator, spec: CallSpec, in_place: bool) -> Result<(), String> {
+    let (n, rank) = (c.size(), c.rank());
+    let spec = CallSpec {
+        op: check::op_for_rank(spec.op, spec.dtype, rank),
+        ..spec
+    };
+    let es = spec.dtype.size();
+    let (ilen, olen) = spec.collective.buffer_elems(spec.count, n, rank, spec.root);
+    let (ib, ob) = (ilen * es, olen * es);
+    let out = if in_place {
+        let (ioff, ooff) = spec.in_place_offsets(rank);
+        let mut buf = vec![0x33u8; (ioff + ib).max(ooff + ob)];
+        check::fill_input(&spec, rank, &mut buf[ioff..ioff + ib]);
+        c.call_bytes(spec, None, &mut buf)
+            .map_err(|e| e.to_string())?;
+        buf[ooff..ooff + ob].to_vec()
+    } else {
+        let mut send = vec![0u8; ib];
+        check::fill_input(&spec, rank, &mut send);
+        let mut recv = vec![0x33u8; ob];
+        c.call_bytes(spec, Some(&send), &mut recv)
+            .map_err(|e| e.to_string())?;
+        recv
+    };
+    match check::first_wrong(&spec, n, rank, &out) {
+        None => Ok(()),
+        Some((i, got, want)) => Err(format!(
+            "rank {rank}: element {i} is {got}, expected {want}"
+        )),
+    }
+}
+
+const COLLECTIVES: [Collective; 8] = [
+    Collective::AllReduce,
+    Collective::Broadcast,
+    Collective::Reduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::Gather,
+    Collective::Scatter,
+];
+
+fn shape() -> impl Strategy<Value = (usize, usize, usize, usize, usize, usize, bool)> {
+    // (ranks-1, collective, dtype, op, count, root seed, in place)
+    (
+        0usize..6,
+        0usize..8,
+        0usize..12,
+        0usize..6,
+        0usize..20_000,
+        0usize..64,
+        any::<bool>(),
+    )
+}
+
+fn run_case(
+    transport: TransportPolicy,
+    (ni, ci, di, oi, count, root, in_place): (usize, usize, usize, usize, usize, usize, bool),
+) -> Result<(), String> {
+    let comms = &pool(transport)[ni];
+    let dtype = DataType::ALL[di];
+    let op = match oi {
+        5 => ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)),
+        k => ReduceOp::BASIC[k],
+    };
+    let spec = CallSpec {
+        collective: COLLECTIVES[ci],
+        dtype,
+        count,
+        op,
+        root: root % comms.len(),
+    };
+    on_all(comms, |c| checked_call(c, spec, in_place))
+        .into_iter()
+        .collect::<Result<Vec<()>, String>>()
+        .map(|_| ())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_shapes_in_process(case in shape()) {
+        let r = run_case(TransportPolicy::Auto, case);
+        prop_assert!(r.is_ok(), "{:?}", r);
+    }
+
+    #[test]
+    fn random_shapes_over_tcp(case in shape()) {
+        let r = run_case(TransportPolicy::Tcp, case);
+        prop_assert!(r.is_ok(), "{:?}", r);
     }
 }
 
 #[test]
 fn split_makes_working_subcommunicators() {
-    let out = on_threads(5, |comm| {
+    let comms = init_threads(5, TransportPolicy::Auto);
+    let out = on_all(&comms, |comm| {
         let color = if comm.rank() == 4 {
             None
         } else {
@@ -78,30 +173,32 @@ fn split_makes_working_subcommunicators() {
             (s.rank(), s.size(), v[0])
         })
     });
-    // Evens 0,2 and odds 1,3; key = -rank orders them in reverse.
-    assert_eq!(out[0], Some((1, 2, 2)));
-    assert_eq!(out[2], Some((0, 2, 2)));
-    assert_eq!(out[1], Some((1, 2, 4)));
-    assert_eq!(out[3], Some((0, 2, 4)));
-    assert_eq!(out[4], None);
+    // Evens 0,2 and odds 1,3; key = -rank orders them in reverse; rank 4 opts out.
+    assert_eq!(
+        out,
+        vec![
+            Some((1, 2, 2)),
+            Some((1, 2, 4)),
+            Some((0, 2, 2)),
+            Some((0, 2, 4)),
+            None
+        ]
+    );
 }
 
 #[test]
 fn abort_unblocks_a_call_waiting_on_a_peer_within_one_second() {
-    let id = id();
-    let h1 = std::thread::spawn(move || Communicator::init_with_config(&id, 2, 1, cfg()).unwrap());
-    let comm = Arc::new(Communicator::init_with_config(&id, 2, 0, cfg()).unwrap());
-    let peer = h1.join().unwrap();
+    let comms = Arc::new(init_threads(2, TransportPolicy::Auto));
     // Rank 1 never calls all_reduce: rank 0 waits on it until aborted.
-    let c2 = comm.clone();
+    let c2 = comms.clone();
     let waiter = std::thread::spawn(move || {
         let mut v = vec![1f32; 1 << 20];
-        let r = c2.all_reduce_in_place(&mut v, ReduceOp::Sum);
+        let r = c2[0].all_reduce_in_place(&mut v, ReduceOp::Sum);
         (r, Instant::now())
     });
     std::thread::sleep(Duration::from_millis(300));
     let aborted_at = Instant::now();
-    comm.abort();
+    comms[0].abort();
     let (r, returned_at) = waiter.join().unwrap();
     assert!(matches!(r, Err(Error::Aborted(_))), "{r:?}");
     assert!(
@@ -109,45 +206,74 @@ fn abort_unblocks_a_call_waiting_on_a_peer_within_one_second() {
         "took {:?}",
         returned_at - aborted_at
     );
-    assert!(comm.async_error().is_some());
-    drop(peer);
+    assert!(comms[0].async_error().is_some());
+    assert!(comms[1].async_error().is_none());
 }
 
 #[test]
-fn a_stranger_on_the_ports_is_ignored() {
+fn strangers_on_every_port_are_ignored() {
     use std::io::Write;
-    let id = id();
-    let root = id.root_addr();
-    // Garbage, an oversized length and a silent connection hit the root before the ranks arrive.
+    let id = loopback_id();
+    let payloads: [&[u8]; 4] = [b"GET / HTTP/1.0\r\n\r\n", &[0xff; 64], b"STRATAHS", &[]];
+    let poke = |addr: std::net::SocketAddr, keep: &mut Vec<std::net::TcpStream>| {
+        for p in payloads {
+            if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+                let _ = s.write_all(p);
+                keep.push(s);
+            }
+        }
+    };
     let mut junk = Vec::new();
-    for payload in [
-        &b"GET / HTTP/1.0\r\n\r\n"[..],
-        &[0xff; 64][..],
-        &b"STRATAHS"[..],
-    ] {
-        let mut s = std::net::TcpStream::connect(root).unwrap();
-        let _ = s.write_all(payload);
-        junk.push(s);
+    poke(id.root_addr(), &mut junk);
+    let comms = init_threads_with(id, 3, TransportPolicy::Tcp);
+    for c in &comms {
+        poke(c.peers()[c.rank()].listen, &mut junk);
     }
-    let out = on_threads_with(id, 3, |comm| {
-        let mut v = [comm.rank() as i32 + 1];
-        comm.all_reduce_in_place(&mut v, ReduceOp::Max).unwrap();
-        v[0]
-    });
-    assert_eq!(out, vec![3, 3, 3]);
+    for _ in 0..3 {
+        let out = on_all(&comms, |c| {
+            let mut v = vec![c.rank() as i32 + 1; 5000];
+            c.all_reduce_in_place(&mut v, ReduceOp::Max).unwrap();
+            v[4999]
+        });
+        assert_eq!(out, vec![3, 3, 3]);
+    }
+    assert!(comms.iter().all(|c| c.async_error().is_none()));
 }
 
-fn on_threads_with<R: Send + 'static>(
-    id: UniqueId,
-    n: usize,
-    f: impl Fn(Communicator) -> R + Send + Sync + 'static,
-) -> Vec<R> {
-    let f = Arc::new(f);
-    let handles: Vec<_> = (0..n)
-        .map(|r| {
-            let f = f.clone();
-            std::thread::spawn(move || f(Communicator::init_with_config(&id, n, r, cfg()).unwrap()))
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
+#[test]
+fn bad_arguments_are_rejected_before_any_traffic() {
+    let comms = init_threads(2, TransportPolicy::Auto);
+    let c = &comms[0];
+    let mut small = vec![0f32; 3];
+    assert!(matches!(
+        c.all_reduce(&[1f32; 4], &mut small, ReduceOp::Sum),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        c.broadcast_in_place(&mut small, 2),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(c.send(&[1u8], 0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(c.send(&[1u8], 7), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        c.all_gather(&[1u8; 2], &mut [0u8; 3]),
+        Err(Error::InvalidArgument(_))
+    ));
+    let huge = CallSpec::new(Collective::AllGather, DataType::Float64, usize::MAX / 4);
+    assert!(matches!(
+        c.call_bytes(huge, None, &mut []),
+        Err(Error::InvalidArgument(_))
+    ));
+    let wrong_scalar = ReduceOp::PreMulSum(strata::Scalar::new(2i32));
+    assert!(matches!(
+        c.all_reduce_in_place(&mut small, wrong_scalar),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Nothing was sent: both ranks still work together.
+    let out = on_all(&comms, |c| {
+        let mut v = [1u8];
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        v[0]
+    });
+    assert_eq!(out, vec![2, 2]);
 }

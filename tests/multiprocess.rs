@@ -1,0 +1,457 @@
+//! Multi-process tests: every collective × type × reduction at 1, 2, 3, 4, 7 and 8 ranks,
+//! each rank its own process, over shared memory and over forced TCP; mismatched calls; the
+//! init deadline.
+//!
+//! The test binary re-runs itself as the ranks: a test function started with
+//! `STRATA_TEST_WORKER` set does the rank's part and exits; otherwise it spawns the ranks, waits
+//! for them under an outer deadline (killing them if it passes) and checks every exit status.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use strata::check;
+use strata::{CallSpec, Collective, Communicator, DataType, Error, ReduceOp, UniqueId};
+
+const WORKER: &str = "STRATA_TEST_WORKER";
+
+struct Worker {
+    comm: Communicator,
+    rank: usize,
+    n: usize,
+}
+
+/// In a worker process: joins the communicator the parent set up.
+fn worker() -> Option<Worker> {
+    std::env::var(WORKER).ok()?;
+    let rank: usize = std::env::var("STRATA_TEST_RANK").ok()?.parse().ok()?;
+    let n: usize = std::env::var("STRATA_TEST_NRANKS").ok()?.parse().ok()?;
+    let hex = std::env::var("STRATA_TEST_ID").ok()?;
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let id = UniqueId::from_bytes(&bytes).unwrap();
+    let comm =
+        Communicator::init(&id, n, rank).unwrap_or_else(|e| panic!("rank {rank}: init: {e}"));
+    Some(Worker { comm, rank, n })
+}
+
+fn is_worker() -> bool {
+    std::env::var_os(WORKER).is_some()
+}
+
+/// Spawns `n` ranks running test `name` (only `ranks_started` of them, to test init failures),
+/// and returns each rank's (success, combined output).
+fn spawn(
+    name: &str,
+    n: usize,
+    ranks_started: usize,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Vec<(bool, String)> {
+    // One job at a time: the machine has two cores and each job brings up to 8 processes.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: set before the root thread starts; every test in this binary sets the same value.
+    unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
+    let id = UniqueId::new().unwrap();
+    let hex: String = id.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<Child> = (0..ranks_started)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            c.args([name, "--exact", "--nocapture", "--test-threads=1"])
+                .env(WORKER, "1")
+                .env("STRATA_TEST_ID", &hex)
+                .env("STRATA_TEST_RANK", r.to_string())
+                .env("STRATA_TEST_NRANKS", n.to_string())
+                .env("STRATA_SOCKET_IFNAME", "=lo")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c.spawn().unwrap()
+        })
+        .collect();
+    let start = Instant::now();
+    let mut done: Vec<Option<bool>> = vec![None; children.len()];
+    while done.iter().any(Option::is_none) {
+        for (r, c) in children.iter_mut().enumerate() {
+            if done[r].is_none() {
+                if let Some(s) = c.try_wait().unwrap() {
+                    done[r] = Some(s.success());
+                }
+            }
+        }
+        if start.elapsed() > limit {
+            for c in &mut children {
+                let _ = c.kill();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    children
+        .into_iter()
+        .zip(done)
+        .map(|(c, ok)| {
+            let out = c.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (
+                ok == Some(true),
+                if ok.is_none() {
+                    format!("KILLED after {limit:?}\n{text}")
+                } else {
+                    text
+                },
+            )
+        })
+        .collect()
+}
+
+fn assert_all_ok(results: &[(bool, String)]) {
+    for (r, (ok, out)) in results.iter().enumerate() {
+        assert!(ok, "rank {r} failed:\n{out}");
+    }
+}
+
+const COLLECTIVES: [Collective; 8] = [
+    Collective::AllReduce,
+    Collective::Broadcast,
+    Collective::Reduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::Gather,
+    Collective::Scatter,
+];
+
+fn all_ops(dtype: DataType) -> Vec<ReduceOp> {
+    let mut v = ReduceOp::BASIC.to_vec();
+    v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
+    v
+}
+
+/// Runs one call with checked inputs on this rank; returns a description of the first wrong
+/// element, if any.
+fn run_checked(w: &Worker, spec: CallSpec, in_place: bool) -> Result<(), String> {
+    let spec = CallSpec {
+        op: check::op_for_rank(spec.op, spec.dtype, w.rank),
+        ..spec
+    };
+    let es = spec.dtype.size();
+    let (ilen, olen) = spec
+        .collective
+        .buffer_elems(spec.count, w.n, w.rank, spec.root);
+    let (ib, ob) = (ilen * es, olen * es);
+    let what = || {
+        format!(
+            "{:?} {} {} count {} root {} in_place {in_place}",
+            spec.collective, spec.dtype, spec.op, spec.count, spec.root
+        )
+    };
+    let out: Vec<u8> = if in_place {
+        let (ioff, ooff) = spec.in_place_offsets(w.rank);
+        let mut buf = vec![0x5Au8; (ioff + ib).max(ooff + ob)];
+        check::fill_input(&spec, w.rank, &mut buf[ioff..ioff + ib]);
+        w.comm
+            .call_bytes(spec, None, &mut buf)
+            .map_err(|e| format!("{}: {e}", what()))?;
+        buf[ooff..ooff + ob].to_vec()
+    } else {
+        let mut send = vec![0u8; ib];
+        check::fill_input(&spec, w.rank, &mut send);
+        let mut recv = vec![0x5Au8; ob];
+        w.comm
+            .call_bytes(spec, Some(&send), &mut recv)
+            .map_err(|e| format!("{}: {e}", what()))?;
+        recv
+    };
+    match check::first_wrong(&spec, w.n, w.rank, &out) {
+        None => Ok(()),
+        Some((i, got, want)) => Err(format!(
+            "{}: rank {} element {i} is {got}, expected {want}",
+            what(),
+            w.rank
+        )),
+    }
+}
+
+/// The full matrix for one communicator.
+fn matrix(w: &Worker, big: bool) {
+    let small_counts = [0usize, 1, 7, 4099];
+    for c in COLLECTIVES {
+        for dtype in DataType::ALL {
+            let ops = if c.reduces() {
+                all_ops(dtype)
+            } else {
+                vec![ReduceOp::Sum]
+            };
+            for op in ops {
+                for (k, &count) in small_counts.iter().enumerate() {
+                    let root = (k + dtype as usize) % w.n;
+                    for in_place in [false, true] {
+                        let spec = CallSpec {
+                            collective: c,
+                            dtype,
+                            count,
+                            op,
+                            root,
+                        };
+                        if let Err(e) = run_checked(w, spec, in_place) {
+                            panic!("{e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if big {
+        // 1 MiB + 5 elements: every collective in every type (sum), every reduction of
+        // all-reduce in every type, in place and out of place for f32.
+        let count = (1 << 20) + 5;
+        for c in COLLECTIVES {
+            for dtype in DataType::ALL {
+                let ops = if c == Collective::AllReduce {
+                    all_ops(dtype)
+                } else {
+                    vec![ReduceOp::Sum]
+                };
+                for op in ops {
+                    let spec = CallSpec {
+                        collective: c,
+                        dtype,
+                        count,
+                        op,
+                        root: w.n - 1,
+                    };
+                    run_checked(w, spec, false).unwrap_or_else(|e| panic!("{e}"));
+                    if dtype == DataType::Float32 {
+                        run_checked(w, spec, true).unwrap_or_else(|e| panic!("{e}"));
+                    }
+                }
+            }
+        }
+    }
+    // Barrier, and send/recv around the ring (even ranks send first so the pair never both
+    // block on a send).
+    w.comm.barrier().unwrap();
+    if w.n > 1 {
+        let next = (w.rank + 1) % w.n;
+        let prev = (w.rank + w.n - 1) % w.n;
+        let payload: Vec<u64> = (0..4099).map(|i| (w.rank * 1_000_000 + i) as u64).collect();
+        let mut got = vec![0u64; 4099];
+        if w.rank % 2 == 0 {
+            w.comm.send(&payload, next).unwrap();
+            w.comm.recv(&mut got, prev).unwrap();
+        } else {
+            w.comm.recv(&mut got, prev).unwrap();
+            w.comm.send(&payload, next).unwrap();
+        }
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, v)| *v == (prev * 1_000_000 + i) as u64)
+        );
+    }
+    w.comm.barrier().unwrap();
+}
+
+macro_rules! matrix_test {
+    ($name:ident, $n:expr, $big:expr, $env:expr) => {
+        #[test]
+        fn $name() {
+            if let Some(w) = worker() {
+                matrix(&w, $big);
+                return;
+            }
+            if is_worker() {
+                return;
+            }
+            assert_all_ok(&spawn(
+                stringify!($name),
+                $n,
+                $n,
+                $env,
+                Duration::from_secs(300),
+            ));
+        }
+    };
+}
+
+matrix_test!(matrix_1_rank, 1, true, &[]);
+matrix_test!(matrix_2_ranks_shm, 2, true, &[]);
+matrix_test!(matrix_3_ranks_shm, 3, true, &[]);
+matrix_test!(matrix_4_ranks_shm, 4, true, &[]);
+matrix_test!(matrix_7_ranks_shm, 7, true, &[]);
+matrix_test!(matrix_8_ranks_shm, 8, true, &[]);
+matrix_test!(matrix_3_ranks_tcp, 3, true, &[("STRATA_TRANSPORT", "tcp")]);
+matrix_test!(
+    matrix_4_ranks_tcp_one_stream,
+    4,
+    false,
+    &[("STRATA_TRANSPORT", "tcp"), ("STRATA_TCP_STREAMS", "1")]
+);
+
+#[test]
+fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
+    if let Some(w) = worker() {
+        let mut buf = vec![1f32; 1000];
+        let t = Instant::now();
+        let r = if w.rank == 2 {
+            w.comm.broadcast_in_place(&mut buf, 0)
+        } else {
+            w.comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        };
+        match r {
+            Err(Error::Mismatch(m)) => {
+                assert!(
+                    m.contains("all_reduce #1") && m.contains("broadcast #1"),
+                    "rank {}: {m}",
+                    w.rank
+                );
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "rank {} relied on the deadline: {:?}",
+                    w.rank,
+                    t.elapsed()
+                );
+                println!("rank {}: {m}", w.rank);
+            }
+            other => panic!("rank {}: expected a mismatch, got {other:?}", w.rank),
+        }
+        // The communicator stays failed.
+        assert!(matches!(w.comm.barrier(), Err(Error::Aborted(_))));
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let env = [("STRATA_TIMEOUT", "60")];
+    assert_all_ok(&spawn(
+        "mismatched_collectives_fail_on_every_rank_naming_both_calls",
+        4,
+        4,
+        &env,
+        Duration::from_secs(60),
+    ));
+}
+
+#[test]
+fn mismatched_types_and_counts_are_named() {
+    if let Some(w) = worker() {
+        // Same collective, different type on rank 1.
+        let r = if w.rank == 1 {
+            let mut v = vec![0i32; 64];
+            w.comm.all_reduce_in_place(&mut v, ReduceOp::Sum)
+        } else {
+            let mut v = vec![0f32; 64];
+            w.comm.all_reduce_in_place(&mut v, ReduceOp::Sum)
+        };
+        match r {
+            Err(Error::Mismatch(m)) => assert!(m.contains("int32") && m.contains("float"), "{m}"),
+            other => panic!("rank {}: expected a mismatch, got {other:?}", w.rank),
+        }
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    assert_all_ok(&spawn(
+        "mismatched_types_and_counts_are_named",
+        2,
+        2,
+        &[],
+        Duration::from_secs(60),
+    ));
+}
+
+#[test]
+fn init_deadline_names_the_missing_rank() {
+    if is_worker() {
+        let rank: usize = std::env::var("STRATA_TEST_RANK").unwrap().parse().unwrap();
+        let n: usize = std::env::var("STRATA_TEST_NRANKS")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let hex = std::env::var("STRATA_TEST_ID").unwrap();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let id = UniqueId::from_bytes(&bytes).unwrap();
+        let t = Instant::now();
+        match Communicator::init(&id, n, rank) {
+            Err(Error::Timeout { waiting_on, op, .. }) => {
+                assert_eq!(waiting_on, vec![2], "{op}");
+                assert!(op.contains("rank 2 never arrived"), "{op}");
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "took {:?}",
+                    t.elapsed()
+                );
+            }
+            Err(e) => panic!("rank {rank}: unexpected error {e}"),
+            Ok(_) => panic!("rank {rank}: init succeeded without rank 2"),
+        }
+        return;
+    }
+    // The parent's root also needs the short deadline.
+    // SAFETY: read by the root thread started just after.
+    unsafe { std::env::set_var("STRATA_INIT_TIMEOUT", "2") };
+    let results = spawn(
+        "init_deadline_names_the_missing_rank",
+        3,
+        2,
+        &[("STRATA_INIT_TIMEOUT", "2")],
+        Duration::from_secs(60),
+    );
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("STRATA_INIT_TIMEOUT") };
+    assert_all_ok(&results);
+}
+
+#[test]
+fn a_killed_peer_is_reported_not_waited_out() {
+    if let Some(w) = worker() {
+        let mut v = vec![1f32; 1 << 16];
+        w.comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        if w.rank == 1 {
+            // Die without a goodbye, as a crashed process would.
+            std::process::exit(3);
+        }
+        let t = Instant::now();
+        let r = w.comm.all_reduce_in_place(&mut v, ReduceOp::Sum);
+        match r {
+            Err(Error::PeerFailed { rank: 1, .. }) => {}
+            Err(Error::PeerFailed { reason, .. }) if reason.contains("rank 1") => {}
+            other => panic!(
+                "rank {}: expected rank 1 to be named, got {other:?}",
+                w.rank
+            ),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "took {:?}",
+            t.elapsed()
+        );
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let res = spawn(
+        "a_killed_peer_is_reported_not_waited_out",
+        3,
+        3,
+        &[("STRATA_TIMEOUT", "120")],
+        Duration::from_secs(60),
+    );
+    assert!(!res[1].0, "rank 1 was meant to die");
+    assert!(res[0].0, "rank 0:\n{}", res[0].1);
+    assert!(res[2].0, "rank 2:\n{}", res[2].1);
+}
