@@ -68,8 +68,32 @@ struct State {
     p2p_received: HashMap<usize, u64>,
     scratch: Vec<u64>,
     staging: Vec<u64>,
-    schedules: HashMap<Plan, Arc<RankSchedule>>,
+    schedules: HashMap<Plan, Arc<CachedPlan>>,
+    /// The plan of the previous call: repeated calls skip hashing.
+    last_plan: Option<(Plan, Arc<CachedPlan>)>,
+    exec: executor::ExecBuffers,
     splits: u64,
+}
+
+/// A schedule and what a call needs besides it, built once per (collective, algorithm, count).
+struct CachedPlan {
+    sched: RankSchedule,
+    /// Ranks this rank exchanges headers with: its schedule's peers and both ring neighbours.
+    exchange: Vec<usize>,
+}
+
+impl CachedPlan {
+    fn new(sched: RankSchedule, rank: usize, p: usize) -> Self {
+        let mut exchange = sched.send_peers();
+        exchange.extend(sched.recv_peers());
+        if p > 1 {
+            exchange.extend([(rank + 1) % p, (rank + p - 1) % p]);
+        }
+        exchange.sort_unstable();
+        exchange.dedup();
+        exchange.retain(|&q| q != rank);
+        Self { sched, exchange }
+    }
 }
 
 struct Inner {
@@ -82,6 +106,8 @@ struct Inner {
     listener: CommListener,
     abort: AtomicBool,
     failed: Mutex<Option<Error>>,
+    /// Set once `failed` holds an error, so healthy calls skip the lock.
+    has_failed: AtomicBool,
     state: Mutex<State>,
     algo_override: HashMap<Collective, Algorithm>,
     spin: executor::SpinPolicy,
@@ -233,6 +259,8 @@ impl Communicator {
             scratch: Vec::new(),
             staging: Vec::new(),
             schedules: HashMap::new(),
+            last_plan: None,
+            exec: Default::default(),
             splits: 0,
         };
         Ok(Self {
@@ -246,6 +274,7 @@ impl Communicator {
                 listener,
                 abort: AtomicBool::new(false),
                 failed: Mutex::new(None),
+                has_failed: AtomicBool::new(false),
                 state: Mutex::new(state),
                 algo_override: parse_algo_env()?,
                 spin: executor::SpinPolicy::for_host(local_ranks),
@@ -287,13 +316,19 @@ impl Communicator {
         self.inner.failed.lock().ok().and_then(|g| g.clone())
     }
 
-    /// The algorithm used for `collective` (the `STRATA_ALGO` choice or the default).
-    pub fn algorithm_for(&self, collective: Collective) -> Algorithm {
-        self.inner
-            .algo_override
-            .get(&collective)
-            .copied()
-            .unwrap_or(algorithms_for(collective)[0])
+    /// The algorithm used for `collective` on `bytes` per rank: the `STRATA_ALGO` choice, else
+    /// recursive doubling for all-reduces up to `Config::small_all_reduce_bytes`, else the
+    /// collective's default.
+    pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
+        if !self.inner.algo_override.is_empty() {
+            if let Some(a) = self.inner.algo_override.get(&collective) {
+                return *a;
+            }
+        }
+        if collective == Collective::AllReduce && bytes <= self.inner.cfg.small_all_reduce_bytes {
+            return Algorithm::RecursiveDoubling;
+        }
+        algorithms_for(collective)[0]
     }
 
     // ----- typed API -----------------------------------------------------------------------
@@ -765,7 +800,12 @@ impl Communicator {
         if inner.abort.load(Ordering::Acquire) {
             return Err(Error::Aborted(None));
         }
-        if let Some(e) = inner.failed.lock().ok().and_then(|g| g.clone()) {
+        if let Some(e) = inner
+            .has_failed
+            .load(Ordering::Acquire)
+            .then(|| inner.failed.lock().ok().and_then(|g| g.clone()))
+            .flatten()
+        {
             return Err(Error::Aborted(Some(e.to_string())));
         }
         if let ReduceOp::PreMulSum(s) = spec.op {
@@ -779,54 +819,7 @@ impl Communicator {
         let (p, rank, es) = (inner.size, inner.rank, spec.dtype.size());
         let mut guard = self.lock_state()?;
         let st = &mut *guard;
-        let started = Instant::now();
-        let deadline = started + inner.cfg.timeout;
-        let algorithm = self.algorithm_for(spec.collective);
-        let (seq, hdr_out, hdr_in) = match p2p_peer {
-            Some(peer) => {
-                let ctr = if spec.collective == Collective::Send {
-                    &mut st.p2p_sent
-                } else {
-                    &mut st.p2p_received
-                };
-                let seq = ctr.entry(peer).or_insert(0);
-                *seq += 1;
-                let mine = Header {
-                    collective: Collective::Send,
-                    seq: *seq,
-                    dtype: spec.dtype,
-                    count: spec.count as u64,
-                    op: 0,
-                    root: 0,
-                };
-                if spec.collective == Collective::Send {
-                    (
-                        *seq,
-                        vec![(
-                            peer,
-                            Header {
-                                root: peer as u64,
-                                ..mine
-                            },
-                        )],
-                        vec![],
-                    )
-                } else {
-                    (
-                        *seq,
-                        vec![],
-                        vec![(
-                            peer,
-                            Header {
-                                root: rank as u64,
-                                ..mine
-                            },
-                        )],
-                    )
-                }
-            }
-            None => (st.seq + 1, vec![], vec![]),
-        };
+        let algorithm = self.algorithm_for(spec.collective, spec.count * es);
         let plan = Plan {
             collective: spec.collective,
             algorithm,
@@ -836,102 +829,116 @@ impl Communicator {
             root: spec.root,
             chunk_elems: (inner.cfg.chunk_bytes / es).max(1),
         };
-        let sched = match st.schedules.get(&plan) {
-            Some(s) => s.clone(),
-            None => {
-                let s = Arc::new(
-                    strata_algorithms::plan(&plan)
-                        .map_err(|e| Error::InvalidArgument(e.to_string()))?,
-                );
-                if st.schedules.len() >= SCHEDULE_CACHE {
-                    st.schedules.clear();
+        let cached = match &st.last_plan {
+            Some((last, c)) if *last == plan => c.clone(),
+            _ => {
+                let c = match st.schedules.get(&plan) {
+                    Some(c) => c.clone(),
+                    None => {
+                        let sched = strata_algorithms::plan(&plan)
+                            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                        let c = Arc::new(CachedPlan::new(sched, rank, p));
+                        if st.schedules.len() >= SCHEDULE_CACHE {
+                            st.schedules.clear();
+                        }
+                        st.schedules.insert(plan, c.clone());
+                        c
+                    }
+                };
+                st.last_plan = Some((plan, c.clone()));
+                c
+            }
+        };
+        // The header this rank sends and expects. Point-to-point transfers are numbered per
+        // (direction, peer) and both ends describe the transfer as the sender's `send`.
+        let p2p_only = [p2p_peer.unwrap_or(0)];
+        let (local, wire_out, wire_in, hdr_out, hdr_in): (
+            Header,
+            Header,
+            Header,
+            &[usize],
+            &[usize],
+        ) = match p2p_peer {
+            Some(peer) => {
+                let sending = spec.collective == Collective::Send;
+                let counters = if sending {
+                    &mut st.p2p_sent
+                } else {
+                    &mut st.p2p_received
+                };
+                let seq = counters.entry(peer).or_insert(0);
+                *seq += 1;
+                let local = Header {
+                    collective: spec.collective,
+                    seq: *seq,
+                    dtype: spec.dtype,
+                    count: spec.count as u64,
+                    op: 0,
+                    root: peer as u64,
+                    algorithm: Algorithm::Direct,
+                };
+                let wire = Header {
+                    collective: Collective::Send,
+                    root: if sending { peer } else { rank } as u64,
+                    ..local
+                };
+                if sending {
+                    (local, wire, wire, &p2p_only, &[])
+                } else {
+                    (local, wire, wire, &[], &p2p_only)
                 }
-                st.schedules.insert(plan, s.clone());
-                s
+            }
+            None => {
+                st.seq += 1;
+                let h = Header {
+                    collective: spec.collective,
+                    seq: st.seq,
+                    dtype: spec.dtype,
+                    count: spec.count as u64,
+                    op: if spec.collective.reduces() {
+                        spec.op.code()
+                    } else {
+                        0
+                    },
+                    root: if spec.collective.rooted() {
+                        spec.root as u64
+                    } else {
+                        0
+                    },
+                    algorithm,
+                };
+                (h, h, h, &cached.exchange, &cached.exchange)
             }
         };
-        let header = Header {
-            collective: spec.collective,
-            seq,
-            dtype: spec.dtype,
-            count: spec.count as u64,
-            op: if spec.collective.reduces() {
-                spec.op.code()
-            } else {
-                0
-            },
-            root: if spec.collective.rooted() {
-                spec.root as u64
-            } else {
-                0
-            },
-        };
-        let (hdr_out, hdr_in) = if p2p_peer.is_some() {
-            (hdr_out, hdr_in)
+        let needed: &[usize] = if p2p_peer.is_some() {
+            if hdr_out.is_empty() { hdr_in } else { hdr_out }
         } else {
-            st.seq = seq;
-            let mut peers = sched.send_peers();
-            peers.extend(sched.recv_peers());
-            if p > 1 {
-                peers.push((rank + 1) % p);
-                peers.push((rank + p - 1) % p);
-            }
-            peers.sort_unstable();
-            peers.dedup();
-            peers.retain(|&q| q != rank);
-            (
-                peers.iter().map(|&q| (q, header)).collect(),
-                peers.iter().map(|&q| (q, header)).collect(),
-            )
+            &cached.exchange
         };
-        let desc = if p2p_peer.is_some() {
-            let dir = if spec.collective == Collective::Send {
-                "to"
-            } else {
-                "from"
-            };
-            format!(
-                "{} #{seq} ({}, {} elements, {dir} rank {})",
-                spec.collective, spec.dtype, spec.count, spec.root
-            )
-        } else {
-            header.describe()
-        };
-        let mut peers_needed: Vec<usize> = hdr_out.iter().chain(&hdr_in).map(|h| h.0).collect();
-        peers_needed.sort_unstable();
-        peers_needed.dedup();
         let result = (|| {
-            self.ensure_connections(st, &peers_needed, deadline, &desc)?;
-            // Inputs that the schedule must not see the caller's memory for.
+            self.ensure_connections(st, needed, &local)?;
+            // Inputs the schedule must not read from the caller's memory.
             let mut input = input;
-            let needs_private = spec.collective == Collective::AllToAll
-                && input_bytes > 0
-                && std::ptr::eq(input, output);
             let premul = match spec.op {
                 ReduceOp::PreMulSum(s) if spec.collective.reduces() => Some(s),
                 _ => None,
             };
-            if let Some(s) = premul {
+            let private_copy = spec.collective == Collective::AllToAll
+                && input_bytes > 0
+                && std::ptr::eq(input, output);
+            if premul.is_some() || private_copy {
                 grow(&mut st.staging, input_bytes);
                 let staged =
                     &mut bytemuck::cast_slice_mut::<u64, u8>(&mut st.staging)[..input_bytes];
                 // SAFETY: the caller guarantees input is readable for input_bytes.
-                reduce::scale(
-                    spec.dtype,
-                    staged,
-                    unsafe { std::slice::from_raw_parts(input, input_bytes) },
-                    &s,
-                );
-                input = staged.as_ptr();
-            } else if needs_private {
-                grow(&mut st.staging, input_bytes);
-                let staged =
-                    &mut bytemuck::cast_slice_mut::<u64, u8>(&mut st.staging)[..input_bytes];
-                // SAFETY: as above.
-                staged.copy_from_slice(unsafe { std::slice::from_raw_parts(input, input_bytes) });
+                let original = unsafe { std::slice::from_raw_parts(input, input_bytes) };
+                match premul {
+                    Some(s) => reduce::scale(spec.dtype, staged, original, &s),
+                    None => staged.copy_from_slice(original),
+                }
                 input = staged.as_ptr();
             }
-            let scratch_bytes = sched.scratch_elems * es;
+            let scratch_bytes = cached.sched.scratch_elems * es;
             grow(&mut st.scratch, scratch_bytes);
             let bufs = Buffers {
                 input,
@@ -942,13 +949,14 @@ impl Communicator {
                 scratch_bytes,
             };
             let (combine, divide_by) = match spec.op {
+                _ if !spec.collective.reduces() => (Combine::Sum, None),
                 ReduceOp::Sum | ReduceOp::PreMulSum(_) => (Combine::Sum, None),
                 ReduceOp::Prod => (Combine::Prod, None),
                 ReduceOp::Min => (Combine::Min, None),
                 ReduceOp::Max => (Combine::Max, None),
                 ReduceOp::Avg => (Combine::Sum, Some(p)),
             };
-            let mut op_run = OpRun {
+            OpRun {
                 rank,
                 peers: &inner.peers,
                 conns: &mut st.conns,
@@ -958,35 +966,32 @@ impl Communicator {
                     spec.dtype
                 },
                 combine,
-                divide_by: if spec.collective.reduces() {
-                    divide_by
-                } else {
-                    None
-                },
+                divide_by,
                 hdr_out,
                 hdr_in,
-                deadline,
-                started,
+                wire_out,
+                wire_in,
+                local,
+                timeout: inner.cfg.timeout,
+                clock: None,
                 abort: &inner.abort,
-                desc: desc.clone(),
+                reuse: &mut st.exec,
                 spin: inner.spin,
-            };
-            op_run.run(&sched, &bufs)
+            }
+            .run(&cached.sched, &bufs)
         })();
         if let Err(e) = &result {
-            self.fail(st, e, &desc);
+            self.fail(st, e, &local.describe());
         }
         result
     }
 
     /// Opens (as the lower rank) or waits for (as the higher rank) every connection needed.
-    fn ensure_connections(
-        &self,
-        st: &mut State,
-        peers: &[usize],
-        deadline: Instant,
-        desc: &str,
-    ) -> Result<()> {
+    fn ensure_connections(&self, st: &mut State, peers: &[usize], call: &Header) -> Result<()> {
+        if peers.iter().all(|&q| st.conns[q].is_some()) {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.inner.cfg.timeout;
         let inner = &*self.inner;
         let me = &inner.peers[inner.rank];
         for &q in peers.iter().filter(|&&q| q > inner.rank) {
@@ -1027,12 +1032,12 @@ impl Communicator {
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
-                    op: format!("{desc} (connecting)"),
+                    op: format!("{} (connecting)", call.describe()),
                     waiting_on: missing,
                     after_s: started.elapsed().as_secs_f64(),
                 });
             }
-            executor::check_control(&mut st.conns, &inner.peers, &[], desc)?;
+            executor::check_control(&mut st.conns, &inner.peers, &[], "connection setup")?;
             inner.listener.wait(Duration::from_millis(20));
         }
     }
@@ -1040,6 +1045,7 @@ impl Communicator {
     /// Marks the communicator failed and tells every connected peer.
     fn fail(&self, st: &mut State, e: &Error, desc: &str) {
         let inner = &*self.inner;
+        inner.has_failed.store(true, Ordering::Release);
         if let Ok(mut f) = inner.failed.lock() {
             if f.is_none() {
                 *f = Some(e.clone());

@@ -34,6 +34,9 @@ pub struct Config {
     pub shm_slot_size: usize,
     /// Pipeline chunk of chunked schedules (`STRATA_CHUNK_SIZE`, default 512 KiB).
     pub chunk_bytes: usize,
+    /// All-reduces up to this many bytes use recursive doubling
+    /// (`STRATA_SMALL_ALLREDUCE_BYTES`, default 16 KiB).
+    pub small_all_reduce_bytes: usize,
     /// How long an accepted connection may take to authenticate (`STRATA_HANDSHAKE_TIMEOUT`, s).
     pub handshake_timeout: Duration,
     /// Address to listen on (from `STRATA_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME`, else the first
@@ -107,6 +110,7 @@ impl Config {
             shm_slots,
             shm_slot_size,
             chunk_bytes: parse_env::<usize>("STRATA_CHUNK_SIZE", 512 << 10)?.max(64),
+            small_all_reduce_bytes: parse_env("STRATA_SMALL_ALLREDUCE_BYTES", 16 << 10)?,
             handshake_timeout: secs("STRATA_HANDSHAKE_TIMEOUT", 5.0)?,
             listen_ip: pick_interface(ifname.as_deref())?,
         })

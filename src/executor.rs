@@ -16,12 +16,14 @@ use crate::reduce::{self, Combine};
 use crate::transport::{Direction, Wait, futex};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-use strata_algorithms::{Buf, Collective, Op, RankSchedule, Region};
+use strata_algorithms::{Algorithm, Buf, Collective, Op, RankSchedule, Region};
 
-/// Bytes of an operation header.
-pub(crate) const HEADER_BYTES: usize = 64;
+/// Bytes of an operation header (with a small message, it fits one cache line of a slot).
+pub(crate) const HEADER_BYTES: usize = 32;
 const HEADER_MAGIC: u32 = 0x5244_4853; // "SHDR"
 const MAX_SLEEP: Duration = Duration::from_millis(50);
+/// A first message up to this size travels in the same transport write as its header.
+const COALESCE_MAX: usize = 4096;
 
 /// What a rank says about the operation it is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +34,7 @@ pub(crate) struct Header {
     pub count: u64,
     pub op: u8,
     pub root: u64,
+    pub algorithm: Algorithm,
 }
 
 impl Header {
@@ -41,6 +44,7 @@ impl Header {
         b[4] = self.collective.code();
         b[5] = self.dtype as u8;
         b[6] = self.op;
+        b[7] = self.algorithm.code();
         b[8..16].copy_from_slice(&self.seq.to_le_bytes());
         b[16..24].copy_from_slice(&self.count.to_le_bytes());
         b[24..32].copy_from_slice(&self.root.to_le_bytes());
@@ -56,6 +60,7 @@ impl Header {
             collective: Collective::from_code(b[4])?,
             dtype: DataType::from_code(b[5])?,
             op: b[6],
+            algorithm: *Algorithm::ALL.get(b[7] as usize)?,
             seq: u64_at(8),
             count: u64_at(16),
             root: u64_at(24),
@@ -76,7 +81,7 @@ impl Header {
             Collective::Recv => s += &format!(", from rank {}", self.root),
             _ => {}
         }
-        s + ")"
+        s + &format!("; {})", self.algorithm)
     }
 }
 
@@ -117,15 +122,22 @@ pub(crate) struct OpRun<'a> {
     pub combine: Combine,
     /// `Some(n)` for avg: divide by n when finalising.
     pub divide_by: Option<usize>,
-    /// Headers to send: (peer, header).
-    pub hdr_out: Vec<(usize, Header)>,
-    /// Headers to expect: (peer, header).
-    pub hdr_in: Vec<(usize, Header)>,
-    pub deadline: Instant,
-    pub started: Instant,
+    /// Peers that get `wire_out` before any data.
+    pub hdr_out: &'a [usize],
+    /// Peers whose header must equal `wire_in` before their data is read.
+    pub hdr_in: &'a [usize],
+    pub wire_out: Header,
+    pub wire_in: Header,
+    /// This rank's own view of the call, for messages.
+    pub local: Header,
+    /// The call's deadline, counted from the first time it has to sleep (reading the clock on
+    /// every call would cost more than a small all-reduce).
+    pub timeout: Duration,
+    /// (first sleep, deadline), set when the call first sleeps.
+    pub clock: Option<(Instant, Instant)>,
     pub abort: &'a AtomicBool,
-    /// The operation, for messages.
-    pub desc: String,
+    /// Buffers kept from call to call so that a call allocates nothing.
+    pub reuse: &'a mut ExecBuffers,
     /// Idle polls spent spinning, then yielding, before sleeping.
     pub spin: SpinPolicy,
 }
@@ -156,6 +168,33 @@ impl SpinPolicy {
     }
 }
 
+/// Per-call bookkeeping, kept by the communicator and reused.
+#[derive(Default)]
+pub(crate) struct ExecBuffers {
+    states: Vec<PeerState>,
+    /// A header and a small first message, sent as one.
+    coalesce: Vec<u8>,
+    step: StepState,
+}
+
+#[derive(Default)]
+struct StepState {
+    done: Vec<usize>,
+    finished: Vec<bool>,
+    waits: Vec<(usize, Direction)>,
+    busy_send: Vec<usize>,
+    busy_recv: Vec<usize>,
+}
+
+impl StepState {
+    fn reset(&mut self, ops: usize) {
+        self.done.clear();
+        self.done.resize(ops, 0);
+        self.finished.clear();
+        self.finished.resize(ops, false);
+    }
+}
+
 struct PeerState {
     peer: usize,
     out: Option<[u8; HEADER_BYTES]>,
@@ -172,14 +211,25 @@ impl OpRun<'_> {
             .ok_or_else(|| Error::Transport(format!("internal: no connection to rank {peer}")))
     }
 
+    /// This call, for messages.
+    fn desc(&self) -> String {
+        self.local.describe()
+    }
+
     /// Runs the schedule to the end.
     pub fn run(&mut self, sched: &RankSchedule, bufs: &Buffers) -> Result<()> {
-        let mut states: Vec<PeerState> = Vec::new();
-        let state_of = |peer: usize, states: &mut Vec<PeerState>| -> usize {
-            states
-                .iter()
-                .position(|s| s.peer == peer)
-                .unwrap_or_else(|| {
+        let mut states = std::mem::take(&mut self.reuse.states);
+        states.clear();
+        let out = self.wire_out.encode();
+        for (&peer, is_out) in self
+            .hdr_out
+            .iter()
+            .map(|p| (p, true))
+            .chain(self.hdr_in.iter().map(|p| (p, false)))
+        {
+            let i = match states.iter().position(|s| s.peer == peer) {
+                Some(i) => i,
+                None => {
                     states.push(PeerState {
                         peer,
                         out: None,
@@ -188,69 +238,87 @@ impl OpRun<'_> {
                         in_done: true,
                     });
                     states.len() - 1
-                })
-        };
-        for (peer, h) in std::mem::take(&mut self.hdr_out) {
-            let i = state_of(peer, &mut states);
-            states[i].out = Some(h.encode());
-        }
-        for (peer, h) in std::mem::take(&mut self.hdr_in) {
-            let i = state_of(peer, &mut states);
-            states[i].expect = Some(h);
-            states[i].in_done = false;
+                }
+            };
+            if is_out {
+                states[i].out = Some(out);
+            } else {
+                states[i].expect = Some(self.wire_in);
+                states[i].in_done = false;
+            }
         }
         for p in &states {
             if let Some(c) = self.conns.get_mut(p.peer).and_then(Option::as_mut) {
                 c.hdr_in.clear();
             }
         }
+        let mut result = Ok(());
         for step in &sched.steps {
-            self.run_ops(&step.ops, bufs, &mut states)?;
+            result = if step.ops.iter().all(|op| op.peer().is_none()) {
+                step.ops.iter().try_for_each(|op| self.local_op(op, bufs))
+            } else {
+                self.run_ops(&step.ops, bufs, &mut states)
+            };
+            if result.is_err() {
+                break;
+            }
         }
-        self.run_ops(&[], bufs, &mut states)
+        if result.is_ok() {
+            result = self.run_ops(&[], bufs, &mut states);
+        }
+        self.reuse.states = states;
+        result
     }
 
     fn run_ops(&mut self, ops: &[Op], bufs: &Buffers, states: &mut [PeerState]) -> Result<()> {
+        let mut ss = std::mem::take(&mut self.reuse.step);
+        ss.reset(ops.len());
+        let result = self.progress_step(ops, bufs, states, &mut ss);
+        self.reuse.step = ss;
+        result
+    }
+
+    fn progress_step(
+        &mut self,
+        ops: &[Op],
+        bufs: &Buffers,
+        states: &mut [PeerState],
+        ss: &mut StepState,
+    ) -> Result<()> {
         let es = self.dtype.size();
-        let mut done = vec![0usize; ops.len()];
-        let mut finished = vec![false; ops.len()];
+        let StepState {
+            done,
+            finished,
+            waits,
+            busy_send,
+            busy_recv,
+        } = ss;
         // Local operations first: they never wait.
         for (i, op) in ops.iter().enumerate() {
-            match op {
-                Op::Copy { src, dst } => {
-                    let (s, n) = bufs.span(src, es)?;
-                    let (d, _) = bufs.span(dst, es)?;
-                    if s != d {
-                        // SAFETY: both spans were bounds-checked; `copy` handles overlap.
-                        unsafe { std::ptr::copy(s, d, n) };
-                    }
-                    finished[i] = true;
-                }
-                Op::Finalize { region } => {
-                    if let Some(n) = self.divide_by {
-                        let (p, len) = bufs.span(region, es)?;
-                        // SAFETY: bounds-checked span of the output or scratch buffer, which no
-                        // other operation of this step touches.
-                        reduce::divide(
-                            self.dtype,
-                            unsafe { std::slice::from_raw_parts_mut(p, len) },
-                            n,
-                        );
-                    }
-                    finished[i] = true;
-                }
-                _ => {}
+            if op.peer().is_none() {
+                self.local_op(op, bufs)?;
+                finished[i] = true;
             }
         }
         let mut idle = 0u32;
-        let mut busy_send: Vec<usize> = Vec::new();
-        let mut busy_recv: Vec<usize> = Vec::new();
         loop {
             let mut progressed = false;
-            let mut waits: Vec<(usize, Direction)> = Vec::new();
-            // Headers out.
+            waits.clear();
+            // Headers out; a small first message to the same peer rides along.
             for st in states.iter_mut() {
                 if let Some(h) = st.out {
+                    if st.out_sent == 0 {
+                        if let Some(n) =
+                            self.send_header_with_data(&h, st.peer, ops, done, finished, bufs)?
+                        {
+                            st.out_sent = n;
+                            progressed |= n > 0;
+                            if n < HEADER_BYTES {
+                                waits.push((st.peer, Direction::Send));
+                            }
+                            continue;
+                        }
+                    }
                     if st.out_sent < HEADER_BYTES {
                         let peer = st.peer;
                         let n = self
@@ -347,8 +415,77 @@ impl OpRun<'_> {
                 continue;
             }
             idle += 1;
-            self.idle_wait(idle, &waits)?;
+            self.idle_wait(idle, waits)?;
         }
+    }
+
+    /// Runs a copy or a finalize (which only `avg` needs).
+    fn local_op(&self, op: &Op, bufs: &Buffers) -> Result<()> {
+        let es = self.dtype.size();
+        match op {
+            Op::Copy { src, dst } => {
+                let (s, n) = bufs.span(src, es)?;
+                let (d, _) = bufs.span(dst, es)?;
+                if s != d {
+                    // SAFETY: both spans were bounds-checked; `copy` handles overlap.
+                    unsafe { std::ptr::copy(s, d, n) };
+                }
+            }
+            Op::Finalize { region } => {
+                if let Some(n) = self.divide_by {
+                    let (p, len) = bufs.span(region, es)?;
+                    // SAFETY: bounds-checked span of the output or scratch buffer, which no
+                    // other operation of this step touches.
+                    reduce::divide(
+                        self.dtype,
+                        unsafe { std::slice::from_raw_parts_mut(p, len) },
+                        n,
+                    );
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Sends the header together with the first message of this step to `peer`, when that
+    /// message is small and not started. Returns header bytes sent, or `None` when there is
+    /// nothing to combine.
+    fn send_header_with_data(
+        &mut self,
+        h: &[u8; HEADER_BYTES],
+        peer: usize,
+        ops: &[Op],
+        done: &mut [usize],
+        finished: &mut [bool],
+        bufs: &Buffers,
+    ) -> Result<Option<usize>> {
+        let Some(i) = ops
+            .iter()
+            .position(|op| matches!(op, Op::Send { peer: q, .. } if *q == peer))
+        else {
+            return Ok(None);
+        };
+        let Op::Send { src, .. } = &ops[i] else {
+            return Ok(None);
+        };
+        let (p, len) = bufs.span(src, self.dtype.size())?;
+        if finished[i] || done[i] != 0 || len > COALESCE_MAX {
+            return Ok(None);
+        }
+        let mut msg = std::mem::take(&mut self.reuse.coalesce);
+        msg.clear();
+        msg.extend_from_slice(h);
+        // SAFETY: bounds-checked span that no operation of this step writes.
+        msg.extend_from_slice(unsafe { std::slice::from_raw_parts(p, len) });
+        let sent = self.conn(peer)?.data.send_some(&msg);
+        self.reuse.coalesce = msg;
+        let n = sent.map_err(|e| self.io_err(peer, e))?;
+        if n > HEADER_BYTES {
+            done[i] = n - HEADER_BYTES;
+            finished[i] = done[i] == len;
+        }
+        Ok(Some(n.min(HEADER_BYTES)))
     }
 
     fn io_err(&self, peer: usize, e: std::io::Error) -> Error {
@@ -360,7 +497,7 @@ impl OpRun<'_> {
         Error::PeerFailed {
             rank: peer,
             host,
-            reason: format!("{} during {}: {e}", "connection lost", self.desc),
+            reason: format!("connection lost during {}: {e}", self.desc()),
         }
     }
 
@@ -385,6 +522,9 @@ impl OpRun<'_> {
         let expect = st
             .expect
             .ok_or_else(|| Error::Transport("internal: header without expectation".into()))?;
+        if got == Some(expect) {
+            return Ok(true);
+        }
         let who = self
             .peers
             .get(peer)
@@ -473,18 +613,20 @@ impl OpRun<'_> {
             return Ok(());
         }
         let now = Instant::now();
-        if now >= self.deadline {
+        let timeout = self.timeout;
+        let (started, deadline) = *self.clock.get_or_insert((now, now + timeout));
+        if now >= deadline {
             let mut waiting_on: Vec<usize> = waits.iter().map(|w| w.0).collect();
             waiting_on.sort_unstable();
             waiting_on.dedup();
             return Err(Error::Timeout {
-                op: self.desc.clone(),
+                op: self.desc(),
                 waiting_on,
-                after_s: (now - self.started).as_secs_f64(),
+                after_s: (now - started).as_secs_f64(),
             });
         }
         self.check_control(waits)?;
-        let sleep = MAX_SLEEP.min(self.deadline - now);
+        let sleep = MAX_SLEEP.min(deadline - now);
         let mut futexes: Vec<(*const AtomicU32, u32, *const AtomicU32)> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
         for &(peer, dir) in waits {
@@ -549,7 +691,8 @@ impl OpRun<'_> {
 
     fn check_control(&mut self, waits: &[(usize, Direction)]) -> Result<()> {
         let waiting: Vec<usize> = waits.iter().map(|w| w.0).collect();
-        check_control(self.conns, self.peers, &waiting, &self.desc)
+        let desc = self.local.describe();
+        check_control(self.conns, self.peers, &waiting, &desc)
     }
 }
 
@@ -617,9 +760,13 @@ mod tests {
             count: 1024,
             op: 0,
             root: 0,
+            algorithm: Algorithm::Ring,
         };
         assert_eq!(Header::decode(&h.encode()), Some(h));
-        assert_eq!(h.describe(), "all_reduce #7 (float, sum, 1024 elements)");
+        assert_eq!(
+            h.describe(),
+            "all_reduce #7 (float, sum, 1024 elements; ring)"
+        );
         assert!(Header::decode(&[0u8; 64]).is_none());
     }
 }

@@ -74,6 +74,84 @@ pub fn ring_all_reduce(p: usize, r: usize, n: usize) -> RankSchedule {
     s
 }
 
+/// Recursive-doubling all-reduce: lg p exchanges of the whole buffer, latency-optimal for small
+/// messages. With p not a power of two, the first 2·(p − p') ranks pair up: each even one hands
+/// its input to its odd partner, sits out, and gets the result back at the end.
+///
+/// Every exchange reduces into the other half of a two-block scratch, so a step never writes
+/// what it sends; the result is copied to the output once, so the schedule is safe in place.
+pub fn recursive_doubling_all_reduce(p: usize, r: usize, n: usize) -> RankSchedule {
+    let mut s = RankSchedule::default();
+    let out = Region::new(Buf::Output, 0, n);
+    let input = Region::new(Buf::Input, 0, n);
+    if p == 1 {
+        s.step(vec![Op::Copy {
+            src: input,
+            dst: out,
+        }]);
+        s.step(vec![Op::Finalize { region: out }]);
+        return s;
+    }
+    let pof2 = 1usize << (usize::BITS - 1 - p.leading_zeros());
+    let rem = p - pof2;
+    let scratch = |k: usize| Region::new(Buf::Scratch, (k % 2) * n, n);
+    s.scratch_elems = 2 * n;
+    let (mut cur, mut k) = (input, 0);
+    let v = if r < 2 * rem {
+        if r % 2 == 0 {
+            s.step(vec![Op::Send {
+                peer: r + 1,
+                src: input,
+            }]);
+            s.step(vec![Op::Recv {
+                peer: r + 1,
+                dst: out,
+            }]);
+            s.scratch_elems = 0;
+            return s;
+        }
+        s.step(vec![Op::RecvReduce {
+            peer: r - 1,
+            src: input,
+            dst: scratch(0),
+        }]);
+        cur = scratch(0);
+        k = 1;
+        r / 2
+    } else {
+        r - rem
+    };
+    let real = |v: usize| if v < rem { 2 * v + 1 } else { v + rem };
+    let mut mask = 1;
+    while mask < pof2 {
+        let partner = real(v ^ mask);
+        let dst = scratch(k);
+        s.step(vec![
+            Op::Send {
+                peer: partner,
+                src: cur,
+            },
+            Op::RecvReduce {
+                peer: partner,
+                src: cur,
+                dst,
+            },
+        ]);
+        cur = dst;
+        k += 1;
+        mask <<= 1;
+    }
+    s.step(vec![Op::Copy { src: cur, dst: out }]);
+    s.step(vec![Op::Finalize { region: out }]);
+    if r < 2 * rem {
+        s.step(vec![Op::Send {
+            peer: r - 1,
+            src: out,
+        }]);
+    }
+    s
+}
+
 /// Pipelined chain broadcast: the root's data flows along the ring starting at the root in
 /// chunks of `chunk` elements, each rank forwarding chunk `t-1` while it receives chunk `t`.
 pub fn chain_broadcast(p: usize, r: usize, n: usize, root: usize, chunk: usize) -> RankSchedule {

@@ -18,6 +18,8 @@ use std::fmt;
 pub enum Algorithm {
     /// Ring (all-reduce, all-gather, reduce-scatter).
     Ring,
+    /// Recursive doubling (all-reduce).
+    RecursiveDoubling,
     /// Pipelined chain along the ring from the root (broadcast).
     Chain,
     /// Binomial tree (reduce).
@@ -34,8 +36,9 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 7] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::Ring,
+        Algorithm::RecursiveDoubling,
         Algorithm::Chain,
         Algorithm::BinomialTree,
         Algorithm::Pairwise,
@@ -48,6 +51,7 @@ impl Algorithm {
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
+            Algorithm::RecursiveDoubling => "rd",
             Algorithm::Chain => "chain",
             Algorithm::BinomialTree => "binomial",
             Algorithm::Pairwise => "pairwise",
@@ -84,9 +88,8 @@ impl fmt::Display for Algorithm {
 /// The algorithms that can run `collective`, default first.
 pub fn algorithms_for(collective: Collective) -> &'static [Algorithm] {
     match collective {
-        Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter => {
-            &[Algorithm::Ring]
-        }
+        Collective::AllReduce => &[Algorithm::Ring, Algorithm::RecursiveDoubling],
+        Collective::AllGather | Collective::ReduceScatter => &[Algorithm::Ring],
         Collective::Broadcast => &[Algorithm::Chain],
         Collective::Reduce => &[Algorithm::BinomialTree],
         Collective::AllToAll => &[Algorithm::Pairwise],
@@ -170,6 +173,9 @@ pub fn plan(plan: &Plan) -> Result<RankSchedule, PlanError> {
     }
     use builders::*;
     Ok(match collective {
+        Collective::AllReduce if algorithm == Algorithm::RecursiveDoubling => {
+            recursive_doubling_all_reduce(p, r, n)
+        }
         Collective::AllReduce => ring_all_reduce(p, r, n),
         Collective::Broadcast => chain_broadcast(p, r, n, root, chunk_elems),
         Collective::Reduce => binomial_reduce(p, r, n, root),

@@ -3,7 +3,8 @@
 //! memory (a `/dev/shm` mapping or a heap allocation).
 //!
 //! A connection's segment holds two rings, one per direction. A ring is `slots` slots of
-//! `slot_size` bytes plus two cache-padded counters: `head` (slots posted, written only by the
+//! `slot_size` bytes (an 8-byte sequence/length header, then payload) plus two cache-padded
+//! counters: `head` (slots posted, written only by the
 //! producer) and `tail` (slots released, written only by the consumer). A slot carries the
 //! bytes of one `send_some` call, at most `slot_size`. Sleepers wait on the counters with a
 //! futex and raise a flag so that the other side only pays for a wake when someone sleeps.
@@ -70,16 +71,20 @@ struct RingControl {
 
 /// One endpoint of a ring connection: it produces into one ring and consumes the other.
 pub(crate) struct RingEndpoint {
-    mem: Arc<dyn Memory>,
+    /// Keeps the segment mapped for as long as the endpoint lives.
+    _mem: Arc<dyn Memory>,
     geo: Geometry,
     tx: usize,
     rx: usize,
-    /// Producer-side copy of our own head.
+    /// Producer-side copy of our own head, and the consumer's tail as last read.
     tx_head: u32,
+    tx_tail_seen: u32,
     /// Consumer-side copy of our own tail, and how far into the current slot we have read.
     rx_tail: u32,
     rx_offset: usize,
     name: &'static str,
+    /// `mem.base()`, read once.
+    base: *mut u8,
 }
 
 // SAFETY: the endpoint only touches the shared memory through atomics and through slots that
@@ -90,7 +95,11 @@ unsafe impl Send for RingEndpoint {}
 impl RingEndpoint {
     /// Lays out a fresh segment in `mem` and returns the creator's endpoint.
     pub fn create(mem: Arc<dyn Memory>, geo: Geometry, name: &'static str) -> io::Result<Self> {
-        if mem.len() < geo.segment_bytes() || geo.slot_size % CACHE_LINE != 0 || geo.slots == 0 {
+        if mem.len() < geo.segment_bytes()
+            || geo.slot_size % CACHE_LINE != 0
+            || geo.slot_size == 0
+            || geo.slots == 0
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "ring segment too small or misshapen",
@@ -125,7 +134,11 @@ impl RingEndpoint {
             slots: hdr.slots.load(Ordering::Relaxed),
             slot_size: hdr.slot_size.load(Ordering::Relaxed) as usize,
         };
-        if geo.slots == 0 || geo.slot_size % CACHE_LINE != 0 || mem.len() < geo.segment_bytes() {
+        if geo.slots == 0
+            || geo.slot_size == 0
+            || geo.slot_size % CACHE_LINE != 0
+            || mem.len() < geo.segment_bytes()
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "ring segment geometry does not fit",
@@ -143,24 +156,22 @@ impl RingEndpoint {
         name: &'static str,
     ) -> Self {
         Self {
-            mem,
             geo,
             tx,
             rx,
             tx_head: 0,
+            tx_tail_seen: 0,
             rx_tail: 0,
             rx_offset: 0,
             name,
+            base: mem.base(),
+            _mem: mem,
         }
     }
 
     fn ring_base(&self, which: usize) -> *mut u8 {
         // SAFETY: offsets stay inside segment_bytes, checked at create/attach.
-        unsafe {
-            self.mem
-                .base()
-                .add(CONTROL_BYTES + which * self.geo.ring_bytes())
-        }
+        unsafe { self.base.add(CONTROL_BYTES + which * self.geo.ring_bytes()) }
     }
 
     /// The control block of ring `which`. The reference is not tied to `&self` so that the
@@ -171,14 +182,15 @@ impl RingEndpoint {
         unsafe { &*(self.ring_base(which) as *const RingControl) }
     }
 
-    fn len_word<'a>(&self, which: usize, slot: u32) -> &'a AtomicU32 {
-        // SAFETY: the lengths follow the four padded counters inside the control block
-        // (4 * 64 + slots * 4 bytes must fit in 4 KiB, so slots ≤ 960; enforced by config).
-        unsafe {
-            &*(self
-                .ring_base(which)
-                .add(4 * CACHE_LINE + 4 * slot as usize) as *const AtomicU32)
-        }
+    /// The sequence word and length at the start of a slot: the consumer polls the line that
+    /// also carries the first bytes of data, not a shared counter.
+    fn slot_header<'a>(&self, which: usize, slot: u32) -> &'a SlotHeader {
+        // SAFETY: every slot starts with a SlotHeader, 64-byte aligned; see `control`.
+        unsafe { &*(self.slot_ptr(which, slot) as *const SlotHeader) }
+    }
+
+    fn payload_capacity(&self) -> usize {
+        self.geo.slot_size - SLOT_HEADER
     }
 
     fn slot_ptr(&self, which: usize, slot: u32) -> *mut u8 {
@@ -190,8 +202,18 @@ impl RingEndpoint {
     }
 }
 
-/// Largest slot count whose lengths fit in a control block.
-pub(crate) const MAX_SLOTS: u32 = ((CONTROL_BYTES - 4 * CACHE_LINE) / 4) as u32;
+/// Largest slot count.
+pub(crate) const MAX_SLOTS: u32 = 1 << 16;
+
+/// Bytes at the start of each slot before its payload (keeps the payload 8-byte aligned).
+const SLOT_HEADER: usize = 8;
+
+/// `seq` is the producer's head after posting the slot; `len` the payload bytes.
+#[repr(C)]
+struct SlotHeader {
+    seq: AtomicU32,
+    len: AtomicU32,
+}
 
 impl Transport for RingEndpoint {
     fn name(&self) -> &'static str {
@@ -202,24 +224,28 @@ impl Transport for RingEndpoint {
         let ctl = self.control(self.tx);
         let mut sent = 0;
         while sent < data.len() {
-            let tail = ctl.tail.0.load(Ordering::Acquire);
-            if self.tx_head.wrapping_sub(tail) >= self.geo.slots {
-                break;
+            if self.tx_head.wrapping_sub(self.tx_tail_seen) >= self.geo.slots {
+                // Only re-read the consumer's counter when the ring looks full.
+                self.tx_tail_seen = ctl.tail.0.load(Ordering::Acquire);
+                if self.tx_head.wrapping_sub(self.tx_tail_seen) >= self.geo.slots {
+                    break;
+                }
             }
             let slot = self.tx_head % self.geo.slots;
-            let n = self.geo.slot_size.min(data.len() - sent);
+            let n = self.payload_capacity().min(data.len() - sent);
             // SAFETY: the slot is free (head - tail < slots), so the consumer does not read it;
-            // n ≤ slot_size.
+            // n ≤ the payload capacity.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     data.as_ptr().add(sent),
-                    self.slot_ptr(self.tx, slot),
+                    self.slot_ptr(self.tx, slot).add(SLOT_HEADER),
                     n,
                 )
             };
-            self.len_word(self.tx, slot)
-                .store(n as u32, Ordering::Relaxed);
             self.tx_head = self.tx_head.wrapping_add(1);
+            let hdr = self.slot_header(self.tx, slot);
+            hdr.len.store(n as u32, Ordering::Relaxed);
+            hdr.seq.store(self.tx_head, Ordering::Release);
             ctl.head.0.store(self.tx_head, Ordering::SeqCst);
             sent += n;
         }
@@ -239,13 +265,12 @@ impl Transport for RingEndpoint {
         let mut consumed = 0;
         let mut released = false;
         while consumed < max {
-            let head = ctl.head.0.load(Ordering::Acquire);
-            if head == self.rx_tail {
+            let slot = self.rx_tail % self.geo.slots;
+            let hdr = self.slot_header(self.rx, slot);
+            if hdr.seq.load(Ordering::Acquire) != self.rx_tail.wrapping_add(1) {
                 break;
             }
-            let slot = self.rx_tail % self.geo.slots;
-            let len = (self.len_word(self.rx, slot).load(Ordering::Relaxed) as usize)
-                .min(self.geo.slot_size);
+            let len = (hdr.len.load(Ordering::Relaxed) as usize).min(self.payload_capacity());
             let avail = len - self.rx_offset;
             let mut take = avail.min(max - consumed);
             take -= take % granule.max(1);
@@ -261,7 +286,11 @@ impl Transport for RingEndpoint {
             // SAFETY: slots in [tail, head) belong to the consumer until tail moves; the range
             // lies inside the slot's posted length.
             let bytes = unsafe {
-                std::slice::from_raw_parts(self.slot_ptr(self.rx, slot).add(self.rx_offset), take)
+                std::slice::from_raw_parts(
+                    self.slot_ptr(self.rx, slot)
+                        .add(SLOT_HEADER + self.rx_offset),
+                    take,
+                )
             };
             f(bytes);
             consumed += take;
