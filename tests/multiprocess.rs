@@ -296,6 +296,20 @@ matrix_test!(
     false,
     &[("STRATA_TRANSPORT", "tcp"), ("STRATA_TCP_STREAMS", "1")]
 );
+// The default picks recursive doubling for small all-reduces and ring for large ones; run each
+// at every size too.
+matrix_test!(
+    matrix_7_ranks_ring_only,
+    7,
+    false,
+    &[("STRATA_ALGO", "all_reduce:ring")]
+);
+matrix_test!(
+    matrix_3_ranks_rd_only,
+    3,
+    true,
+    &[("STRATA_ALGO", "all_reduce:rd")]
+);
 
 #[test]
 fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
