@@ -2,10 +2,10 @@
 # All-reduce (float, sum) with Debian's Open MPI and with collbench, side by side in one run:
 # same rank count, sizes, iterations and warm-up; both on this host over shared memory.
 # Prints both time and busbw columns and strata/Open MPI ratios.
-#   NP=2 MIN=8 MAX=64M ITERS=20 WARMUP=5 bash benches/openmpi_compare.sh
+#   NP=2 MIN=8 MAX=64M ITERS=100 WARMUP=20 bash benches/openmpi_compare.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NP=${NP:-2}; MIN=${MIN:-8}; MAX=${MAX:-64M}; ITERS=${ITERS:-20}; WARMUP=${WARMUP:-5}
+NP=${NP:-2}; MIN=${MIN:-8}; MAX=${MAX:-64M}; ITERS=${ITERS:-100}; WARMUP=${WARMUP:-20}
 bytes() { python3 -c "import sys; s=sys.argv[1].upper(); m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))" "$1"; }
 if ! command -v mpicc >/dev/null; then
   if [ "$(id -u)" = 0 ]; then

@@ -59,6 +59,18 @@ fn kernels(c: &mut Criterion) {
             )
         })
     });
+    let f: Vec<half::f16> = vec![half::f16::ONE; BYTES / 2];
+    let mut facc: Vec<half::f16> = vec![half::f16::ONE; BYTES / 2];
+    g.bench_function(BenchmarkId::new("f16_sum", "in_place"), |bn| {
+        bn.iter(|| {
+            reduce_in_place(
+                DataType::Float16,
+                Combine::Sum,
+                bytemuck::cast_slice_mut(&mut facc),
+                black_box(bytemuck::cast_slice(&f)),
+            )
+        })
+    });
     g.finish();
 }
 

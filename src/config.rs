@@ -28,9 +28,10 @@ pub struct Config {
     pub tcp_stripe: usize,
     /// Socket buffer size requested (`STRATA_SOCKET_BUFFER`, default 4 MiB).
     pub socket_buffer: usize,
-    /// Slots per shared-memory ring (`STRATA_SHM_SLOTS`, default 8).
+    /// Slots per shared-memory ring (`STRATA_SHM_SLOTS`, default 32).
     pub shm_slots: u32,
-    /// Bytes per slot (`STRATA_SHM_SLOT_SIZE`, default 256 KiB, multiple of 64).
+    /// Bytes per slot (`STRATA_SHM_SLOT_SIZE`, default 32 KiB, multiple of 64). Small slots let
+    /// the receiver start on a message while the sender is still writing it.
     pub shm_slot_size: usize,
     /// Pipeline chunk of chunked schedules (`STRATA_CHUNK_SIZE`, default 512 KiB).
     pub chunk_bytes: usize,
@@ -81,8 +82,8 @@ impl Config {
                 )));
             }
         };
-        let shm_slot_size: usize = parse_env("STRATA_SHM_SLOT_SIZE", 256 << 10)?;
-        let shm_slots: u32 = parse_env("STRATA_SHM_SLOTS", 8)?;
+        let shm_slot_size: usize = parse_env("STRATA_SHM_SLOT_SIZE", 32 << 10)?;
+        let shm_slots: u32 = parse_env("STRATA_SHM_SLOTS", 32)?;
         if shm_slot_size == 0
             || shm_slot_size % 64 != 0
             || shm_slots == 0

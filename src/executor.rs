@@ -3,7 +3,7 @@
 //! All operations of a step progress together through non-blocking transport calls; operations
 //! of one step that use the same connection direction go in list order, which keeps each byte
 //! stream in schedule order. Before its data, every connection an operation uses carries a
-//! 64-byte header (sequence number, collective, type, count, op, root) in each direction, and
+//! 32-byte header (sequence number, collective, type, count, op, root) in each direction, and
 //! the receiver checks it against its own call. Every wait spins briefly, then yields, then
 //! sleeps on futexes or sockets for at most 50 ms at a time, checking the abort flag, the
 //! deadline and the peers' control streams in between.

@@ -122,10 +122,23 @@ impl Narrow for f16 {
 
 impl Narrow for bf16 {
     fn widen(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst)
+        // bf16 is the top half of an f32.
+        dst.iter_mut()
+            .zip(src)
+            .for_each(|(d, s)| *d = f32::from_bits((s.to_bits() as u32) << 16));
     }
     fn narrow(src: &[f32], dst: &mut [Self]) {
-        dst.convert_from_f32_slice(src)
+        // Round to nearest even; NaN stays NaN (quietened). Branch-free so it vectorises.
+        dst.iter_mut().zip(src).for_each(|(d, s)| {
+            let b = s.to_bits();
+            let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
+            let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
+            *d = bf16::from_bits(if nan {
+                ((b >> 16) | 0x40) as u16
+            } else {
+                rounded as u16
+            });
+        });
     }
 }
 
@@ -437,6 +450,38 @@ mod tests {
         let mut h = [bf16::from_f32(6.0)];
         divide(DataType::Bfloat16, bytemuck::cast_slice_mut(&mut h), 4);
         assert_eq!(h[0].to_f32(), 1.5);
+    }
+
+    #[test]
+    fn bf16_conversions_match_the_half_crate() {
+        let mut samples: Vec<f32> = (0..200_000u32)
+            .map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761)))
+            .collect();
+        samples.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1.0 + 2f32.powi(-8),
+        ]);
+        let mut ours = vec![bf16::ZERO; samples.len()];
+        <bf16 as Narrow>::narrow(&samples, &mut ours);
+        for (x, got) in samples.iter().zip(&ours) {
+            let want = bf16::from_f32(*x);
+            assert!(
+                got.to_bits() == want.to_bits() || (x.is_nan() && got.is_nan()),
+                "{x}: {got} vs {want}"
+            );
+        }
+        let mut back = vec![0f32; ours.len()];
+        <bf16 as Narrow>::widen(&ours, &mut back);
+        assert!(
+            back.iter()
+                .zip(&ours)
+                .all(|(b, o)| b.to_bits() == o.to_f32().to_bits() || b.is_nan())
+        );
     }
 
     #[test]

@@ -469,3 +469,39 @@ fn a_killed_peer_is_reported_not_waited_out() {
     assert!(res[0].0, "rank 0:\n{}", res[0].1);
     assert!(res[2].0, "rank 2:\n{}", res[2].1);
 }
+
+#[test]
+fn from_env_joins_with_torchrun_variables() {
+    if is_worker() {
+        let rank = std::env::var("STRATA_TEST_RANK").unwrap();
+        // SAFETY: single-threaded here; torchrun would have set these before exec.
+        unsafe {
+            std::env::set_var("RANK", &rank);
+            std::env::set_var("WORLD_SIZE", std::env::var("STRATA_TEST_NRANKS").unwrap());
+        }
+        let comm = Communicator::from_env().unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        let mut v = vec![comm.rank() as u64 + 1; 1000];
+        comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        assert!(v.iter().all(|x| *x == 6), "{:?}", &v[..4]);
+        assert_eq!(comm.size(), 3);
+        return;
+    }
+    // torchrun's store owns MASTER_PORT; strata's root listens on MASTER_PORT + 1.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port() - 1
+    };
+    let port = port.to_string();
+    let env = [
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", port.as_str()),
+        ("STRATA_SECRET", "000102030405060708090a0b0c0d0e0f"),
+    ];
+    assert_all_ok(&spawn(
+        "from_env_joins_with_torchrun_variables",
+        3,
+        3,
+        &env,
+        Duration::from_secs(60),
+    ));
+}

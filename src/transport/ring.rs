@@ -356,6 +356,11 @@ impl HeapMemory {
                 "ring allocation failed",
             ));
         }
+        // Touch every page now rather than during the ring's first lap.
+        for off in (0..layout.size()).step_by(4096) {
+            // SAFETY: off < size of the allocation we own.
+            unsafe { std::ptr::write_volatile(ptr.add(off), 0) };
+        }
         Ok(Self { ptr, layout })
     }
 }
@@ -438,7 +443,9 @@ impl ShmMemory {
                     std::ptr::null_mut(),
                     len,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
+                    // Fault every page in now: a ring's first lap would otherwise take a page
+                    // fault per page on both sides in the middle of a timed operation.
+                    libc::MAP_SHARED | libc::MAP_POPULATE,
                     fd,
                     0,
                 )
