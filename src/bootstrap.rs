@@ -204,6 +204,8 @@ pub(crate) enum ConnectKind {
     TcpStream { index: usize },
     /// The control stream, sent last, saying which transport the connection uses.
     Control { transport: TransportSetup },
+    /// Are you still there? Answered with `Ack`; nothing is set up.
+    Probe,
 }
 
 /// How the data path of a new connection is built.
@@ -317,12 +319,15 @@ pub(crate) fn recv_msg(s: &mut TcpStream) -> Result<Msg> {
         .map_err(|e| Error::Transport(format!("malformed bootstrap frame: {e}")))
 }
 
-/// Connects and authenticates, retrying refused connections until `deadline`.
+/// Connects and authenticates. With `retry_refused`, a refused connection is tried again until
+/// `deadline` (the bootstrap root may not be up yet); without it, the first refusal is final
+/// (a rank's listener is up before the rank table exists, so a refusal means the rank is gone).
 pub(crate) fn connect_authenticated(
     addr: SocketAddr,
     secret: &Secret,
     deadline: Instant,
     hs_timeout: Duration,
+    retry_refused: bool,
 ) -> Result<TcpStream> {
     let mut last_err = None;
     while Instant::now() < deadline {
@@ -338,6 +343,9 @@ pub(crate) fn connect_authenticated(
             }
             Err(e) => {
                 last_err = Some(e);
+                if !retry_refused {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -551,7 +559,7 @@ pub(crate) fn rendezvous(
         waiting_on: vec![],
         after_s: start.elapsed().as_secs_f64(),
     };
-    let mut s = connect_authenticated(root, &id.secret(), deadline, cfg.handshake_timeout)
+    let mut s = connect_authenticated(root, &id.secret(), deadline, cfg.handshake_timeout, true)
         .map_err(|e| timeout_err(format!("bootstrap root {root}: {e}")))?;
     send_msg(
         &mut s,

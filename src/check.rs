@@ -5,7 +5,7 @@
 //! with a tolerance of a couple of units in the last place of the type. Everything else must
 //! match exactly.
 
-use crate::comm::CallSpec;
+use crate::comm::{CallSpec, Communicator};
 use crate::dtype::{DataType, ReduceOp, Scalar};
 use crate::reduce::{element_as_f64, scalar_from_f64, set_element_from_f64};
 use strata_algorithms::Collective;
@@ -176,6 +176,51 @@ pub fn first_wrong(
     expect.iter().take(have).enumerate().find_map(|(i, e)| {
         let got = element_as_f64(spec.dtype, out, i);
         (!element_ok(spec, got, *e)).then_some((i, got, *e))
+    })
+}
+
+/// What one checked call found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checked {
+    /// Wrong output elements.
+    pub wrong: usize,
+    /// The first wrong element: (index, got, expected).
+    pub first: Option<(usize, f64, f64)>,
+}
+
+/// Runs `spec` once on `comm` with this rank's checked inputs — out of place, or in place at
+/// NCCL's in-place position — and compares the output with [`expected_output`]. A
+/// `PreMulSum` takes this rank's own scalar ([`premul_scalar`]).
+pub fn run_and_check(
+    comm: &Communicator,
+    spec: CallSpec,
+    in_place: bool,
+) -> crate::Result<Checked> {
+    let (n, rank) = (comm.size(), comm.rank());
+    let spec = CallSpec {
+        op: op_for_rank(spec.op, spec.dtype, rank),
+        ..spec
+    };
+    let es = spec.dtype.size();
+    let (ilen, olen) = spec.collective.buffer_elems(spec.count, n, rank, spec.root);
+    let (ib, ob) = (ilen * es, olen * es);
+    // Outputs start as a pattern no correct result leaves behind by chance everywhere.
+    let out = if in_place {
+        let (ioff, ooff) = spec.in_place_offsets(rank);
+        let mut buf = vec![0xA5u8; (ioff + ib).max(ooff + ob)];
+        fill_input(&spec, rank, &mut buf[ioff..ioff + ib]);
+        comm.call_bytes(spec, None, &mut buf)?;
+        buf.drain(ooff..ooff + ob).collect::<Vec<u8>>()
+    } else {
+        let mut send = vec![0u8; ib];
+        fill_input(&spec, rank, &mut send);
+        let mut recv = vec![0xA5u8; ob];
+        comm.call_bytes(spec, Some(&send), &mut recv)?;
+        recv
+    };
+    Ok(Checked {
+        wrong: count_wrong(&spec, n, rank, &out),
+        first: first_wrong(&spec, n, rank, &out),
     })
 }
 

@@ -132,13 +132,12 @@ fn comm_id_of(secret: &Secret, label: &[u8]) -> String {
 }
 
 fn parse_algo_env() -> Result<HashMap<Collective, Algorithm>> {
+    parse_algo_spec(&std::env::var("STRATA_ALGO").unwrap_or_default())
+}
+
+/// Parses `collective:algorithm;...` (the `STRATA_ALGO` syntax).
+fn parse_algo_spec(spec: &str) -> Result<HashMap<Collective, Algorithm>> {
     let mut out = HashMap::new();
-    let Some(spec) = std::env::var("STRATA_ALGO")
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-    else {
-        return Ok(out);
-    };
     for item in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
         let (coll, algo) = item.split_once(':').ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -994,26 +993,41 @@ impl Communicator {
         let deadline = Instant::now() + self.inner.cfg.timeout;
         let inner = &*self.inner;
         let me = &inner.peers[inner.rank];
+        // Open every connection even after one fails, so that the failure notice reaches all
+        // the peers that would otherwise wait for this rank to connect.
+        let mut first_err = None;
         for &q in peers.iter().filter(|&&q| q > inner.rank) {
             if st.conns[q].is_none() {
-                let c = connection::connect(
+                match connection::connect(
                     &inner.comm_id,
                     me,
                     &inner.peers[q],
                     &inner.secret,
                     &inner.cfg,
                     deadline,
-                )?;
-                tracing::debug!(
-                    rank = inner.rank,
-                    peer = q,
-                    transport = c.data.name(),
-                    "connected"
-                );
-                st.conns[q] = Some(c);
+                ) {
+                    Ok(c) => {
+                        tracing::debug!(
+                            rank = inner.rank,
+                            peer = q,
+                            transport = c.data.name(),
+                            "connected"
+                        );
+                        st.conns[q] = Some(c);
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
             }
         }
+        if let Some(e) = first_err {
+            // A failure notice already received explains more than "cannot connect".
+            executor::check_control(&mut st.conns, &inner.peers, &[], "connection setup")?;
+            return Err(e);
+        }
         let started = Instant::now();
+        let mut next_probe = started + Duration::from_secs(1);
         loop {
             let mut missing = Vec::new();
             for &q in peers.iter().filter(|&&q| q < inner.rank) {
@@ -1038,6 +1052,19 @@ impl Communicator {
                 });
             }
             executor::check_control(&mut st.conns, &inner.peers, &[], "connection setup")?;
+            if Instant::now() >= next_probe {
+                // A lower rank that is slow to connect may be gone: ask its listener.
+                for &q in &missing {
+                    connection::probe(
+                        &inner.comm_id,
+                        me,
+                        &inner.peers[q],
+                        &inner.secret,
+                        &inner.cfg,
+                    )?;
+                }
+                next_probe = Instant::now() + Duration::from_secs(1);
+            }
             inner.listener.wait(Duration::from_millis(20));
         }
     }
@@ -1179,4 +1206,28 @@ fn secret_from_env(root: &SocketAddr) -> Result<Secret> {
     let mut s = [0u8; 16];
     s.copy_from_slice(&h.finalize().as_bytes()[..16]);
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn algorithm_choices_parse_and_unknown_names_list_the_valid_ones() {
+        let m = parse_algo_spec("allreduce:rd; broadcast:chain").unwrap();
+        assert_eq!(m[&Collective::AllReduce], Algorithm::RecursiveDoubling);
+        assert_eq!(m[&Collective::Broadcast], Algorithm::Chain);
+        assert!(parse_algo_spec("").unwrap().is_empty());
+        let e = parse_algo_spec("all_reduce:bogus").unwrap_err().to_string();
+        assert!(e.contains("valid: ring, rd"), "{e}");
+        let e = parse_algo_spec("all_gather:rd").unwrap_err().to_string();
+        assert!(e.contains("valid: ring"), "{e}");
+        assert!(
+            parse_algo_spec("nonsense:ring")
+                .unwrap_err()
+                .to_string()
+                .contains("all_reduce")
+        );
+        assert!(parse_algo_spec("ring").is_err());
+    }
 }

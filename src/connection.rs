@@ -260,6 +260,9 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
         );
         Err(Error::Transport(reason))
     };
+    if matches!(kind, ConnectKind::Probe) && comm == sh.comm && to == sh.rank && from < sh.nranks {
+        return bootstrap::send_msg(&mut s, &Msg::Ack);
+    }
     if comm != sh.comm || to != sh.rank || from >= sh.nranks || from >= to {
         return refuse(
             &mut s,
@@ -278,6 +281,7 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
             sh.cv.notify_all();
             Ok(())
         }
+        ConnectKind::Probe => Ok(()),
         ConnectKind::Control { transport } => {
             let data: Box<dyn Transport> = match transport {
                 TransportSetup::Tcp { streams, stripe } => {
@@ -349,6 +353,41 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
     }
 }
 
+/// Checks that `peer`'s listener still answers for this communicator; `PeerFailed` if not.
+pub(crate) fn probe(
+    comm: &str,
+    me: &PeerInfo,
+    peer: &PeerInfo,
+    secret: &Secret,
+    cfg: &Config,
+) -> Result<()> {
+    let gone = |reason: String| Error::PeerFailed {
+        rank: peer.rank,
+        host: peer.host.hostname.clone(),
+        reason,
+    };
+    let deadline = Instant::now() + cfg.handshake_timeout;
+    let mut s = bootstrap::connect_authenticated(peer.listen, secret, deadline, cfg.handshake_timeout, false)
+        .map_err(|e| gone(format!("its listener at {} cannot be reached ({e}); it has exited or destroyed its communicator", peer.listen)))?;
+    bootstrap::send_msg(
+        &mut s,
+        &Msg::Connect {
+            comm: comm.to_string(),
+            from: me.rank,
+            to: peer.rank,
+            kind: ConnectKind::Probe,
+        },
+    )?;
+    s.set_read_timeout(Some(cfg.handshake_timeout)).ok();
+    match bootstrap::recv_msg(&mut s) {
+        Ok(Msg::Ack) => Ok(()),
+        Ok(other) => Err(gone(format!(
+            "its listener answered a probe with {other:?}"
+        ))),
+        Err(e) => Err(gone(format!("its listener did not answer a probe: {e}"))),
+    }
+}
+
 /// Opens a connection from `me` to the higher rank `peer`, choosing the transport by where
 /// the two ranks live.
 pub(crate) fn connect(
@@ -361,6 +400,13 @@ pub(crate) fn connect(
 ) -> Result<Connection> {
     let same_host = me.host.same_host(&peer.host);
     let hs = cfg.handshake_timeout;
+    let open = || {
+        bootstrap::connect_authenticated(peer.listen, secret, deadline, hs, false).map_err(|e| Error::PeerFailed {
+            rank: peer.rank,
+            host: peer.host.hostname.clone(),
+            reason: format!("its listener at {} cannot be reached ({e}); it has exited or destroyed its communicator", peer.listen),
+        })
+    };
     let connect_msg = |kind| Msg::Connect {
         comm: comm.to_string(),
         from: me.rank,
@@ -376,7 +422,7 @@ pub(crate) fn connect(
         if cfg.transport == TransportPolicy::Tcp || !same_host {
             let mut streams = Vec::with_capacity(cfg.tcp_streams);
             for index in 0..cfg.tcp_streams {
-                let mut s = bootstrap::connect_authenticated(peer.listen, secret, deadline, hs)?;
+                let mut s = open()?;
                 tune_socket(&s, cfg.socket_buffer).map_err(|e| Error::io("socket options", e))?;
                 bootstrap::send_msg(&mut s, &connect_msg(ConnectKind::TcpStream { index }))?;
                 streams.push(s);
@@ -414,7 +460,7 @@ pub(crate) fn connect(
             shm_mem = Some(mem);
             (TransportSetup::Shm { name }, Box::new(ep))
         };
-    let mut control = bootstrap::connect_authenticated(peer.listen, secret, deadline, hs)?;
+    let mut control = open()?;
     bootstrap::send_msg(
         &mut control,
         &connect_msg(ConnectKind::Control {

@@ -119,16 +119,7 @@ fn assert_all_ok(results: &[(bool, String)]) {
     }
 }
 
-const COLLECTIVES: [Collective; 8] = [
-    Collective::AllReduce,
-    Collective::Broadcast,
-    Collective::Reduce,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::AllToAll,
-    Collective::Gather,
-    Collective::Scatter,
-];
+const COLLECTIVES: [Collective; 8] = Collective::WITH_BUFFERS;
 
 fn all_ops(dtype: DataType) -> Vec<ReduceOp> {
     let mut v = ReduceOp::BASIC.to_vec();
@@ -136,48 +127,21 @@ fn all_ops(dtype: DataType) -> Vec<ReduceOp> {
     v
 }
 
-/// Runs one call with checked inputs on this rank; returns a description of the first wrong
-/// element, if any.
+/// Runs one call with checked inputs on this rank and describes the first wrong element.
 fn run_checked(w: &Worker, spec: CallSpec, in_place: bool) -> Result<(), String> {
-    let spec = CallSpec {
-        op: check::op_for_rank(spec.op, spec.dtype, w.rank),
-        ..spec
-    };
-    let es = spec.dtype.size();
-    let (ilen, olen) = spec
-        .collective
-        .buffer_elems(spec.count, w.n, w.rank, spec.root);
-    let (ib, ob) = (ilen * es, olen * es);
-    let what = || {
-        format!(
-            "{:?} {} {} count {} root {} in_place {in_place}",
-            spec.collective, spec.dtype, spec.op, spec.count, spec.root
-        )
-    };
-    let out: Vec<u8> = if in_place {
-        let (ioff, ooff) = spec.in_place_offsets(w.rank);
-        let mut buf = vec![0x5Au8; (ioff + ib).max(ooff + ob)];
-        check::fill_input(&spec, w.rank, &mut buf[ioff..ioff + ib]);
-        w.comm
-            .call_bytes(spec, None, &mut buf)
-            .map_err(|e| format!("{}: {e}", what()))?;
-        buf[ooff..ooff + ob].to_vec()
-    } else {
-        let mut send = vec![0u8; ib];
-        check::fill_input(&spec, w.rank, &mut send);
-        let mut recv = vec![0x5Au8; ob];
-        w.comm
-            .call_bytes(spec, Some(&send), &mut recv)
-            .map_err(|e| format!("{}: {e}", what()))?;
-        recv
-    };
-    match check::first_wrong(&spec, w.n, w.rank, &out) {
-        None => Ok(()),
-        Some((i, got, want)) => Err(format!(
-            "{}: rank {} element {i} is {got}, expected {want}",
-            what(),
-            w.rank
-        )),
+    let what = format!(
+        "{:?} {} {} count {} root {} in_place {in_place}",
+        spec.collective, spec.dtype, spec.op, spec.count, spec.root
+    );
+    match check::run_and_check(&w.comm, spec, in_place) {
+        Err(e) => Err(format!("{what}: {e}")),
+        Ok(c) => match c.first {
+            None => Ok(()),
+            Some((i, got, want)) => Err(format!(
+                "{what}: rank {} element {i} is {got}, expected {want}",
+                w.rank
+            )),
+        },
     }
 }
 
@@ -340,6 +304,9 @@ fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
         }
         // The communicator stays failed.
         assert!(matches!(w.comm.barrier(), Err(Error::Aborted(_))));
+        // Stay up a moment, as a process handling the error would, so that slower ranks still
+        // reach this one (a process that exits at once is covered by the next test).
+        std::thread::sleep(Duration::from_secs(2));
         return;
     }
     if is_worker() {
@@ -501,6 +468,46 @@ fn from_env_joins_with_torchrun_variables() {
         "from_env_joins_with_torchrun_variables",
         3,
         3,
+        &env,
+        Duration::from_secs(60),
+    ));
+}
+
+#[test]
+fn connecting_to_a_rank_that_has_exited_fails_fast() {
+    if let Some(w) = worker() {
+        // Rank 2 leaves before anyone connects to it; rank 0's recursive-doubling partner in
+        // the second step is rank 2, so rank 0 must report it instead of retrying to connect.
+        if w.rank == 2 {
+            drop(w);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        let mut v = vec![1f32; 16];
+        match w.comm.all_reduce_in_place(&mut v, ReduceOp::Sum) {
+            Err(Error::PeerFailed { .. }) | Err(Error::Mismatch(_)) => {}
+            other => panic!(
+                "rank {}: expected a failure naming a peer, got {other:?}",
+                w.rank
+            ),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "rank {} took {:?}",
+            w.rank,
+            t.elapsed()
+        );
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let env = [("STRATA_TIMEOUT", "120"), ("STRATA_ALGO", "all_reduce:rd")];
+    assert_all_ok(&spawn(
+        "connecting_to_a_rank_that_has_exited_fails_fast",
+        4,
+        4,
         &env,
         Duration::from_secs(60),
     ));

@@ -63,47 +63,19 @@ fn pool(transport: TransportPolicy) -> &'static Vec<Vec<Communicator>> {
 }
 
 fn checked_call(c: &Communicator, spec: CallSpec, in_place: bool) -> Result<(), String> {
-    let (n, rank) = (c.size(), c.rank());
-    let spec = CallSpec {
-        op: check::op_for_rank(spec.op, spec.dtype, rank),
-        ..spec
-    };
-    let es = spec.dtype.size();
-    let (ilen, olen) = spec.collective.buffer_elems(spec.count, n, rank, spec.root);
-    let (ib, ob) = (ilen * es, olen * es);
-    let out = if in_place {
-        let (ioff, ooff) = spec.in_place_offsets(rank);
-        let mut buf = vec![0x33u8; (ioff + ib).max(ooff + ob)];
-        check::fill_input(&spec, rank, &mut buf[ioff..ioff + ib]);
-        c.call_bytes(spec, None, &mut buf)
-            .map_err(|e| e.to_string())?;
-        buf[ooff..ooff + ob].to_vec()
-    } else {
-        let mut send = vec![0u8; ib];
-        check::fill_input(&spec, rank, &mut send);
-        let mut recv = vec![0x33u8; ob];
-        c.call_bytes(spec, Some(&send), &mut recv)
-            .map_err(|e| e.to_string())?;
-        recv
-    };
-    match check::first_wrong(&spec, n, rank, &out) {
+    match check::run_and_check(c, spec, in_place)
+        .map_err(|e| e.to_string())?
+        .first
+    {
         None => Ok(()),
         Some((i, got, want)) => Err(format!(
-            "rank {rank}: element {i} is {got}, expected {want}"
+            "rank {}: element {i} is {got}, expected {want}",
+            c.rank()
         )),
     }
 }
 
-const COLLECTIVES: [Collective; 8] = [
-    Collective::AllReduce,
-    Collective::Broadcast,
-    Collective::Reduce,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::AllToAll,
-    Collective::Gather,
-    Collective::Scatter,
-];
+const COLLECTIVES: [Collective; 8] = Collective::WITH_BUFFERS;
 
 fn shape() -> impl Strategy<Value = (usize, usize, usize, usize, usize, usize, bool)> {
     // (ranks-1, collective, dtype, op, count, root seed, in place)

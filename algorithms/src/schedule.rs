@@ -223,6 +223,18 @@ impl Collective {
         Collective::Recv,
     ];
 
+    /// The collectives that move the caller's buffers (all but barrier, send and recv).
+    pub const WITH_BUFFERS: [Collective; 8] = [
+        Collective::AllReduce,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+        Collective::Gather,
+        Collective::Scatter,
+    ];
+
     /// The snake_case name used on the command line and in errors.
     pub fn name(self) -> &'static str {
         match self {

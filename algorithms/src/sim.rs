@@ -358,16 +358,7 @@ mod tests {
     use crate::algorithms_for;
     use proptest::prelude::*;
 
-    const COLLECTIVES: [Collective; 8] = [
-        Collective::AllReduce,
-        Collective::Broadcast,
-        Collective::Reduce,
-        Collective::AllGather,
-        Collective::ReduceScatter,
-        Collective::AllToAll,
-        Collective::Gather,
-        Collective::Scatter,
-    ];
+    const COLLECTIVES: [Collective; 8] = Collective::WITH_BUFFERS;
 
     #[test]
     fn every_collective_small_shapes() {

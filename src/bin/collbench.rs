@@ -543,10 +543,10 @@ fn bench_row(
         }
         let local_us = t0.elapsed().as_secs_f64() * 1e6 / args.iters.max(1) as f64;
         let mut wrong = 0u64;
-        if args.check != 0 {
-            wrong = check_once(
-                comm, &spec, in_place, &mut send, &mut recv, in_bytes, out_bytes,
-            )?;
+        if args.check != 0 && collective != Collective::Send {
+            wrong = check::run_and_check(comm, spec, in_place)
+                .map_err(|e| e.to_string())?
+                .wrong as u64;
         }
         let mut agg = [local_us, wrong as f64];
         let mut maxed = [0f64; 2];
@@ -607,35 +607,6 @@ fn send_recv(
     } else {
         comm.recv(r, peer)?;
         comm.send(s, peer)
-    }
-}
-
-fn check_once(
-    comm: &Communicator,
-    spec: &CallSpec,
-    in_place: bool,
-    send: &mut [u8],
-    recv: &mut [u8],
-    in_bytes: usize,
-    out_bytes: usize,
-) -> Result<u64, String> {
-    let (n, rank) = (comm.size(), comm.rank());
-    if spec.collective == Collective::Send {
-        return Ok(0);
-    }
-    recv.fill(0xA5);
-    if in_place {
-        // The input lives inside recv at NCCL's in-place position.
-        let (off, out_off) = spec.in_place_offsets(rank);
-        check::fill_input(spec, rank, &mut recv[off..off + in_bytes]);
-        comm.call_bytes(*spec, None, recv)
-            .map_err(|e| e.to_string())?;
-        Ok(check::count_wrong(spec, n, rank, &recv[out_off..out_off + out_bytes]) as u64)
-    } else {
-        check::fill_input(spec, rank, &mut send[..in_bytes]);
-        comm.call_bytes(*spec, Some(&send[..in_bytes]), &mut recv[..out_bytes])
-            .map_err(|e| e.to_string())?;
-        Ok(check::count_wrong(spec, n, rank, &recv[..out_bytes]) as u64)
     }
 }
 
