@@ -150,33 +150,23 @@ fn element_ok(spec: &CallSpec, got: f64, expect: f64) -> bool {
     }
 }
 
-/// Counts elements of `out` (the rank's output bytes) that differ from [`expected_output`];
-/// missing elements count as wrong.
-pub fn count_wrong(spec: &CallSpec, nranks: usize, rank: usize, out: &[u8]) -> usize {
+/// Compares `out` (the rank's output bytes) with [`expected_output`] in one pass; missing
+/// elements count as wrong.
+pub fn compare(spec: &CallSpec, nranks: usize, rank: usize, out: &[u8]) -> Checked {
     let expect = expected_output(spec, nranks, rank);
     let have = out.len() / spec.dtype.size();
-    let bad = expect
-        .iter()
-        .take(have)
-        .enumerate()
-        .filter(|(i, e)| !element_ok(spec, element_as_f64(spec.dtype, out, *i), **e))
-        .count();
-    bad + expect.len().saturating_sub(have)
-}
-
-/// The first wrong element, `(index, got, expected)`, for error messages.
-pub fn first_wrong(
-    spec: &CallSpec,
-    nranks: usize,
-    rank: usize,
-    out: &[u8],
-) -> Option<(usize, f64, f64)> {
-    let expect = expected_output(spec, nranks, rank);
-    let have = out.len() / spec.dtype.size();
-    expect.iter().take(have).enumerate().find_map(|(i, e)| {
+    let mut checked = Checked {
+        wrong: expect.len().saturating_sub(have),
+        first: None,
+    };
+    for (i, e) in expect.iter().take(have).enumerate() {
         let got = element_as_f64(spec.dtype, out, i);
-        (!element_ok(spec, got, *e)).then_some((i, got, *e))
-    })
+        if !element_ok(spec, got, *e) {
+            checked.wrong += 1;
+            checked.first.get_or_insert((i, got, *e));
+        }
+    }
+    checked
 }
 
 /// What one checked call found.
@@ -218,10 +208,7 @@ pub fn run_and_check(
         comm.call_bytes(spec, Some(&send), &mut recv)?;
         recv
     };
-    Ok(Checked {
-        wrong: count_wrong(&spec, n, rank, &out),
-        first: first_wrong(&spec, n, rank, &out),
-    })
+    Ok(compare(&spec, n, rank, &out))
 }
 
 #[cfg(test)]
@@ -258,9 +245,22 @@ mod tests {
         for (i, e) in expected_output(&spec, 3, 0).iter().enumerate() {
             set_element_from_f64(DataType::Int32, &mut out, i, *e);
         }
-        assert_eq!(count_wrong(&spec, 3, 0, &out), 0);
+        assert_eq!(
+            compare(&spec, 3, 0, &out),
+            Checked {
+                wrong: 0,
+                first: None
+            }
+        );
         set_element_from_f64(DataType::Int32, &mut out, 2, 99.0);
-        assert_eq!(count_wrong(&spec, 3, 0, &out), 1);
-        assert_eq!(first_wrong(&spec, 3, 0, &out).map(|w| w.0), Some(2));
+        set_element_from_f64(DataType::Int32, &mut out, 3, 98.0);
+        let c = compare(&spec, 3, 0, &out);
+        assert_eq!((c.wrong, c.first.map(|w| w.0)), (2, Some(2)));
+        // Elements 0 and 1 are present and right; 2 and 3 are missing.
+        assert_eq!(
+            compare(&spec, 3, 0, &out[..8]).wrong,
+            2,
+            "missing elements are wrong"
+        );
     }
 }

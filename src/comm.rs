@@ -109,7 +109,8 @@ struct Inner {
     /// Set once `failed` holds an error, so healthy calls skip the lock.
     has_failed: AtomicBool,
     state: Mutex<State>,
-    algo_override: HashMap<Collective, Algorithm>,
+    /// `STRATA_ALGO` choices, indexed by `Collective::code`.
+    algo_override: AlgoChoices,
     spin: executor::SpinPolicy,
 }
 
@@ -131,13 +132,16 @@ fn comm_id_of(secret: &Secret, label: &[u8]) -> String {
     h.finalize().to_hex()[..24].to_string()
 }
 
-fn parse_algo_env() -> Result<HashMap<Collective, Algorithm>> {
+/// A chosen algorithm per collective, indexed by `Collective::code`.
+type AlgoChoices = [Option<Algorithm>; Collective::ALL.len()];
+
+fn parse_algo_env() -> Result<AlgoChoices> {
     parse_algo_spec(&std::env::var("STRATA_ALGO").unwrap_or_default())
 }
 
 /// Parses `collective:algorithm;...` (the `STRATA_ALGO` syntax).
-fn parse_algo_spec(spec: &str) -> Result<HashMap<Collective, Algorithm>> {
-    let mut out = HashMap::new();
+fn parse_algo_spec(spec: &str) -> Result<AlgoChoices> {
+    let mut out: AlgoChoices = Default::default();
     for item in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
         let (coll, algo) = item.split_once(':').ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -160,7 +164,7 @@ fn parse_algo_spec(spec: &str) -> Result<HashMap<Collective, Algorithm>> {
                     valid.join(", ")
                 ))
             })?;
-        out.insert(coll, algo);
+        out[coll.code() as usize] = Some(algo);
     }
     Ok(out)
 }
@@ -319,10 +323,8 @@ impl Communicator {
     /// recursive doubling for all-reduces up to `Config::small_all_reduce_bytes`, else the
     /// collective's default.
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
-        if !self.inner.algo_override.is_empty() {
-            if let Some(a) = self.inner.algo_override.get(&collective) {
-                return *a;
-            }
+        if let Some(a) = self.inner.algo_override[collective.code() as usize] {
+            return a;
         }
         if collective == Collective::AllReduce && bytes <= self.inner.cfg.small_all_reduce_bytes {
             return Algorithm::RecursiveDoubling;
@@ -1215,9 +1217,16 @@ mod tests {
     #[test]
     fn algorithm_choices_parse_and_unknown_names_list_the_valid_ones() {
         let m = parse_algo_spec("allreduce:rd; broadcast:chain").unwrap();
-        assert_eq!(m[&Collective::AllReduce], Algorithm::RecursiveDoubling);
-        assert_eq!(m[&Collective::Broadcast], Algorithm::Chain);
-        assert!(parse_algo_spec("").unwrap().is_empty());
+        assert_eq!(
+            m[Collective::AllReduce.code() as usize],
+            Some(Algorithm::RecursiveDoubling)
+        );
+        assert_eq!(
+            m[Collective::Broadcast.code() as usize],
+            Some(Algorithm::Chain)
+        );
+        assert_eq!(m.iter().flatten().count(), 2);
+        assert!(parse_algo_spec("").unwrap().iter().all(Option::is_none));
         let e = parse_algo_spec("all_reduce:bogus").unwrap_err().to_string();
         assert!(e.contains("valid: ring, rd"), "{e}");
         let e = parse_algo_spec("all_gather:rd").unwrap_err().to_string();

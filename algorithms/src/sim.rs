@@ -310,7 +310,11 @@ fn run(schedules: &[RankSchedule], mems: &mut [RankMem]) -> Result<(), String> {
                                     *x = local[k].wrapping_add(data[k]);
                                 }
                             }
-                            _ => unreachable!("head is a receive"),
+                            _ => {
+                                return Err(format!(
+                                    "rank {q}: internal: the matched operation is not a receive"
+                                ));
+                            }
                         }
                         done[r][i] = true;
                         done[q][j] = true;
