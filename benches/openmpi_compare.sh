@@ -20,6 +20,8 @@ cargo build --release --bin collbench -q
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun --oversubscribe -np "$NP" --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo \
   target/compare/mpi_allreduce "$(bytes "$MIN")" "$(bytes "$MAX")" "$ITERS" "$WARMUP" > target/compare/ompi.txt
+# Let Open MPI's daemons finish exiting: on two cores they would take one from a rank.
+sleep 2
 STRATA_SOCKET_IFNAME="=lo" target/release/collbench --np "$NP" -b "$MIN" -e "$MAX" -n "$ITERS" -w "$WARMUP" -c 1 \
   -J target/compare/strata.json > target/compare/strata.txt
 python3 - "$NP" <<'PY'
