@@ -977,6 +977,8 @@ impl Communicator {
                 clock: None,
                 abort: &inner.abort,
                 reuse: &mut st.exec,
+                progress_events: 0,
+                goodbye_seen: None,
                 spin: inner.spin,
             }
             .run(&cached.sched, &bufs)
@@ -1025,7 +1027,7 @@ impl Communicator {
         }
         if let Some(e) = first_err {
             // A failure notice already received explains more than "cannot connect".
-            executor::check_control(&mut st.conns, &inner.peers, &[], "connection setup")?;
+            executor::check_control(&mut st.conns, &inner.peers)?;
             return Err(e);
         }
         let started = Instant::now();
@@ -1053,7 +1055,7 @@ impl Communicator {
                     after_s: started.elapsed().as_secs_f64(),
                 });
             }
-            executor::check_control(&mut st.conns, &inner.peers, &[], "connection setup")?;
+            executor::check_control(&mut st.conns, &inner.peers)?;
             if Instant::now() >= next_probe {
                 // A lower rank that is slow to connect may be gone: ask its listener.
                 for &q in &missing {

@@ -22,6 +22,8 @@ use strata_algorithms::{Algorithm, Buf, Collective, Op, RankSchedule, Region};
 pub(crate) const HEADER_BYTES: usize = 32;
 const HEADER_MAGIC: u32 = 0x5244_4853; // "SHDR"
 const MAX_SLEEP: Duration = Duration::from_millis(50);
+/// How long a call keeps polling a peer that has said goodbye before it gives up on it.
+const GOODBYE_GRACE: Duration = Duration::from_secs(2);
 /// Idle polls before the spin loop starts pausing between polls.
 const PAUSE_AFTER: u32 = 64;
 /// A first message up to this size travels in the same transport write as its header.
@@ -140,6 +142,10 @@ pub(crate) struct OpRun<'a> {
     pub abort: &'a AtomicBool,
     /// Buffers kept from call to call so that a call allocates nothing.
     pub reuse: &'a mut ExecBuffers,
+    /// Rounds of the progress loop that moved something.
+    pub progress_events: u64,
+    /// (progress_events, when) at which a waited-on peer was first seen to have said goodbye.
+    pub goodbye_seen: Option<(u64, Instant)>,
     /// Idle polls spent spinning, then yielding, before sleeping.
     pub spin: SpinPolicy,
 }
@@ -416,6 +422,7 @@ impl OpRun<'_> {
             }
             if progressed {
                 idle = 0;
+                self.progress_events += 1;
                 continue;
             }
             idle += 1;
@@ -697,21 +704,47 @@ impl OpRun<'_> {
         Ok(())
     }
 
+    /// Reads every control stream; a peer that said goodbye while this call still waits on it
+    /// fails the call once nothing has moved for [`GOODBYE_GRACE`] (its last messages may
+    /// still be on their way on other streams).
     fn check_control(&mut self, waits: &[(usize, Direction)]) -> Result<()> {
-        let waiting: Vec<usize> = waits.iter().map(|w| w.0).collect();
-        let desc = self.local.describe();
-        check_control(self.conns, self.peers, &waiting, &desc)
+        check_control(self.conns, self.peers)?;
+        let gone = waits.iter().map(|w| w.0).find(|&q| {
+            self.conns
+                .get(q)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| c.gone)
+        });
+        let Some(peer) = gone else {
+            self.goodbye_seen = None;
+            return Ok(());
+        };
+        match self.goodbye_seen {
+            Some((at, since)) if at == self.progress_events => {
+                if since.elapsed() >= GOODBYE_GRACE {
+                    return Err(Error::PeerFailed {
+                        rank: peer,
+                        host: self
+                            .peers
+                            .get(peer)
+                            .map(|p| p.host.hostname.clone())
+                            .unwrap_or_default(),
+                        reason: format!(
+                            "it destroyed its communicator while this rank waits on it in {}",
+                            self.desc()
+                        ),
+                    });
+                }
+            }
+            _ => self.goodbye_seen = Some((self.progress_events, Instant::now())),
+        }
+        Ok(())
     }
 }
 
-/// Reads control frames from every connection: a failure notice or a vanished peer is an
-/// error, and so is a goodbye from a peer in `waiting`.
-pub(crate) fn check_control(
-    conns: &mut [Option<Connection>],
-    peers: &[PeerInfo],
-    waiting: &[usize],
-    desc: &str,
-) -> Result<()> {
+/// Reads control frames from every connection: a failure notice, or a peer that vanished
+/// without a goodbye, is an error.
+pub(crate) fn check_control(conns: &mut [Option<Connection>], peers: &[PeerInfo]) -> Result<()> {
     for c in conns.iter_mut().flatten() {
         let info = &peers[c.peer];
         while let Some(frame) = c.poll_control(info)? {
@@ -732,15 +765,6 @@ pub(crate) fn check_control(
                 }
                 ControlFrame::Goodbye => {}
             }
-        }
-        if c.gone && waiting.contains(&c.peer) {
-            return Err(Error::PeerFailed {
-                rank: c.peer,
-                host: info.host.hostname.clone(),
-                reason: format!(
-                    "it destroyed its communicator while this rank waits on it in {desc}"
-                ),
-            });
         }
     }
     Ok(())

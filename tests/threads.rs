@@ -249,3 +249,30 @@ fn bad_arguments_are_rejected_before_any_traffic() {
     });
     assert_eq!(out, vec![2, 2]);
 }
+
+#[test]
+fn leaving_right_after_the_last_call_does_not_fail_slower_peers() {
+    // A rank may leave a barrier (and drop its communicator, saying goodbye) while a slower
+    // peer still has that rank's last message to read; the peer must finish normally.
+    for round in 0..100 {
+        let comms = init_threads(8, TransportPolicy::Auto);
+        let results = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let r = (0..3).try_for_each(|_| c.barrier());
+                        drop(c);
+                        r
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        for (rank, r) in results.iter().enumerate() {
+            assert!(r.is_ok(), "round {round}, rank {rank}: {r:?}");
+        }
+    }
+}

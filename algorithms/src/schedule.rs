@@ -317,3 +317,23 @@ impl fmt::Display for Collective {
         f.write_str(self.name())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collective_lists_and_codes_agree() {
+        assert_eq!(Collective::WITH_BUFFERS[..], Collective::ALL[..8]);
+        assert!(
+            Collective::ALL[8..]
+                .iter()
+                .all(|c| !Collective::WITH_BUFFERS.contains(c))
+        );
+        for c in Collective::ALL {
+            assert_eq!(Collective::from_code(c.code()), Some(c));
+            assert_eq!(Collective::parse(c.name()), Some(c));
+        }
+        assert_eq!(Collective::parse("AllReduce"), Some(Collective::AllReduce));
+    }
+}
