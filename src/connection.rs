@@ -467,12 +467,13 @@ pub(crate) fn connect(
             transport: setup.clone(),
         }),
     )?;
+    // The listener's side of the setup is bounded by the handshake timeout, so a reply that
+    // has not come by then never will (a stopped or wedged peer).
+    let reply_wait = cfg
+        .handshake_timeout
+        .min(deadline.saturating_duration_since(Instant::now()));
     control
-        .set_read_timeout(Some(
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(10)),
-        ))
+        .set_read_timeout(Some(reply_wait.max(Duration::from_millis(10))))
         .ok();
     let reply = bootstrap::recv_msg(&mut control);
     if let TransportSetup::InProcess { key } = &setup {
