@@ -117,6 +117,19 @@ impl UniqueId {
         &self.bytes
     }
 
+    /// The id as 256 hex digits, for passing it through an environment variable or a file.
+    pub fn to_hex(&self) -> String {
+        self.bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses [`UniqueId::to_hex`]'s output.
+    pub fn from_hex(s: &str) -> Result<Self> {
+        let bytes = decode_hex(s).ok_or_else(|| {
+            Error::InvalidArgument("a unique id in hex must be 256 hex digits".into())
+        })?;
+        Self::from_bytes(&bytes)
+    }
+
     /// The root's address.
     pub fn root_addr(&self) -> SocketAddr {
         let port = u16::from_be_bytes([self.bytes[10], self.bytes[11]]);
@@ -137,6 +150,18 @@ impl UniqueId {
     pub(crate) fn secret(&self) -> Secret {
         self.bytes[28..44].try_into().unwrap_or([0; 16])
     }
+}
+
+/// Decodes an even number of hex digits (surrounding white space ignored).
+pub(crate) fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    let s = s.trim();
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+        .collect()
 }
 
 /// What every rank tells the others about itself.
@@ -610,6 +635,10 @@ mod tests {
         assert_eq!(back.secret(), [7; 16]);
         assert!(UniqueId::from_bytes(&[0u8; 128]).is_err());
         assert!(UniqueId::from_bytes(&[0u8; 12]).is_err());
+        assert_eq!(UniqueId::from_hex(&id.to_hex()).unwrap(), id);
+        assert!(UniqueId::from_hex("abc").is_err());
+        assert!(UniqueId::from_hex(&"zz".repeat(128)).is_err());
+        assert_eq!(decode_hex(" 0aff "), Some(vec![0x0a, 0xff]));
         assert!(!format!("{id:?}").contains("7, 7"));
     }
 

@@ -1179,15 +1179,7 @@ fn root_from_env() -> Result<SocketAddr> {
 
 fn secret_from_env(root: &SocketAddr) -> Result<Secret> {
     if let Ok(hex) = std::env::var("STRATA_SECRET") {
-        let hex = hex.trim();
-        let bytes: Option<Vec<u8>> = (0..hex.len())
-            .step_by(2)
-            .map(|i| {
-                hex.get(i..i + 2)
-                    .and_then(|b| u8::from_str_radix(b, 16).ok())
-            })
-            .collect();
-        return bytes
+        return bootstrap::decode_hex(&hex)
             .and_then(|b| <Secret>::try_from(b.as_slice()).ok())
             .ok_or_else(|| Error::InvalidArgument("STRATA_SECRET must be 32 hex digits".into()));
     }

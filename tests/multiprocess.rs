@@ -24,12 +24,7 @@ fn worker() -> Option<Worker> {
     std::env::var(WORKER).ok()?;
     let rank: usize = std::env::var("STRATA_TEST_RANK").ok()?.parse().ok()?;
     let n: usize = std::env::var("STRATA_TEST_NRANKS").ok()?.parse().ok()?;
-    let hex = std::env::var("STRATA_TEST_ID").ok()?;
-    let bytes: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect();
-    let id = UniqueId::from_bytes(&bytes).unwrap();
+    let id = UniqueId::from_hex(&std::env::var("STRATA_TEST_ID").ok()?).unwrap();
     let comm =
         Communicator::init(&id, n, rank).unwrap_or_else(|e| panic!("rank {rank}: init: {e}"));
     Some(Worker { comm, rank, n })
@@ -54,7 +49,7 @@ fn spawn(
     // SAFETY: set before the root thread starts; every test in this binary sets the same value.
     unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
     let id = UniqueId::new().unwrap();
-    let hex: String = id.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let hex = id.to_hex();
     let exe = std::env::current_exe().unwrap();
     let mut children: Vec<Child> = (0..ranks_started)
         .map(|r| {
@@ -359,12 +354,7 @@ fn init_deadline_names_the_missing_rank() {
             .unwrap()
             .parse()
             .unwrap();
-        let hex = std::env::var("STRATA_TEST_ID").unwrap();
-        let bytes: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect();
-        let id = UniqueId::from_bytes(&bytes).unwrap();
+        let id = UniqueId::from_hex(&std::env::var("STRATA_TEST_ID").unwrap()).unwrap();
         let t = Instant::now();
         match Communicator::init(&id, n, rank) {
             Err(Error::Timeout { waiting_on, op, .. }) => {

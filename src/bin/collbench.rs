@@ -134,17 +134,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
-        .collect()
-}
-
 /// Spawns `np` ranks of this program on this host (over loopback unless told otherwise).
 fn spawn_main(args: &Args) -> ExitCode {
     if std::env::var_os("STRATA_SOCKET_IFNAME").is_none()
@@ -172,7 +161,7 @@ fn spawn_main(args: &Args) -> ExitCode {
     for rank in 0..args.np {
         let child = Command::new(&exe)
             .args(&passthrough)
-            .env(ENV_ID, hex(id.as_bytes()))
+            .env(ENV_ID, id.to_hex())
             .env(ENV_RANK, rank.to_string())
             .env(ENV_NRANKS, args.np.to_string())
             .spawn();
@@ -229,9 +218,7 @@ fn kill_all(children: &mut [Child]) {
 }
 
 fn child_main(args: &Args, id_hex: &str) -> ExitCode {
-    let parsed = unhex(id_hex)
-        .ok_or(())
-        .and_then(|b| UniqueId::from_bytes(&b).map_err(|_| ()));
+    let parsed = UniqueId::from_hex(id_hex);
     let rank = std::env::var(ENV_RANK)
         .ok()
         .and_then(|v| v.parse::<usize>().ok());
