@@ -9,10 +9,10 @@ use crate::executor::{self, Buffers, Header, OpRun};
 use crate::reduce::{self, Combine};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use strata_algorithms::{Algorithm, Collective, Plan, RankSchedule, algorithms_for};
+use strata_algorithms::{Algorithm, Collective, Plan, RankSchedule, algorithms_for, valid_names};
 use strata_topology::HostIdentity;
 
 /// Most schedules kept per communicator.
@@ -109,8 +109,12 @@ struct Inner {
     /// Set once `failed` holds an error, so healthy calls skip the lock.
     has_failed: AtomicBool,
     state: Mutex<State>,
-    /// `STRATA_ALGO` choices, indexed by `Collective::code`.
-    algo_override: AlgoChoices,
+    /// The algorithm chosen per collective (`STRATA_ALGO`, `NCCL_ALGO` or
+    /// [`Communicator::set_algorithm`]), indexed by `Collective::code`: 0 for automatic, else
+    /// the algorithm's code + 1.
+    algo_choice: [AtomicU8; Collective::ALL.len()],
+    /// Schedules built so far (repeated shapes reuse the cached one).
+    schedules_built: AtomicU64,
     spin: executor::SpinPolicy,
 }
 
@@ -135,8 +139,62 @@ fn comm_id_of(secret: &Secret, label: &[u8]) -> String {
 /// A chosen algorithm per collective, indexed by `Collective::code`.
 type AlgoChoices = [Option<Algorithm>; Collective::ALL.len()];
 
+/// The choices from `STRATA_ALGO`, or from `NCCL_ALGO` when `STRATA_ALGO` is unset.
 fn parse_algo_env() -> Result<AlgoChoices> {
-    parse_algo_spec(&std::env::var("STRATA_ALGO").unwrap_or_default())
+    match std::env::var("STRATA_ALGO") {
+        Ok(spec) => parse_algo_spec(&spec),
+        Err(_) => Ok(parse_nccl_algo(
+            &std::env::var("NCCL_ALGO").unwrap_or_default(),
+        )),
+    }
+}
+
+/// Reads NCCL's `NCCL_ALGO` (`Ring`, `Tree,Ring`, `allreduce:tree;broadcast:ring`): for each
+/// collective the first listed algorithm strata has for it. Words strata does not implement
+/// (NVLS, CollNet, PAT) and exclusion lists (`^…`) are skipped with a warning rather than
+/// failing, since the variable was written for NCCL.
+fn parse_nccl_algo(spec: &str) -> AlgoChoices {
+    let mut out: AlgoChoices = Default::default();
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return out;
+    }
+    if spec.starts_with('^') {
+        tracing::warn!("NCCL_ALGO={spec}: exclusion lists are ignored by strata");
+        return out;
+    }
+    let items: Vec<(Option<Collective>, &str)> = if spec.contains(':') {
+        spec.split(';')
+            .filter_map(|item| {
+                let (c, list) = item.split_once(':')?;
+                match Collective::parse(c) {
+                    Some(c) => Some((Some(c), list)),
+                    None => {
+                        tracing::warn!("NCCL_ALGO: unknown collective '{c}' ignored");
+                        None
+                    }
+                }
+            })
+            .collect()
+    } else {
+        vec![(None, spec)]
+    };
+    for (only, list) in items {
+        for c in Collective::ALL {
+            if only.is_some_and(|o| o != c) || out[c.code() as usize].is_some() {
+                continue;
+            }
+            out[c.code() as usize] = list
+                .split(',')
+                .find_map(|word| Algorithm::parse_for(c, word));
+        }
+        for word in list.split(',') {
+            if Algorithm::parse(word).is_none() {
+                tracing::warn!("NCCL_ALGO: '{}' is not implemented by strata", word.trim());
+            }
+        }
+    }
+    out
 }
 
 /// Parses `collective:algorithm;...` (the `STRATA_ALGO` syntax).
@@ -155,15 +213,12 @@ fn parse_algo_spec(spec: &str) -> Result<AlgoChoices> {
                 valid.join(", ")
             ))
         })?;
-        let valid: Vec<&str> = algorithms_for(coll).iter().map(|a| a.name()).collect();
-        let algo = Algorithm::parse(algo)
-            .filter(|a| a.supports(coll))
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "STRATA_ALGO: '{algo}' cannot run {coll}; valid: {}",
-                    valid.join(", ")
-                ))
-            })?;
+        let algo = Algorithm::parse_for(coll, algo).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "STRATA_ALGO: '{algo}' cannot run {coll}; valid: {}",
+                valid_names(coll)
+            ))
+        })?;
         out[coll.code() as usize] = Some(algo);
     }
     Ok(out)
@@ -279,7 +334,9 @@ impl Communicator {
                 failed: Mutex::new(None),
                 has_failed: AtomicBool::new(false),
                 state: Mutex::new(state),
-                algo_override: parse_algo_env()?,
+                algo_choice: parse_algo_env()?
+                    .map(|a| AtomicU8::new(a.map_or(0, |a| a.code() + 1))),
+                schedules_built: AtomicU64::new(0),
                 spin: executor::SpinPolicy::for_host(local_ranks),
             }),
         })
@@ -319,17 +376,45 @@ impl Communicator {
         self.inner.failed.lock().ok().and_then(|g| g.clone())
     }
 
-    /// The algorithm used for `collective` on `bytes` per rank: the `STRATA_ALGO` choice, else
-    /// recursive doubling for all-reduces up to `Config::small_all_reduce_bytes`, else the
-    /// collective's default.
+    /// The algorithm used for `collective` on `bytes` per rank: the chosen one (see
+    /// [`Communicator::set_algorithm`]), else recursive doubling for all-reduces up to
+    /// `Config::small_all_reduce_bytes`, else the collective's default.
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
-        if let Some(a) = self.inner.algo_override[collective.code() as usize] {
+        let chosen = self.inner.algo_choice[collective.code() as usize].load(Ordering::Relaxed);
+        if let Some(a) = chosen.checked_sub(1).and_then(Algorithm::from_code) {
             return a;
         }
         if collective == Collective::AllReduce && bytes <= self.inner.cfg.small_all_reduce_bytes {
             return Algorithm::RecursiveDoubling;
         }
         algorithms_for(collective)[0]
+    }
+
+    /// Chooses the algorithm for `collective` from now on (`None`: automatic again), as
+    /// `STRATA_ALGO` does at init. Every rank must make the same choice before its next call
+    /// of that collective; ranks that disagree fail that call with a mismatch error.
+    pub fn set_algorithm(
+        &self,
+        collective: Collective,
+        algorithm: Option<Algorithm>,
+    ) -> Result<()> {
+        if let Some(a) = algorithm {
+            if !a.supports(collective) {
+                return Err(Error::InvalidArgument(format!(
+                    "algorithm '{a}' cannot run {collective}; valid: {}",
+                    valid_names(collective)
+                )));
+            }
+        }
+        let code = algorithm.map_or(0, |a| a.code() + 1);
+        self.inner.algo_choice[collective.code() as usize].store(code, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How many schedules this communicator has built. A repeated (collective, algorithm,
+    /// count, root) reuses its cached schedule, so this stops growing in a steady loop.
+    pub fn schedules_built(&self) -> u64 {
+        self.inner.schedules_built.load(Ordering::Relaxed)
     }
 
     // ----- typed API -----------------------------------------------------------------------
@@ -659,7 +744,13 @@ impl Communicator {
             self.inner.cfg.clone(),
             listener,
         )
-        .map(Some)
+        .map(|child| {
+            // The child starts with the parent's current algorithm choices.
+            for (mine, theirs) in child.inner.algo_choice.iter().zip(&self.inner.algo_choice) {
+                mine.store(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            Some(child)
+        })
     }
 
     // ----- byte-level API ------------------------------------------------------------------
@@ -838,6 +929,7 @@ impl Communicator {
                     None => {
                         let sched = strata_algorithms::plan(&plan)
                             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                        inner.schedules_built.fetch_add(1, Ordering::Relaxed);
                         let c = Arc::new(CachedPlan::new(sched, rank, p));
                         if st.schedules.len() >= SCHEDULE_CACHE {
                             st.schedules.clear();
@@ -1222,9 +1314,16 @@ mod tests {
         assert_eq!(m.iter().flatten().count(), 2);
         assert!(parse_algo_spec("").unwrap().iter().all(Option::is_none));
         let e = parse_algo_spec("all_reduce:bogus").unwrap_err().to_string();
-        assert!(e.contains("valid: ring, rd"), "{e}");
-        let e = parse_algo_spec("all_gather:rd").unwrap_err().to_string();
-        assert!(e.contains("valid: ring"), "{e}");
+        assert!(e.contains("valid: ring, tree, rd, rhd, ring+rd"), "{e}");
+        let e = parse_algo_spec("all_gather:tree").unwrap_err().to_string();
+        assert!(e.contains("valid: ring, rd, bruck"), "{e}");
+        let m =
+            parse_algo_spec("allreduce:rhd;allgather:bruck;broadcast:ring;reduce:tree").unwrap();
+        let at = |c: Collective| m[c.code() as usize];
+        assert_eq!(at(Collective::AllReduce), Some(Algorithm::Rabenseifner));
+        assert_eq!(at(Collective::AllGather), Some(Algorithm::Bruck));
+        assert_eq!(at(Collective::Broadcast), Some(Algorithm::Chain));
+        assert_eq!(at(Collective::Reduce), Some(Algorithm::BinomialTree));
         assert!(
             parse_algo_spec("nonsense:ring")
                 .unwrap_err()
@@ -1232,5 +1331,24 @@ mod tests {
                 .contains("all_reduce")
         );
         assert!(parse_algo_spec("ring").is_err());
+    }
+
+    #[test]
+    fn nccl_algo_words_map_where_they_mean_the_same() {
+        let m = parse_nccl_algo("Tree");
+        let at = |m: &AlgoChoices, c: Collective| m[c.code() as usize];
+        assert_eq!(at(&m, Collective::AllReduce), Some(Algorithm::Tree));
+        assert_eq!(at(&m, Collective::Broadcast), Some(Algorithm::BinomialTree));
+        assert_eq!(at(&m, Collective::AllGather), None);
+        let m = parse_nccl_algo("NVLS,Ring");
+        assert_eq!(at(&m, Collective::AllReduce), Some(Algorithm::Ring));
+        assert_eq!(at(&m, Collective::Broadcast), Some(Algorithm::Chain));
+        assert_eq!(at(&m, Collective::ReduceScatter), Some(Algorithm::Ring));
+        let m = parse_nccl_algo("allreduce:tree,ring;allgather:ring");
+        assert_eq!(at(&m, Collective::AllReduce), Some(Algorithm::Tree));
+        assert_eq!(at(&m, Collective::AllGather), Some(Algorithm::Ring));
+        assert_eq!(at(&m, Collective::Broadcast), None);
+        assert!(parse_nccl_algo("^tree").iter().all(Option::is_none));
+        assert!(parse_nccl_algo("").iter().all(Option::is_none));
     }
 }

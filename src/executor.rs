@@ -64,7 +64,7 @@ impl Header {
             collective: Collective::from_code(b[4])?,
             dtype: DataType::from_code(b[5])?,
             op: b[6],
-            algorithm: *Algorithm::ALL.get(b[7] as usize)?,
+            algorithm: Algorithm::from_code(b[7])?,
             seq: u64_at(8),
             count: u64_at(16),
             root: u64_at(24),

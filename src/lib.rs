@@ -35,6 +35,9 @@ pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};
 pub use error::{Error, Result};
 pub use strata_algorithms::{Algorithm, Collective};
 
+/// The pure schedule library: algorithms, schedules, the cost model and the in-memory checker.
+pub use strata_algorithms as algorithms;
+
 /// Starts `tracing` output once, filtered by `STRATA_LOG` (e.g. `STRATA_LOG=debug`), or by
 /// `NCCL_DEBUG=INFO|WARN`; quiet (errors only) by default. Does nothing if the application
 /// already installed a subscriber.

@@ -1,31 +1,97 @@
-//! strata-algorithms: pure collective schedules.
+//! strata-algorithms: pure collective schedules, their cost, and an in-memory checker.
 //!
 //! From (collective, algorithm, ranks, count, root) this crate builds a [`RankSchedule`]: the
 //! ordered steps one rank performs. Nothing here does I/O, spawns threads or reads clocks, so
-//! every schedule can be checked in memory ([`sim`]) and run unchanged by the runtime.
+//! every schedule can be checked in memory ([`sim`]), priced ([`cost`]) and run unchanged by
+//! the runtime.
 
 pub mod builders;
+pub mod cost;
 pub mod schedule;
 pub mod sim;
 
-pub use schedule::{Buf, Collective, Op, RankSchedule, Region, Step};
+pub use schedule::{Buf, Collective, Op, RankSchedule, Region, Step, StepTraffic, Traffic};
 
 use std::fmt;
 
-/// An algorithm family. Not every algorithm applies to every collective; see
-/// [`Algorithm::supports`].
+/// The reduce-scatter half of a composed all-reduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReduceScatterPart {
+    /// Ring reduce-scatter: p − 1 steps of n/p.
+    Ring,
+    /// Recursive halving: lg p steps of n/2, n/4, …
+    Halving,
+    /// Pairwise exchange: p − 1 steps, each with a different peer.
+    Pairwise,
+}
+
+/// The all-gather half of a composed all-reduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AllGatherPart {
+    /// Ring all-gather.
+    Ring,
+    /// Recursive doubling.
+    Doubling,
+    /// Bruck's algorithm: ⌈lg p⌉ steps for any p.
+    Bruck,
+}
+
+impl ReduceScatterPart {
+    /// Every reduce-scatter part.
+    pub const ALL: [ReduceScatterPart; 3] = [Self::Ring, Self::Halving, Self::Pairwise];
+
+    /// The name used in composed algorithm names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ring => "ring",
+            Self::Halving => "halving",
+            Self::Pairwise => "pairwise",
+        }
+    }
+}
+
+impl AllGatherPart {
+    /// Every all-gather part.
+    pub const ALL: [AllGatherPart; 3] = [Self::Ring, Self::Doubling, Self::Bruck];
+
+    /// The name used in composed algorithm names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ring => "ring",
+            Self::Doubling => "rd",
+            Self::Bruck => "bruck",
+        }
+    }
+}
+
+/// An algorithm. Not every algorithm applies to every collective; see [`algorithms_for`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algorithm {
     /// Ring (all-reduce, all-gather, reduce-scatter).
     Ring,
-    /// Recursive doubling (all-reduce).
+    /// Double binary tree, pipelined by chunks (all-reduce; NCCL's "tree").
+    Tree,
+    /// Recursive doubling (all-reduce, all-gather).
     RecursiveDoubling,
-    /// Pipelined chain along the ring from the root (broadcast).
-    Chain,
-    /// Binomial tree (reduce).
-    BinomialTree,
-    /// Pairwise exchange (all-to-all).
+    /// Recursive halving (reduce-scatter).
+    RecursiveHalving,
+    /// Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather
+    /// (all-reduce).
+    Rabenseifner,
+    /// A reduce-scatter followed by an all-gather (all-reduce).
+    Composed(ReduceScatterPart, AllGatherPart),
+    /// Bruck (all-gather, all-to-all).
+    Bruck,
+    /// Pairwise exchange (reduce-scatter, all-to-all).
     Pairwise,
+    /// Pipelined chain along the ring from the root (broadcast; NCCL's ring broadcast).
+    Chain,
+    /// Binomial tree (broadcast, reduce, gather, scatter).
+    BinomialTree,
+    /// Binomial scatter + ring all-gather, van de Geijn (broadcast).
+    ScatterAllGather,
+    /// Recursive-halving reduce-scatter + binomial gather (reduce).
+    ReduceScatterGather,
     /// Direct exchange with the root (gather, scatter).
     Linear,
     /// Dissemination (barrier).
@@ -34,69 +100,180 @@ pub enum Algorithm {
     Direct,
 }
 
+use AllGatherPart as Ag;
+use ReduceScatterPart as Rs;
+
 impl Algorithm {
-    /// Every algorithm.
-    pub const ALL: [Algorithm; 8] = [
+    /// Every algorithm, in a stable order (the wire code is the index).
+    pub const ALL: [Algorithm; 22] = [
         Algorithm::Ring,
+        Algorithm::Tree,
         Algorithm::RecursiveDoubling,
+        Algorithm::RecursiveHalving,
+        Algorithm::Rabenseifner,
+        Algorithm::Composed(Rs::Ring, Ag::Doubling),
+        Algorithm::Composed(Rs::Ring, Ag::Bruck),
+        Algorithm::Composed(Rs::Halving, Ag::Ring),
+        Algorithm::Composed(Rs::Halving, Ag::Bruck),
+        Algorithm::Composed(Rs::Pairwise, Ag::Ring),
+        Algorithm::Composed(Rs::Pairwise, Ag::Doubling),
+        Algorithm::Composed(Rs::Pairwise, Ag::Bruck),
+        Algorithm::Bruck,
+        Algorithm::Pairwise,
         Algorithm::Chain,
         Algorithm::BinomialTree,
-        Algorithm::Pairwise,
+        Algorithm::ScatterAllGather,
+        Algorithm::ReduceScatterGather,
         Algorithm::Linear,
         Algorithm::Dissemination,
         Algorithm::Direct,
+        // Kept last so that adding a composition never renumbers the others.
+        Algorithm::Composed(Rs::Ring, Ag::Ring),
     ];
 
     /// The name used on the command line and in `STRATA_ALGO`.
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
+        match self {
+            Algorithm::Composed(rs, ag) => match self.normalized() {
+                Algorithm::Composed(..) => format!("{}+{}", rs.name(), ag.name()),
+                other => other.name(),
+            },
+            other => other.simple_name().to_string(),
+        }
+    }
+
+    fn simple_name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
+            Algorithm::Tree => "tree",
             Algorithm::RecursiveDoubling => "rd",
+            Algorithm::RecursiveHalving => "halving",
+            Algorithm::Rabenseifner => "rhd",
+            Algorithm::Composed(..) => "composed",
+            Algorithm::Bruck => "bruck",
+            Algorithm::Pairwise => "pairwise",
             Algorithm::Chain => "chain",
             Algorithm::BinomialTree => "binomial",
-            Algorithm::Pairwise => "pairwise",
+            Algorithm::ScatterAllGather => "scatter_allgather",
+            Algorithm::ReduceScatterGather => "reduce_scatter_gather",
             Algorithm::Linear => "linear",
             Algorithm::Dissemination => "dissemination",
             Algorithm::Direct => "direct",
         }
     }
 
-    /// Parses a name printed by [`Algorithm::name`].
+    /// The canonical form: ring + ring is [`Algorithm::Ring`], halving + doubling is
+    /// [`Algorithm::Rabenseifner`].
+    pub fn normalized(self) -> Algorithm {
+        match self {
+            Algorithm::Composed(Rs::Ring, Ag::Ring) => Algorithm::Ring,
+            Algorithm::Composed(Rs::Halving, Ag::Doubling) => Algorithm::Rabenseifner,
+            other => other,
+        }
+    }
+
+    /// Parses a name printed by [`Algorithm::name`], or a long alias (`recursive_doubling`,
+    /// `rabenseifner`, `double_binary_tree`, `rs+ag` with any parts). Case and `-`/`_` do not
+    /// matter.
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|a| a.name().eq_ignore_ascii_case(s.trim()))
+        let norm = s.trim().to_ascii_lowercase().replace('-', "_");
+        if let Some((rs, ag)) = norm.split_once('+') {
+            let rs = Rs::ALL.into_iter().find(|p| p.name() == rs.trim())?;
+            let ag = Ag::ALL.into_iter().find(|p| {
+                p.name() == ag.trim() || (p == &Ag::Doubling && ag.trim() == "doubling")
+            })?;
+            return Some(Algorithm::Composed(rs, ag).normalized());
+        }
+        let alias = match norm.as_str() {
+            "recursive_doubling" => Some(Algorithm::RecursiveDoubling),
+            "recursive_halving" => Some(Algorithm::RecursiveHalving),
+            "rabenseifner" | "halving_doubling" => Some(Algorithm::Rabenseifner),
+            "double_binary_tree" | "dbt" => Some(Algorithm::Tree),
+            "vandegeijn" | "van_de_geijn" => Some(Algorithm::ScatterAllGather),
+            "binomial_tree" => Some(Algorithm::BinomialTree),
+            _ => None,
+        };
+        alias.or_else(|| {
+            Self::ALL
+                .into_iter()
+                .filter(|a| !matches!(a, Algorithm::Composed(..)))
+                .find(|a| a.simple_name() == norm)
+        })
+    }
+
+    /// Parses `s` as an algorithm for `collective`, accepting NCCL's `NCCL_ALGO` words where
+    /// they mean the same thing: `ring` is the chain for broadcast, `tree` is the binomial
+    /// tree for broadcast and reduce.
+    pub fn parse_for(collective: Collective, s: &str) -> Option<Self> {
+        let a = Self::parse(s)?;
+        let a = match (collective, a) {
+            (Collective::Broadcast, Algorithm::Ring) => Algorithm::Chain,
+            (Collective::Broadcast | Collective::Reduce, Algorithm::Tree) => {
+                Algorithm::BinomialTree
+            }
+            _ => a,
+        };
+        a.supports(collective).then_some(a)
     }
 
     /// Whether this algorithm has a schedule for `collective`.
     pub fn supports(self, collective: Collective) -> bool {
-        algorithms_for(collective).contains(&self)
+        algorithms_for(collective).contains(&self.normalized())
     }
 
     /// A stable numeric code for wire headers.
     pub fn code(self) -> u8 {
-        Self::ALL.iter().position(|a| *a == self).unwrap_or(0) as u8
+        let a = self.normalized();
+        Self::ALL.iter().position(|x| *x == a).unwrap_or(0) as u8
+    }
+
+    /// The inverse of [`Algorithm::code`].
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.get(code as usize).map(|a| a.normalized())
     }
 }
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(&self.name())
     }
 }
 
 /// The algorithms that can run `collective`, default first.
 pub fn algorithms_for(collective: Collective) -> &'static [Algorithm] {
+    use Algorithm::*;
     match collective {
-        Collective::AllReduce => &[Algorithm::Ring, Algorithm::RecursiveDoubling],
-        Collective::AllGather | Collective::ReduceScatter => &[Algorithm::Ring],
-        Collective::Broadcast => &[Algorithm::Chain],
-        Collective::Reduce => &[Algorithm::BinomialTree],
-        Collective::AllToAll => &[Algorithm::Pairwise],
-        Collective::Gather | Collective::Scatter => &[Algorithm::Linear],
-        Collective::Barrier => &[Algorithm::Dissemination],
-        Collective::Send | Collective::Recv => &[Algorithm::Direct],
+        Collective::AllReduce => &[
+            Ring,
+            Tree,
+            RecursiveDoubling,
+            Rabenseifner,
+            Composed(Rs::Ring, Ag::Doubling),
+            Composed(Rs::Ring, Ag::Bruck),
+            Composed(Rs::Halving, Ag::Ring),
+            Composed(Rs::Halving, Ag::Bruck),
+            Composed(Rs::Pairwise, Ag::Ring),
+            Composed(Rs::Pairwise, Ag::Doubling),
+            Composed(Rs::Pairwise, Ag::Bruck),
+        ],
+        Collective::AllGather => &[Ring, RecursiveDoubling, Bruck],
+        Collective::ReduceScatter => &[Ring, RecursiveHalving, Pairwise],
+        Collective::Broadcast => &[Chain, BinomialTree, ScatterAllGather],
+        Collective::Reduce => &[BinomialTree, ReduceScatterGather],
+        Collective::AllToAll => &[Pairwise, Bruck],
+        Collective::Gather | Collective::Scatter => &[Linear, BinomialTree],
+        Collective::Barrier => &[Dissemination],
+        Collective::Send | Collective::Recv => &[Direct],
     }
+}
+
+/// The names of [`algorithms_for`] `collective`, comma separated, for error messages.
+pub fn valid_names(collective: Collective) -> String {
+    algorithms_for(collective)
+        .iter()
+        .map(|a| a.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Everything a schedule depends on.
@@ -130,14 +307,11 @@ pub enum PlanError {
 impl fmt::Display for PlanError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PlanError::Unsupported(c, a) => {
-                let valid: Vec<&str> = algorithms_for(*c).iter().map(|a| a.name()).collect();
-                write!(
-                    f,
-                    "algorithm '{a}' cannot run {c}; valid: {}",
-                    valid.join(", ")
-                )
-            }
+            PlanError::Unsupported(c, a) => write!(
+                f,
+                "algorithm '{a}' cannot run {c}; valid: {}",
+                valid_names(*c)
+            ),
             PlanError::OutOfRange(m) => f.write_str(m),
         }
     }
@@ -171,35 +345,97 @@ pub fn plan(plan: &Plan) -> Result<RankSchedule, PlanError> {
     if !algorithm.supports(collective) {
         return Err(PlanError::Unsupported(collective, algorithm));
     }
-    use builders::*;
-    Ok(match collective {
-        Collective::AllReduce if algorithm == Algorithm::RecursiveDoubling => {
-            recursive_doubling_all_reduce(p, r, n)
+    builders::build(
+        collective,
+        algorithm.normalized(),
+        p,
+        r,
+        n,
+        root,
+        chunk_elems.max(1),
+    )
+    .ok_or(PlanError::Unsupported(collective, algorithm))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_codes_are_unique() {
+        let mut names = std::collections::HashSet::new();
+        for (i, a) in Algorithm::ALL.iter().enumerate() {
+            let a = a.normalized();
+            assert_eq!(Algorithm::parse(&a.name()), Some(a), "{a}");
+            assert_eq!(Algorithm::from_code(a.code()), Some(a));
+            if a == Algorithm::ALL[i] {
+                assert!(names.insert(a.name()), "duplicate name {a}");
+            }
         }
-        Collective::AllReduce => ring_all_reduce(p, r, n),
-        Collective::Broadcast => chain_broadcast(p, r, n, root, chunk_elems),
-        Collective::Reduce => binomial_reduce(p, r, n, root),
-        Collective::AllGather => ring_all_gather(p, r, n),
-        Collective::ReduceScatter => ring_reduce_scatter(p, r, n),
-        Collective::AllToAll => pairwise_all_to_all(p, r, n),
-        Collective::Gather => linear_gather(p, r, n, root),
-        Collective::Scatter => linear_scatter(p, r, n, root),
-        Collective::Barrier => dissemination_barrier(p, r),
-        Collective::Send => {
-            let mut s = RankSchedule::default();
-            s.step(vec![Op::Send {
-                peer: root,
-                src: Region::new(Buf::Input, 0, n),
-            }]);
-            s
+        assert_eq!(Algorithm::parse("ring+ring"), Some(Algorithm::Ring));
+        assert_eq!(
+            Algorithm::parse("Halving+Doubling"),
+            Some(Algorithm::Rabenseifner)
+        );
+        assert_eq!(
+            Algorithm::parse("pairwise+bruck"),
+            Some(Algorithm::Composed(Rs::Pairwise, Ag::Bruck))
+        );
+        assert_eq!(Algorithm::parse("bogus"), None);
+        assert_eq!(Algorithm::parse("ring+bogus"), None);
+    }
+
+    #[test]
+    fn every_listed_algorithm_supports_its_collective_and_nccl_words_map() {
+        for c in Collective::ALL {
+            for a in algorithms_for(c) {
+                assert!(a.supports(c));
+                assert_eq!(Algorithm::parse_for(c, &a.name()), Some(*a));
+            }
         }
-        Collective::Recv => {
-            let mut s = RankSchedule::default();
-            s.step(vec![Op::Recv {
-                peer: root,
-                dst: Region::new(Buf::Output, 0, n),
-            }]);
-            s
-        }
-    })
+        assert_eq!(
+            Algorithm::parse_for(Collective::Broadcast, "ring"),
+            Some(Algorithm::Chain)
+        );
+        assert_eq!(
+            Algorithm::parse_for(Collective::Reduce, "Tree"),
+            Some(Algorithm::BinomialTree)
+        );
+        assert_eq!(
+            Algorithm::parse_for(Collective::AllReduce, "tree"),
+            Some(Algorithm::Tree)
+        );
+        assert_eq!(Algorithm::parse_for(Collective::AllGather, "tree"), None);
+    }
+
+    #[test]
+    fn plan_rejects_bad_arguments() {
+        let base = Plan {
+            collective: Collective::AllReduce,
+            algorithm: Algorithm::Ring,
+            nranks: 4,
+            rank: 0,
+            count: 8,
+            root: 0,
+            chunk_elems: 4,
+        };
+        assert!(plan(&Plan { rank: 4, ..base }).is_err());
+        assert!(plan(&Plan { nranks: 0, ..base }).is_err());
+        let e = plan(&Plan {
+            algorithm: Algorithm::Chain,
+            ..base
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("valid: ring, tree, rd, rhd"), "{e}");
+        assert!(
+            plan(&Plan {
+                collective: Collective::Broadcast,
+                algorithm: Algorithm::Chain,
+                root: 9,
+                ..base
+            })
+            .is_err()
+        );
+    }
 }

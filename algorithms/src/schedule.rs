@@ -168,6 +168,87 @@ impl RankSchedule {
             .map(Op::elems_sent)
             .sum()
     }
+
+    /// What each step sends, receives and reduces: the inputs of the cost model.
+    pub fn traffic(&self) -> Vec<StepTraffic> {
+        self.steps
+            .iter()
+            .map(|st| {
+                let mut t = StepTraffic::default();
+                for op in &st.ops {
+                    match op {
+                        Op::Send { peer, src } => t.sends.push((*peer, src.len)),
+                        Op::Recv { peer, dst } => t.recvs.push((*peer, dst.len)),
+                        Op::RecvReduce { peer, dst, .. } => {
+                            t.recvs.push((*peer, dst.len));
+                            t.reduced += dst.len;
+                        }
+                        Op::Copy { .. } | Op::Finalize { .. } => {}
+                    }
+                }
+                t
+            })
+            .collect()
+    }
+
+    /// Totals over all steps.
+    pub fn totals(&self) -> Traffic {
+        let mut total = Traffic::default();
+        for t in self.traffic() {
+            total.steps += 1;
+            total.messages += t.sends.len();
+            total.sent += t.sends.iter().map(|s| s.1).sum::<usize>();
+            total.received += t.recvs.iter().map(|s| s.1).sum::<usize>();
+            total.reduced += t.reduced;
+        }
+        total
+    }
+
+    /// Renames every peer `q` to `f(q)`: builders work on virtual ranks (relative to a root,
+    /// or folded onto a power of two) and relabel at the end.
+    pub(crate) fn map_peers(&mut self, f: impl Fn(usize) -> usize) {
+        for op in self.steps.iter_mut().flat_map(|s| s.ops.iter_mut()) {
+            match op {
+                Op::Send { peer, .. } | Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                    *peer = f(*peer)
+                }
+                Op::Copy { .. } | Op::Finalize { .. } => {}
+            }
+        }
+    }
+
+    /// Appends `other`'s steps after this schedule's and takes the larger scratch.
+    #[cfg(test)]
+    pub(crate) fn append(&mut self, other: RankSchedule) {
+        self.steps.extend(other.steps);
+        self.scratch_elems = self.scratch_elems.max(other.scratch_elems);
+    }
+}
+
+/// The traffic of one step of one rank, in elements.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepTraffic {
+    /// (peer, elements) for every send, in order.
+    pub sends: Vec<(usize, usize)>,
+    /// (peer, elements) for every receive, in order.
+    pub recvs: Vec<(usize, usize)>,
+    /// Elements combined with the reduction operator.
+    pub reduced: usize,
+}
+
+/// Totals over a whole schedule, in elements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Steps.
+    pub steps: usize,
+    /// Messages sent.
+    pub messages: usize,
+    /// Elements sent.
+    pub sent: usize,
+    /// Elements received.
+    pub received: usize,
+    /// Elements reduced.
+    pub reduced: usize,
 }
 
 /// Zero-length transfers and copies are dropped; zero-length messages are never sent.

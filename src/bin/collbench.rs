@@ -9,7 +9,7 @@ use serde::Serialize;
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
 use strata::check;
-use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId};
+use strata::{Algorithm, CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId};
 
 /// Environment variables a spawning parent hands its children.
 const ENV_ID: &str = "STRATA_COLLBENCH_ID";
@@ -58,6 +58,10 @@ struct Args {
     /// f8e4m3, f8e5m2) or all.
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     dtype: String,
+    /// Algorithm: auto (strata's choice per size), a name (ring, tree, rd, rhd, bruck, ...),
+    /// a comma-separated list, or all: one table per algorithm of the collective.
+    #[arg(short = 'A', long = "algo", default_value = "auto")]
+    algo: String,
     /// Root of rooted collectives.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
@@ -97,6 +101,7 @@ struct Row {
     dtype: String,
     redop: String,
     root: i64,
+    algorithm: String,
     size_bytes: usize,
     count: usize,
     out_of_place: Measure,
@@ -323,6 +328,7 @@ fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String> {
         DataType::parse,
         "data type",
     )?;
+    let algos = parse_algos(&args.algo, collective)?;
     let (n, rank) = (comm.size(), comm.rank());
     if args.root >= n {
         return Err(format!("root {} is out of range for {n} ranks", args.root));
@@ -360,91 +366,64 @@ fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String> {
                 p.rank, p.pid, p.host.hostname
             );
         }
-        println!("#");
-        println!(
-            "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
-            "", "", "", "", "", "out-of-", "place", "", "", "in-", "place", "", ""
-        );
-        println!(
-            "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
-            "size",
-            "count",
-            "type",
-            "redop",
-            "root",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong"
-        );
-        println!(
-            "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
-            "(B)",
-            "(elements)",
-            "",
-            "",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(GB/s)",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(GB/s)",
-            ""
-        );
     }
     let mut rows = Vec::new();
     let mut total_wrong = 0u64;
-    let total_rows = sizes.len() * dtypes.len();
+    let total_rows = sizes.len() * dtypes.len() * algos.len();
     let started = Instant::now();
     let mut last_progress = Instant::now();
-    for &dtype in &dtypes {
-        let ops = if collective.reduces() {
-            let all = ["sum", "prod", "min", "max", "avg", "premulsum"]
-                .map(|s| ReduceOp::parse(s, dtype).unwrap_or(ReduceOp::Sum));
-            list(
-                &args.redop,
-                all.to_vec(),
-                |s| ReduceOp::parse(s, dtype),
-                "reduction",
-            )?
-        } else {
-            vec![ReduceOp::Sum]
-        };
-        for op in ops {
-            for &size in &sizes {
-                let row = bench_row(args, comm, collective, dtype, op, size)?;
-                total_wrong += row.out_of_place.wrong + row.in_place.wrong;
-                if rank == 0 {
-                    print_row(&row);
-                    if last_progress.elapsed() > Duration::from_secs(2) {
-                        eprintln!(
-                            "# collbench: {} of {} rows done, {:.0} s",
-                            rows.len() + 1,
-                            total_rows,
-                            started.elapsed().as_secs_f64()
-                        );
-                        last_progress = Instant::now();
+    for &algo in &algos {
+        comm.set_algorithm(collective, algo)
+            .map_err(|e| e.to_string())?;
+        if rank == 0 {
+            print_columns(algo);
+        }
+        let first_row = rows.len();
+        for &dtype in &dtypes {
+            let ops = if collective.reduces() {
+                let all = ["sum", "prod", "min", "max", "avg", "premulsum"]
+                    .map(|s| ReduceOp::parse(s, dtype).unwrap_or(ReduceOp::Sum));
+                list(
+                    &args.redop,
+                    all.to_vec(),
+                    |s| ReduceOp::parse(s, dtype),
+                    "reduction",
+                )?
+            } else {
+                vec![ReduceOp::Sum]
+            };
+            for op in ops {
+                for &size in &sizes {
+                    let row = bench_row(args, comm, collective, dtype, op, size)?;
+                    total_wrong += row.out_of_place.wrong + row.in_place.wrong;
+                    if rank == 0 {
+                        print_row(&row);
+                        if last_progress.elapsed() > Duration::from_secs(2) {
+                            eprintln!(
+                                "# collbench: {} of {} rows done, {:.0} s",
+                                rows.len() + 1,
+                                total_rows,
+                                started.elapsed().as_secs_f64()
+                            );
+                            last_progress = Instant::now();
+                        }
                     }
+                    rows.push(row);
                 }
-                rows.push(row);
             }
         }
+        if rank == 0 && algos.len() > 1 {
+            println!(
+                "# Avg bus bandwidth ({}): {:.4}",
+                algo.map_or("auto".into(), |a| a.name()),
+                avg_busbw(&rows[first_row..])
+            );
+        }
     }
-    let busbws: Vec<f64> = rows
-        .iter()
-        .flat_map(|r| [r.out_of_place.busbw_gbs, r.in_place.busbw_gbs])
-        .collect();
-    let avg = if busbws.is_empty() {
-        0.0
-    } else {
-        busbws.iter().sum::<f64>() / busbws.len() as f64
-    };
+    // Later collectives of this process (none today) get strata's own choice again.
+    comm.set_algorithm(collective, None)
+        .map_err(|e| e.to_string())?;
+    let avg = avg_busbw(&rows);
     if rank == 0 {
         println!(
             "# Out of bounds values : {total_wrong} {}",
@@ -467,6 +446,89 @@ fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String> {
     Ok(total_wrong)
 }
 
+fn avg_busbw(rows: &[Row]) -> f64 {
+    let busbws: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| [r.out_of_place.busbw_gbs, r.in_place.busbw_gbs])
+        .collect();
+    if busbws.is_empty() {
+        0.0
+    } else {
+        busbws.iter().sum::<f64>() / busbws.len() as f64
+    }
+}
+
+/// The algorithms `--algo` names for `collective` (`None`: strata's choice).
+fn parse_algos(spec: &str, collective: Collective) -> Result<Vec<Option<Algorithm>>, String> {
+    if spec.eq_ignore_ascii_case("auto") {
+        return Ok(vec![None]);
+    }
+    if spec.eq_ignore_ascii_case("all") {
+        let all = strata::algorithms::algorithms_for(collective);
+        return Ok(all.iter().copied().map(Some).collect());
+    }
+    spec.split(',')
+        .map(|name| {
+            Algorithm::parse_for(collective, name)
+                .map(Some)
+                .ok_or_else(|| {
+                    format!(
+                        "algorithm '{name}' cannot run {collective}; valid: auto, all, {}",
+                        strata::algorithms::valid_names(collective)
+                    )
+                })
+        })
+        .collect()
+}
+
+/// The column headers of one table.
+fn print_columns(algo: Option<Algorithm>) {
+    println!("#");
+    println!(
+        "# algorithm: {}",
+        algo.map_or(
+            "auto (strata's choice per size; see the algo column)".into(),
+            |a| a.name()
+        )
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+        "", "", "", "", "", "out-of-", "place", "", "", "in-", "place", "", ""
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}  algo",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong"
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        ""
+    );
+}
+
 fn print_row(r: &Row) {
     let m = |x: &Measure| {
         format!(
@@ -475,14 +537,15 @@ fn print_row(r: &Row) {
         )
     };
     println!(
-        "  {:>10} {:>12} {:>8} {:>9} {:>5}   {}   {}",
+        "  {:>10} {:>12} {:>8} {:>9} {:>5}   {}   {}  {}",
         r.size_bytes,
         r.count,
         r.dtype,
         r.redop,
         r.root,
         m(&r.out_of_place),
-        m(&r.in_place)
+        m(&r.in_place),
+        r.algorithm
     );
 }
 
@@ -565,6 +628,11 @@ fn bench_row(
             "none".into()
         },
         root: if collective.rooted() { root as i64 } else { -1 },
+        algorithm: if collective == Collective::Send {
+            "direct".into()
+        } else {
+            comm.algorithm_for(collective, count * es).name()
+        },
         size_bytes: size,
         count,
         out_of_place: results[0],

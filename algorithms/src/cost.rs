@@ -1,0 +1,282 @@
+//! The cost model: prices schedules from α (seconds per message), β (seconds per byte) and γ
+//! (seconds per reduced byte), given per ordered pair of ranks.
+//!
+//! Pricing runs every rank's schedule through the simulator's time-ordered engine. A transfer
+//! starts when both ends have reached the step that holds it and the sender's send port and
+//! the receiver's receive port are free (each rank sends one message and receives one at a
+//! time, full duplex). It takes α + bytes·β; a reducing receive keeps the receiver busy for
+//! bytes·γ more. A step ends when its last operation does; local copies are free. On a flat
+//! network this reproduces the textbook closed forms ([`closed_form`]) exactly, and because
+//! α, β and γ are per pair, the same function prices a schedule on a tiered fabric.
+
+use crate::schedule::{Collective, RankSchedule};
+use crate::sim;
+use crate::{Algorithm, algorithms_for};
+
+/// The cost of sending from one rank to another.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkCost {
+    /// Seconds per message (latency).
+    pub alpha: f64,
+    /// Seconds per byte (inverse bandwidth).
+    pub beta: f64,
+    /// Seconds per byte reduced at the receiver.
+    pub gamma: f64,
+}
+
+/// Link costs for every ordered pair of ranks.
+pub trait Network {
+    /// The cost of a message from `from` to `to`.
+    fn link(&self, from: usize, to: usize) -> LinkCost;
+}
+
+/// Every pair of ranks has the same link: the model of the closed forms.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Flat(pub LinkCost);
+
+impl Network for Flat {
+    fn link(&self, _: usize, _: usize) -> LinkCost {
+        self.0
+    }
+}
+
+impl<F: Fn(usize, usize) -> LinkCost> Network for F {
+    fn link(&self, from: usize, to: usize) -> LinkCost {
+        self(from, to)
+    }
+}
+
+/// What a schedule costs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Estimate {
+    /// Seconds until the last rank finishes.
+    pub seconds: f64,
+    /// Seconds until each rank finishes.
+    pub per_rank: Vec<f64>,
+}
+
+/// Prices one schedule per rank, with elements of `elem_bytes` bytes.
+pub fn price(
+    schedules: &[RankSchedule],
+    elem_bytes: usize,
+    net: &dyn Network,
+) -> Result<Estimate, String> {
+    let per_rank = sim::time(schedules, net, elem_bytes as f64)?;
+    let seconds = per_rank.iter().copied().fold(0.0, f64::max);
+    Ok(Estimate { seconds, per_rank })
+}
+
+/// Builds and prices `algorithm` for `collective` on `nranks` ranks.
+#[allow(clippy::too_many_arguments)]
+pub fn price_algorithm(
+    collective: Collective,
+    algorithm: Algorithm,
+    nranks: usize,
+    count: usize,
+    root: usize,
+    chunk_elems: usize,
+    elem_bytes: usize,
+    net: &dyn Network,
+) -> Result<Estimate, String> {
+    let scheds = sim::schedules(collective, algorithm, nranks, count, root, chunk_elems)?;
+    price(&scheds, elem_bytes, net)
+}
+
+/// Every algorithm for `collective`, cheapest first, with its estimated seconds: the
+/// explanation behind a choice.
+pub fn rank_algorithms(
+    collective: Collective,
+    nranks: usize,
+    count: usize,
+    chunk_elems: usize,
+    elem_bytes: usize,
+    net: &dyn Network,
+) -> Vec<(Algorithm, f64)> {
+    let mut out: Vec<(Algorithm, f64)> = algorithms_for(collective)
+        .iter()
+        .filter_map(|&a| {
+            price_algorithm(
+                collective,
+                a,
+                nranks,
+                count,
+                0,
+                chunk_elems,
+                elem_bytes,
+                net,
+            )
+            .ok()
+            .map(|e| (a, e.seconds))
+        })
+        .collect();
+    out.sort_by(|a, b| a.1.total_cmp(&b.1));
+    out
+}
+
+/// The closed forms of `REFERENCE.md` for an all-reduce of `n` bytes over `p` ranks on a
+/// flat network (p a power of two, n divisible by p).
+pub mod closed_form {
+    use super::LinkCost;
+
+    fn lg(p: usize) -> f64 {
+        (p as f64).log2()
+    }
+
+    /// Recursive doubling: lg p·α + n·lg p·β + n·lg p·γ.
+    pub fn recursive_doubling(p: usize, n: f64, l: LinkCost) -> f64 {
+        lg(p) * l.alpha + n * lg(p) * l.beta + n * lg(p) * l.gamma
+    }
+
+    /// Rabenseifner: 2·lg p·α + 2n(p−1)/p·β + n(p−1)/p·γ.
+    pub fn rabenseifner(p: usize, n: f64, l: LinkCost) -> f64 {
+        let f = (p as f64 - 1.0) / p as f64;
+        2.0 * lg(p) * l.alpha + 2.0 * n * f * l.beta + n * f * l.gamma
+    }
+
+    /// Ring: 2(p−1)·α + 2n(p−1)/p·β + n(p−1)/p·γ.
+    pub fn ring(p: usize, n: f64, l: LinkCost) -> f64 {
+        let f = (p as f64 - 1.0) / p as f64;
+        2.0 * (p as f64 - 1.0) * l.alpha + 2.0 * n * f * l.beta + n * f * l.gamma
+    }
+
+    /// Binomial reduce + broadcast: 2·lg p·α + 2n·lg p·β + n·lg p·γ.
+    pub fn binomial_reduce_broadcast(p: usize, n: f64, l: LinkCost) -> f64 {
+        2.0 * lg(p) * l.alpha + 2.0 * n * lg(p) * l.beta + n * lg(p) * l.gamma
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LINK: LinkCost = LinkCost {
+        alpha: 1.7e-6,
+        beta: 1.0 / 12.5e9,
+        gamma: 1.0 / 40e9,
+    };
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+    }
+
+    fn all_reduce(a: Algorithm, p: usize, elems: usize) -> f64 {
+        price_algorithm(Collective::AllReduce, a, p, elems, 0, elems, 4, &Flat(LINK))
+            .unwrap()
+            .seconds
+    }
+
+    #[test]
+    fn flat_network_reproduces_the_closed_forms() {
+        for p in [2, 4, 8, 16, 64] {
+            for elems in [p, 64 * p, 4096 * p] {
+                let n = (elems * 4) as f64;
+                let cases = [
+                    (
+                        Algorithm::RecursiveDoubling,
+                        closed_form::recursive_doubling(p, n, LINK),
+                    ),
+                    (
+                        Algorithm::Rabenseifner,
+                        closed_form::rabenseifner(p, n, LINK),
+                    ),
+                    (Algorithm::Ring, closed_form::ring(p, n, LINK)),
+                ];
+                for (a, want) in cases {
+                    let got = all_reduce(a, p, elems);
+                    assert!(close(got, want), "{a} p={p} n={n}: {got} vs {want}");
+                }
+                // Binomial reduce then binomial broadcast, run back to back.
+                let scheds: Vec<RankSchedule> = (0..p)
+                    .map(|r| {
+                        let mut s = crate::builders::binomial_reduce(p, r, elems, 0);
+                        s.append(crate::builders::binomial_broadcast(p, r, elems, 0));
+                        s
+                    })
+                    .collect();
+                let got = price(&scheds, 4, &Flat(LINK)).unwrap().seconds;
+                let want = closed_form::binomial_reduce_broadcast(p, n, LINK);
+                assert!(close(got, want), "binomial p={p} n={n}: {got} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn traffic_reports_steps_bytes_and_peers() {
+        let s = crate::builders::composed_all_reduce(
+            crate::ReduceScatterPart::Ring,
+            crate::AllGatherPart::Ring,
+            4,
+            1,
+            400,
+        );
+        let t = s.totals();
+        assert_eq!(t.sent, 2 * 3 * 100);
+        assert_eq!(t.received, 2 * 3 * 100);
+        assert_eq!(t.reduced, 3 * 100);
+        assert_eq!(t.messages, 6);
+        let steps = s.traffic();
+        assert_eq!(steps[0].sends, vec![(2, 100)]);
+        assert_eq!(steps[0].recvs, vec![(0, 100)]);
+        assert_eq!(steps[0].reduced, 100);
+        let rd = crate::builders::recursive_doubling_all_reduce(8, 5, 10).totals();
+        assert_eq!((rd.messages, rd.sent, rd.reduced), (3, 30, 30));
+    }
+
+    #[test]
+    fn latency_and_bandwidth_regimes_pick_the_expected_algorithm() {
+        let net = Flat(LINK);
+        let small = rank_algorithms(Collective::AllReduce, 16, 2, 1 << 16, 4, &net);
+        assert_eq!(small[0].0, Algorithm::RecursiveDoubling, "{small:?}");
+        let large = rank_algorithms(Collective::AllReduce, 16, 16 << 20, 1 << 16, 4, &net);
+        assert!(
+            matches!(
+                large[0].0,
+                Algorithm::Rabenseifner | Algorithm::Ring | Algorithm::Composed(..)
+            ),
+            "{large:?}"
+        );
+        let rd = large
+            .iter()
+            .find(|(a, _)| *a == Algorithm::RecursiveDoubling)
+            .unwrap();
+        assert!(rd.1 > 2.0 * large[0].1, "{large:?}");
+    }
+
+    #[test]
+    fn a_slow_pair_slows_exactly_the_schedules_that_use_it() {
+        // Ranks 0-3 and 4-7 on two leaves; crossing costs 10x in β.
+        let tiered = |a: usize, b: usize| LinkCost {
+            beta: if a / 4 == b / 4 {
+                LINK.beta
+            } else {
+                10.0 * LINK.beta
+            },
+            ..LINK
+        };
+        let flat = price_algorithm(
+            Collective::AllGather,
+            Algorithm::Ring,
+            8,
+            1 << 16,
+            0,
+            1,
+            4,
+            &Flat(LINK),
+        )
+        .unwrap()
+        .seconds;
+        let slow = price_algorithm(
+            Collective::AllGather,
+            Algorithm::Ring,
+            8,
+            1 << 16,
+            0,
+            1,
+            4,
+            &tiered,
+        )
+        .unwrap()
+        .seconds;
+        assert!(slow > 5.0 * flat, "{slow} vs {flat}");
+    }
+}
