@@ -1,6 +1,6 @@
-//! Multi-process tests: every collective × type × reduction at 1, 2, 3, 4, 7 and 8 ranks,
-//! each rank its own process, over shared memory and over forced TCP; mismatched calls; the
-//! init deadline.
+//! Multi-process tests: every collective × type × reduction at 1, 2, 3, 4, 7 and 8 ranks, and
+//! every algorithm of every collective at 1, 2, 3, 5 and 8 ranks, each rank its own process,
+//! over shared memory and over forced TCP; mismatched calls and algorithms; the init deadline.
 //!
 //! The test binary re-runs itself as the ranks: a test function started with
 //! `STRATA_TEST_WORKER` set does the rank's part and exits; otherwise it spawns the ranks, waits
@@ -255,20 +255,154 @@ matrix_test!(
     false,
     &[("STRATA_TRANSPORT", "tcp"), ("STRATA_TCP_STREAMS", "1")]
 );
-// The default picks recursive doubling for small all-reduces and ring for large ones; run each
-// at every size too.
-matrix_test!(
-    matrix_7_ranks_ring_only,
-    7,
-    false,
-    &[("STRATA_ALGO", "all_reduce:ring")]
-);
-matrix_test!(
-    matrix_3_ranks_rd_only,
-    3,
-    true,
-    &[("STRATA_ALGO", "all_reduce:rd")]
-);
+
+/// Every algorithm of every collective, chosen with `Communicator::set_algorithm`, at counts
+/// around the block and chunk boundaries (chunks are 4 KiB in these runs, so the tree and the
+/// chain pipeline), in and out of place, for f32 sum, bf16 avg and i32 max.
+fn algorithm_matrix(w: &Worker) {
+    let cases = [
+        (DataType::Float32, ReduceOp::Sum),
+        (DataType::Bfloat16, ReduceOp::Avg),
+        (DataType::Int32, ReduceOp::Max),
+    ];
+    for c in COLLECTIVES {
+        for &algo in strata::algorithms::algorithms_for(c) {
+            w.comm.set_algorithm(c, Some(algo)).unwrap();
+            for (k, &count) in [0usize, 1, 5, 4099, 70_001].iter().enumerate() {
+                for (dtype, op) in cases {
+                    if !c.reduces() && dtype != DataType::Float32 {
+                        continue;
+                    }
+                    let root = (k + 1) % w.n;
+                    for in_place in [false, true] {
+                        let spec = CallSpec {
+                            collective: c,
+                            dtype,
+                            count,
+                            op,
+                            root,
+                        };
+                        run_checked(w, spec, in_place)
+                            .unwrap_or_else(|e| panic!("{} ranks, {algo}: {e}", w.n));
+                    }
+                }
+            }
+        }
+        w.comm.set_algorithm(c, None).unwrap();
+    }
+    // A steady loop builds its schedule once.
+    let send = vec![1f32; 3000];
+    let mut recv = vec![0f32; 3000];
+    w.comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+    let built = w.comm.schedules_built();
+    for _ in 0..20 {
+        w.comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+    }
+    assert_eq!(
+        w.comm.schedules_built(),
+        built,
+        "a repeated call rebuilt its schedule"
+    );
+    assert!(recv.iter().all(|&x| x == w.n as f32));
+}
+
+macro_rules! algorithm_test {
+    ($name:ident, $n:expr, $env:expr) => {
+        #[test]
+        fn $name() {
+            if let Some(w) = worker() {
+                algorithm_matrix(&w);
+                return;
+            }
+            if is_worker() {
+                return;
+            }
+            let mut env: Vec<(&str, &str)> = vec![("STRATA_CHUNK_SIZE", "4096")];
+            env.extend_from_slice($env);
+            assert_all_ok(&spawn(
+                stringify!($name),
+                $n,
+                $n,
+                &env,
+                Duration::from_secs(300),
+            ));
+        }
+    };
+}
+
+algorithm_test!(algorithms_1_rank, 1, &[]);
+algorithm_test!(algorithms_2_ranks_shm, 2, &[]);
+algorithm_test!(algorithms_3_ranks_shm, 3, &[]);
+algorithm_test!(algorithms_5_ranks_shm, 5, &[]);
+algorithm_test!(algorithms_8_ranks_shm, 8, &[]);
+algorithm_test!(algorithms_2_ranks_tcp, 2, &[("STRATA_TRANSPORT", "tcp")]);
+algorithm_test!(algorithms_3_ranks_tcp, 3, &[("STRATA_TRANSPORT", "tcp")]);
+algorithm_test!(algorithms_5_ranks_tcp, 5, &[("STRATA_TRANSPORT", "tcp")]);
+algorithm_test!(algorithms_8_ranks_tcp, 8, &[("STRATA_TRANSPORT", "tcp")]);
+
+#[test]
+fn mismatched_algorithms_fail_naming_both() {
+    if let Some(w) = worker() {
+        let algo = if w.rank == 1 {
+            strata::Algorithm::Rabenseifner
+        } else {
+            strata::Algorithm::Ring
+        };
+        w.comm
+            .set_algorithm(Collective::AllReduce, Some(algo))
+            .unwrap();
+        let mut buf = vec![1f32; 1000];
+        match w.comm.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
+            Err(Error::Mismatch(m)) => {
+                assert!(
+                    m.contains("rhd") && m.contains("ring"),
+                    "rank {}: {m}",
+                    w.rank
+                );
+                println!("rank {}: {m}", w.rank);
+            }
+            other => panic!("rank {}: expected a mismatch, got {other:?}", w.rank),
+        }
+        // Linger so the others read this rank's poison before it goes.
+        std::thread::sleep(Duration::from_secs(2));
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    assert_all_ok(&spawn(
+        "mismatched_algorithms_fail_naming_both",
+        3,
+        3,
+        &[],
+        Duration::from_secs(60),
+    ));
+}
+
+#[test]
+fn unknown_algorithm_in_strata_algo_fails_init_listing_the_valid_ones() {
+    if is_worker() {
+        let rank: usize = std::env::var("STRATA_TEST_RANK").unwrap().parse().unwrap();
+        let id = UniqueId::from_hex(&std::env::var("STRATA_TEST_ID").unwrap()).unwrap();
+        match Communicator::init(&id, 1, rank) {
+            Err(Error::InvalidArgument(m)) => {
+                assert!(
+                    m.contains("'quantum'") && m.contains("valid: ring, tree, rd"),
+                    "{m}"
+                );
+            }
+            other => panic!("expected InvalidArgument, got {:?}", other.map(|_| ())),
+        }
+        return;
+    }
+    assert_all_ok(&spawn(
+        "unknown_algorithm_in_strata_algo_fails_init_listing_the_valid_ones",
+        1,
+        1,
+        &[("STRATA_ALGO", "allreduce:quantum")],
+        Duration::from_secs(60),
+    ));
+}
 
 #[test]
 fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
