@@ -1,7 +1,7 @@
 //! Recursive doubling and halving: lg p exchanges between partners `u ^ 2^k`.
 //!
 //! They run on a power of two of virtual ranks. With p not a power of two, the first
-//! 2·(p − p') ranks pair up ([`Fold`]): each even one hands its data to the odd one after it
+//! 2·(p − p') ranks pair up: each even one hands its data to the odd one after it
 //! and sits out; the odd one hands back what the even one needs at the end.
 
 use super::{Blocks, Fold, copy};
