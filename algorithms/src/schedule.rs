@@ -127,11 +127,8 @@ pub struct RankSchedule {
 }
 
 impl RankSchedule {
-    pub(crate) fn step(&mut self, ops: Vec<Op>) {
-        let ops: Vec<Op> = ops
-            .into_iter()
-            .filter(|op| !is_empty_transfer(op))
-            .collect();
+    pub(crate) fn step(&mut self, mut ops: Vec<Op>) {
+        ops.retain(|op| !is_empty_transfer(op));
         if !ops.is_empty() {
             self.steps.push(Step { ops });
         }
