@@ -37,25 +37,19 @@ impl Relative {
         }
     }
 
-    /// Children of `v`, largest subtree first.
+    /// Children of `v`, largest subtree first: `v + 2^k` below its lowest set bit (below p
+    /// for the root).
     fn children(&self, v: usize) -> Vec<usize> {
         let top = if v == 0 {
-            prev_power_of_two(self.p.max(2) - 1).min(self.p)
+            prev_power_of_two(self.p.saturating_sub(1))
         } else {
             lowbit(v) / 2
         };
-        let mut kids = Vec::new();
-        let mut mask = top;
-        while mask > 0 {
-            if v + mask < self.p && (v == 0 || mask < lowbit(v)) {
-                kids.push(v + mask);
-            }
-            mask >>= 1;
-        }
-        if v == 0 && self.p == 1 {
-            kids.clear();
-        }
-        kids
+        std::iter::successors(Some(top), |m| Some(m / 2))
+            .take_while(|&m| m > 0)
+            .map(|m| v + m)
+            .filter(|&c| c < self.p)
+            .collect()
     }
 
     fn parent(&self, v: usize) -> usize {
