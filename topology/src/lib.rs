@@ -1,8 +1,16 @@
 //! strata-topology: what the machine and the fabric look like.
 //!
-//! This release knows the host identity of a process (which decides whether two ranks can use
-//! shared memory) and names the tiers that join two ranks. Fabric discovery (sysfs, hwloc, NVML,
-//! NCCL topology XML, Slurm) builds on these types.
+//! It knows the host identity of a process (which decides whether two ranks can use shared
+//! memory), the inside of a host ([`host`]: NUMA nodes, PCIe tree, GPUs, NICs, NVLink, and
+//! which NIC is nearest which GPU), read from NCCL's topology XML ([`nccl_xml`]), and names the
+//! tiers that join two ranks.
+
+pub mod error;
+pub mod host;
+pub mod nccl_xml;
+
+pub use error::TopoError;
+pub use host::{GpuInfo, HostTopology, LinkLayer, NicInfo, PciDistance};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
