@@ -6,10 +6,13 @@
 //! tiers that join two ranks.
 
 pub mod error;
+pub mod fabric;
 pub mod host;
+pub mod hostlist;
 pub mod nccl_xml;
 
 pub use error::TopoError;
+pub use fabric::{Fabric, Place, TierCosts, TierLink};
 pub use host::{GpuInfo, HostTopology, LinkLayer, NicInfo, PciDistance};
 
 use serde::{Deserialize, Serialize};
