@@ -35,6 +35,9 @@ pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};
 pub use error::{Error, Result};
 pub use strata_algorithms::{Algorithm, Collective};
 
+/// Host and fabric topology: discovery, NCCL XML, Slurm and strata topology files, tiers.
+pub use strata_topology as topology;
+
 /// The pure schedule library: algorithms, schedules, the cost model and the in-memory checker.
 pub use strata_algorithms as algorithms;
 

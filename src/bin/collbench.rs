@@ -71,6 +71,89 @@ struct Args {
     /// Give up (and kill the ranks) after this many seconds, with --np.
     #[arg(long)]
     timeout: Option<f64>,
+    #[command(subcommand)]
+    command: Option<Subcommand>,
+}
+
+#[derive(clap::Subcommand, Debug, Clone)]
+enum Subcommand {
+    /// Print what strata sees: the host as a tree, GPU-to-NIC affinity, the fabric and the
+    /// tier of every rank-pair class.
+    Topo(TopoArgs),
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct TopoArgs {
+    /// Read the host from this NCCL topology XML file instead of sysfs.
+    #[arg(long = "nccl-xml")]
+    nccl_xml: Option<std::path::PathBuf>,
+    /// Also write the host model as NCCL topology XML to this file.
+    #[arg(long = "export-nccl-xml")]
+    export_nccl_xml: Option<std::path::PathBuf>,
+    /// Read the fabric from Slurm's topology.conf.
+    #[arg(long = "slurm-topology")]
+    slurm_topology: Option<std::path::PathBuf>,
+    /// With --slurm-topology: the host to place (default: this host's name).
+    #[arg(long)]
+    host: Option<String>,
+    /// Read the fabric from a strata topology file (TOML or JSON).
+    #[arg(long = "topo-file")]
+    topo_file: Option<std::path::PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `collbench topo`.
+fn topo_main(t: &TopoArgs) -> ExitCode {
+    use strata::topology::{fabric, nccl_xml, report, sysfs};
+    let run = || -> Result<String, String> {
+        let host = match &t.nccl_xml {
+            Some(p) => nccl_xml::load(p).map_err(|e| e.to_string())?,
+            None => sysfs::discover(std::path::Path::new("/")),
+        };
+        if let Some(p) = &t.export_nccl_xml {
+            std::fs::write(p, nccl_xml::export(&host))
+                .map_err(|e| format!("writing {}: {e}", p.display()))?;
+        }
+        let (fab, host_name) = match (&t.slurm_topology, &t.topo_file) {
+            (Some(_), Some(_)) => {
+                return Err("give --slurm-topology or --topo-file, not both".into());
+            }
+            (Some(p), None) => {
+                let text =
+                    std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                let f = fabric::parse_slurm(&text, &p.display().to_string())
+                    .map_err(|e| e.to_string())?;
+                let me = t
+                    .host
+                    .clone()
+                    .unwrap_or_else(|| strata::topology::HostIdentity::detect().hostname);
+                (Some(f), Some(me))
+            }
+            (None, Some(p)) => (
+                Some(fabric::load_file(p).map_err(|e| e.to_string())?),
+                t.host.clone(),
+            ),
+            (None, None) => (None, None),
+        };
+        let r = report::build(&host, fab.as_ref(), host_name.as_deref())?;
+        if t.json {
+            serde_json::to_string_pretty(&r).map_err(|e| e.to_string())
+        } else {
+            Ok(report::render(&r, &host))
+        }
+    };
+    match run() {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("collbench topo: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -119,6 +202,9 @@ struct Report {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Subcommand::Topo(t)) = &args.command {
+        return topo_main(t);
+    }
     if let Ok(id_hex) = std::env::var(ENV_ID) {
         return child_main(&args, &id_hex);
     }

@@ -10,6 +10,7 @@ pub mod fabric;
 pub mod host;
 pub mod hostlist;
 pub mod nccl_xml;
+pub mod report;
 pub mod sysfs;
 
 pub use error::TopoError;

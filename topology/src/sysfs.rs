@@ -63,11 +63,15 @@ fn pci_device(root: &Path, bus_id: &str) -> Option<Device> {
     })
 }
 
-/// The PCI bus id behind `class_dir/<name>/device`, if it is a PCI device.
+/// The PCI function behind `class_dir/<name>/device`: the device itself, or the nearest PCI
+/// ancestor for devices on a bus below PCI (virtio-net's `virtio0`).
 fn bus_id_of(class_entry: &Path) -> Option<String> {
     let real = fs::canonicalize(class_entry.join("device")).ok()?;
-    let name = real.file_name()?.to_str()?.to_ascii_lowercase();
-    is_bus_id(&name).then_some(name)
+    real.components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .filter(|c| is_bus_id(c))
+        .last()
+        .map(str::to_ascii_lowercase)
 }
 
 fn entries(dir: &Path) -> Vec<PathBuf> {
@@ -385,7 +389,10 @@ pub(crate) mod tests {
         assert_eq!(discover(&empty.root).numa.len(), 0);
         let plain = FakeSys::new("eth");
         let n = plain.pci(&["0000:00:03.0"], 0x020000, -1);
-        plain.netdev("ens3", &n, -1);
+        // virtio-net: the interface's device is a virtio node below the PCI function.
+        let virtio = n.join("virtio0");
+        fs::create_dir_all(&virtio).unwrap();
+        plain.netdev("ens3", &virtio, -1);
         let t = discover(&plain.root);
         let nics = t.nics();
         assert_eq!(nics.len(), 1);
