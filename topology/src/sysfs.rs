@@ -68,9 +68,9 @@ fn pci_device(root: &Path, bus_id: &str) -> Option<Device> {
 fn bus_id_of(class_entry: &Path) -> Option<String> {
     let real = fs::canonicalize(class_entry.join("device")).ok()?;
     real.components()
+        .rev()
         .filter_map(|c| c.as_os_str().to_str())
-        .filter(|c| is_bus_id(c))
-        .last()
+        .find(|c| is_bus_id(c))
         .map(str::to_ascii_lowercase)
 }
 
