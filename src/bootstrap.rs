@@ -177,6 +177,9 @@ pub struct PeerInfo {
     pub process: u64,
     /// Where the rank's listener accepts data connections.
     pub listen: SocketAddr,
+    /// Its GPU, NIC and switch path, from which every rank computes the same tiers.
+    #[serde(default)]
+    pub place: strata_topology::RankPlace,
 }
 
 impl PeerInfo {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_algorithms::{Algorithm, Collective, Plan, RankSchedule, algorithms_for, valid_names};
-use strata_topology::HostIdentity;
+use strata_topology::{HostIdentity, RankPlace, Tier, TierMap};
 
 /// Most schedules kept per communicator.
 const SCHEDULE_CACHE: usize = 512;
@@ -115,6 +115,8 @@ struct Inner {
     algo_choice: [AtomicU8; Collective::ALL.len()],
     /// Schedules built so far (repeated shapes reuse the cached one).
     schedules_built: AtomicU64,
+    /// The tier between every pair of ranks, identical on every rank.
+    tiers: TierMap,
     spin: executor::SpinPolicy,
 }
 
@@ -134,6 +136,30 @@ fn comm_id_of(secret: &Secret, label: &[u8]) -> String {
     h.update(secret);
     h.update(label);
     h.finalize().to_hex()[..24].to_string()
+}
+
+/// This rank's place in the fabric: from the topology file named by `STRATA_TOPO_FILE` (by host
+/// name, or by rank for a compact fat tree), else from Slurm's `SLURM_TOPOLOGY_ADDR` and
+/// `SLURM_TOPOLOGY_ADDR_PATTERN`, else unknown.
+fn detect_place(host: &HostIdentity, rank: usize) -> Result<RankPlace> {
+    let mut place = RankPlace::default();
+    if let Ok(path) = std::env::var("STRATA_TOPO_FILE") {
+        let fabric = strata_topology::fabric::load_file(std::path::Path::new(&path))
+            .map_err(|e| Error::InvalidArgument(format!("STRATA_TOPO_FILE: {e}")))?;
+        place.switches =
+            RankPlace::from_fabric(&fabric, &host.hostname, rank).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "STRATA_TOPO_FILE {path} does not place host {} (rank {rank})",
+                    host.hostname
+                ))
+            })?;
+    } else if let Some(path) = RankPlace::from_slurm(
+        std::env::var("SLURM_TOPOLOGY_ADDR").ok().as_deref(),
+        std::env::var("SLURM_TOPOLOGY_ADDR_PATTERN").ok().as_deref(),
+    ) {
+        place.switches = path;
+    }
+    Ok(place)
 }
 
 /// A chosen algorithm per collective, indexed by `Collective::code`.
@@ -252,12 +278,15 @@ impl Communicator {
             .local_addr()
             .map_err(|e| Error::io("listener address", e))?;
         let listener = CommListener::start(listener, comm_id.clone(), rank, nranks, secret, &cfg)?;
+        let host = HostIdentity::detect();
+        let place = detect_place(&host, rank)?;
         let me = PeerInfo {
             rank,
-            host: HostIdentity::detect(),
+            host,
             pid: std::process::id(),
             process: bootstrap::process_nonce(),
             listen,
+            place,
         };
         let peers = bootstrap::rendezvous(id, nranks, me, &cfg)?;
         tracing::debug!(rank, nranks, "communicator initialised");
@@ -305,6 +334,19 @@ impl Communicator {
         listener: CommListener,
     ) -> Result<Self> {
         let size = peers.len();
+        let tiers = TierMap::new(
+            &peers
+                .iter()
+                .map(|p| (p.host.clone(), p.place.clone()))
+                .collect::<Vec<_>>(),
+        );
+        if rank == 0 && tiers.hosts() > 1 && !tiers.fabric_known() {
+            tracing::warn!(
+                "no fabric information for {} hosts (set STRATA_TOPO_FILE, or run under Slurm's \
+                 topology plugin): two tiers, same host and network",
+                tiers.hosts()
+            );
+        }
         let local_ranks = peers
             .iter()
             .filter(|p| p.host.same_host(&peers[rank].host))
@@ -337,6 +379,7 @@ impl Communicator {
                 algo_choice: parse_algo_env()?
                     .map(|a| AtomicU8::new(a.map_or(0, |a| a.code() + 1))),
                 schedules_built: AtomicU64::new(0),
+                tiers,
                 spin: executor::SpinPolicy::for_host(local_ranks),
             }),
         })
@@ -409,6 +452,16 @@ impl Communicator {
         let code = algorithm.map_or(0, |a| a.code() + 1);
         self.inner.algo_choice[collective.code() as usize].store(code, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The tier joining ranks `a` and `b` of this communicator (every rank computes the same).
+    pub fn tier(&self, a: usize, b: usize) -> Tier {
+        self.inner.tiers.tier(a, b)
+    }
+
+    /// The tiers of this communicator, with their digest.
+    pub fn tiers(&self) -> &TierMap {
+        &self.inner.tiers
     }
 
     /// How many schedules this communicator has built. A repeated (collective, algorithm,

@@ -636,3 +636,95 @@ fn connecting_to_a_rank_that_has_exited_fails_fast() {
         Duration::from_secs(60),
     ));
 }
+
+/// Every rank computes the same tiers: the digests gathered from all ranks agree, with a
+/// fabric file (every rank placed) and without one (two tiers).
+fn tier_digests_agree(w: &Worker, fabric: bool) {
+    let tiers = w.comm.tiers();
+    assert_eq!(tiers.fabric_known(), fabric);
+    assert_eq!(tiers.len(), w.n);
+    for b in 0..w.n {
+        let want = if b == w.rank {
+            strata::topology::Tier::SameDevice
+        } else {
+            strata::topology::Tier::Host
+        };
+        assert_eq!(w.comm.tier(w.rank, b), want, "rank {} to {b}", w.rank);
+    }
+    let digest: Vec<u8> = tiers.digest().into_bytes();
+    let mut all = vec![0u8; digest.len() * w.n];
+    w.comm.all_gather(&digest, &mut all).unwrap();
+    for (r, d) in all.chunks(digest.len()).enumerate() {
+        assert_eq!(
+            d,
+            &digest[..],
+            "rank {r} computed other tiers than rank {}",
+            w.rank
+        );
+    }
+}
+
+#[test]
+fn tiers_agree_with_a_fabric_file() {
+    if let Some(w) = worker() {
+        tier_digests_agree(&w, true);
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/topology/meta-24k-h100.toml"
+    );
+    assert_all_ok(&spawn(
+        "tiers_agree_with_a_fabric_file",
+        4,
+        4,
+        &[("STRATA_TOPO_FILE", file)],
+        Duration::from_secs(60),
+    ));
+}
+
+#[test]
+fn tiers_agree_without_fabric_information() {
+    if let Some(w) = worker() {
+        tier_digests_agree(&w, false);
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    assert_all_ok(&spawn(
+        "tiers_agree_without_fabric_information",
+        3,
+        3,
+        &[],
+        Duration::from_secs(60),
+    ));
+}
+
+#[test]
+fn a_bad_fabric_file_fails_init_naming_file_and_line() {
+    if is_worker() {
+        let id = UniqueId::from_hex(&std::env::var("STRATA_TEST_ID").unwrap()).unwrap();
+        match Communicator::init(&id, 1, 0) {
+            Err(Error::InvalidArgument(m)) => {
+                assert!(m.contains("STRATA_TOPO_FILE") && m.contains(":2:"), "{m}");
+            }
+            other => panic!("expected InvalidArgument, got {:?}", other.map(|_| ())),
+        }
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("strata-bad-topo-{}.toml", std::process::id()));
+    std::fs::write(&path, "gpus_per_host = 8\n[fat_tree\n").unwrap();
+    let results = spawn(
+        "a_bad_fabric_file_fails_init_naming_file_and_line",
+        1,
+        1,
+        &[("STRATA_TOPO_FILE", path.to_str().unwrap())],
+        Duration::from_secs(60),
+    );
+    let _ = std::fs::remove_file(&path);
+    assert_all_ok(&results);
+}

@@ -12,10 +12,12 @@ pub mod hostlist;
 pub mod nccl_xml;
 pub mod report;
 pub mod sysfs;
+pub mod tiers;
 
 pub use error::TopoError;
 pub use fabric::{Fabric, Place, TierCosts, TierLink};
 pub use host::{GpuInfo, HostTopology, LinkLayer, NicInfo, PciDistance};
+pub use tiers::{RankPlace, TierMap};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
