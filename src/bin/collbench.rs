@@ -87,6 +87,9 @@ struct TopoArgs {
     /// Read the host from this NCCL topology XML file instead of sysfs.
     #[arg(long = "nccl-xml")]
     nccl_xml: Option<std::path::PathBuf>,
+    /// Read the host from this hwloc XML export (`lstopo --of xml`); needs the hwloc feature.
+    #[arg(long = "hwloc-xml")]
+    hwloc_xml: Option<std::path::PathBuf>,
     /// Also write the host model as NCCL topology XML to this file.
     #[arg(long = "export-nccl-xml")]
     export_nccl_xml: Option<std::path::PathBuf>,
@@ -104,13 +107,33 @@ struct TopoArgs {
     json: bool,
 }
 
+#[cfg(feature = "hwloc")]
+fn load_hwloc_xml(p: &std::path::Path) -> Result<strata::topology::HostTopology, String> {
+    strata::topology::hwloc::load_xml(p).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "hwloc"))]
+fn load_hwloc_xml(_: &std::path::Path) -> Result<strata::topology::HostTopology, String> {
+    Err(
+        "this collbench was built without hwloc; rebuild with --features hwloc \
+         (needs Debian's libhwloc-dev and libudev-dev)"
+            .into(),
+    )
+}
+
 /// `collbench topo`.
 fn topo_main(t: &TopoArgs) -> ExitCode {
     use strata::topology::{fabric, nccl_xml, report, sysfs};
     let run = || -> Result<String, String> {
-        let host = match &t.nccl_xml {
-            Some(p) => nccl_xml::load(p).map_err(|e| e.to_string())?,
-            None => sysfs::discover(std::path::Path::new("/")),
+        let nccl_env = std::env::var_os("NCCL_TOPO_FILE").map(std::path::PathBuf::from);
+        let host = match (&t.nccl_xml, &t.hwloc_xml) {
+            (Some(_), Some(_)) => return Err("give --nccl-xml or --hwloc-xml, not both".into()),
+            (Some(p), None) => nccl_xml::load(p).map_err(|e| e.to_string())?,
+            (None, Some(p)) => load_hwloc_xml(p)?,
+            (None, None) => match nccl_env {
+                Some(p) => nccl_xml::load(&p).map_err(|e| format!("NCCL_TOPO_FILE: {e}"))?,
+                None => sysfs::discover(std::path::Path::new("/")),
+            },
         };
         if let Some(p) = &t.export_nccl_xml {
             std::fs::write(p, nccl_xml::export(&host))

@@ -9,6 +9,8 @@ pub mod error;
 pub mod fabric;
 pub mod host;
 pub mod hostlist;
+#[cfg(feature = "hwloc")]
+pub mod hwloc;
 pub mod nccl_xml;
 pub mod report;
 pub mod sysfs;
