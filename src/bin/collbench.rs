@@ -126,7 +126,7 @@ fn topo_main(t: &TopoArgs) -> ExitCode {
     use strata::topology::{fabric, nccl_xml, report, sysfs};
     let run = || -> Result<String, String> {
         let nccl_env = std::env::var_os("NCCL_TOPO_FILE").map(std::path::PathBuf::from);
-        let host = match (&t.nccl_xml, &t.hwloc_xml) {
+        let mut host = match (&t.nccl_xml, &t.hwloc_xml) {
             (Some(_), Some(_)) => return Err("give --nccl-xml or --hwloc-xml, not both".into()),
             (Some(p), None) => nccl_xml::load(p).map_err(|e| e.to_string())?,
             (None, Some(p)) => load_hwloc_xml(p)?,
@@ -134,6 +134,19 @@ fn topo_main(t: &TopoArgs) -> ExitCode {
                 Some(p) => nccl_xml::load(&p).map_err(|e| format!("NCCL_TOPO_FILE: {e}"))?,
                 None => sysfs::discover(std::path::Path::new("/")),
             },
+        };
+        // NVLinks come from NVML on this machine; a file describes another one.
+        let describes_this_host = t.nccl_xml.is_none() && t.hwloc_xml.is_none();
+        let nvml_note = match strata::topology::nvml::probe() {
+            Ok(gpus) if describes_this_host => {
+                let matched = strata::topology::nvml::merge(&mut host, &gpus);
+                format!("NVML: {} GPUs, {matched} matched on PCI", gpus.len())
+            }
+            Ok(gpus) => format!(
+                "NVML: {} GPUs on this machine (not merged into a file's host)",
+                gpus.len()
+            ),
+            Err(reason) => reason,
         };
         if let Some(p) = &t.export_nccl_xml {
             std::fs::write(p, nccl_xml::export(&host))
@@ -160,7 +173,8 @@ fn topo_main(t: &TopoArgs) -> ExitCode {
             ),
             (None, None) => (None, None),
         };
-        let r = report::build(&host, fab.as_ref(), host_name.as_deref())?;
+        let mut r = report::build(&host, fab.as_ref(), host_name.as_deref())?;
+        r.notes.push(nvml_note);
         if t.json {
             serde_json::to_string_pretty(&r).map_err(|e| e.to_string())
         } else {

@@ -12,6 +12,7 @@ pub mod hostlist;
 #[cfg(feature = "hwloc")]
 pub mod hwloc;
 pub mod nccl_xml;
+pub mod nvml;
 pub mod report;
 pub mod sysfs;
 pub mod tiers;

@@ -187,7 +187,14 @@ pub fn build(
 fn label(n: &PciNode) -> String {
     match n.kind() {
         PciKind::Bridge => format!("{} switch/bridge", n.bus_id),
-        PciKind::Gpu => format!("{} GPU", n.bus_id),
+        PciKind::Gpu => {
+            let mut s = format!("{} GPU", n.bus_id);
+            for l in &n.nvlinks {
+                let what = if l.to_switch { "NVSwitch" } else { "GPU" };
+                let _ = write!(s, " [{}x NVLink to {what} {}]", l.count, l.target);
+            }
+            s
+        }
         PciKind::Nic => {
             let net = n.net.clone().unwrap_or_default();
             let mut s = format!("{} NIC", n.bus_id);
