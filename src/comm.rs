@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_algorithms::{Algorithm, Collective, Plan, RankSchedule, algorithms_for, valid_names};
-use strata_topology::{HostIdentity, RankPlace, Tier, TierMap};
+use strata_topology::{HostIdentity, RankPlace, Tier, TierCosts, TierMatrix};
 
 /// Most schedules kept per communicator.
 const SCHEDULE_CACHE: usize = 512;
@@ -116,7 +116,7 @@ struct Inner {
     /// Schedules built so far (repeated shapes reuse the cached one).
     schedules_built: AtomicU64,
     /// The tier between every pair of ranks, identical on every rank.
-    tiers: TierMap,
+    tiers: TierMatrix,
     spin: executor::SpinPolicy,
 }
 
@@ -138,14 +138,16 @@ fn comm_id_of(secret: &Secret, label: &[u8]) -> String {
     h.finalize().to_hex()[..24].to_string()
 }
 
-/// This rank's place in the fabric: from the topology file named by `STRATA_TOPO_FILE` (by host
-/// name, or by rank for a compact fat tree), else from Slurm's `SLURM_TOPOLOGY_ADDR` and
-/// `SLURM_TOPOLOGY_ADDR_PATTERN`, else unknown.
-fn detect_place(host: &HostIdentity, rank: usize) -> Result<RankPlace> {
+/// This rank's place in the fabric and the cost of each tier: from the topology file named by
+/// `STRATA_TOPO_FILE` (by host name, or by rank for a compact fat tree), else from Slurm's
+/// `SLURM_TOPOLOGY_ADDR` and `SLURM_TOPOLOGY_ADDR_PATTERN` with default costs, else unknown.
+fn detect_fabric(host: &HostIdentity, rank: usize) -> Result<(RankPlace, TierCosts)> {
     let mut place = RankPlace::default();
+    let mut costs = TierCosts::default();
     if let Ok(path) = std::env::var("STRATA_TOPO_FILE") {
         let fabric = strata_topology::fabric::load_file(std::path::Path::new(&path))
             .map_err(|e| Error::InvalidArgument(format!("STRATA_TOPO_FILE: {e}")))?;
+        costs = fabric.tiers;
         place.switches =
             RankPlace::from_fabric(&fabric, &host.hostname, rank).ok_or_else(|| {
                 Error::InvalidArgument(format!(
@@ -159,7 +161,7 @@ fn detect_place(host: &HostIdentity, rank: usize) -> Result<RankPlace> {
     ) {
         place.switches = path;
     }
-    Ok(place)
+    Ok((place, costs))
 }
 
 /// A chosen algorithm per collective, indexed by `Collective::code`.
@@ -279,7 +281,7 @@ impl Communicator {
             .map_err(|e| Error::io("listener address", e))?;
         let listener = CommListener::start(listener, comm_id.clone(), rank, nranks, secret, &cfg)?;
         let host = HostIdentity::detect();
-        let place = detect_place(&host, rank)?;
+        let (place, costs) = detect_fabric(&host, rank)?;
         let me = PeerInfo {
             rank,
             host,
@@ -290,7 +292,7 @@ impl Communicator {
         };
         let peers = bootstrap::rendezvous(id, nranks, me, &cfg)?;
         tracing::debug!(rank, nranks, "communicator initialised");
-        Self::from_parts(rank, peers, comm_id, secret, cfg, listener)
+        Self::from_parts(rank, peers, comm_id, secret, cfg, listener, costs)
     }
 
     /// Joins using the launcher's variables: rank and size from torchrun, Slurm, Open MPI or
@@ -332,13 +334,15 @@ impl Communicator {
         secret: Secret,
         cfg: Config,
         listener: CommListener,
+        costs: TierCosts,
     ) -> Result<Self> {
         let size = peers.len();
-        let tiers = TierMap::new(
+        let tiers = TierMatrix::new(
             &peers
                 .iter()
                 .map(|p| (p.host.clone(), p.place.clone()))
                 .collect::<Vec<_>>(),
+            costs,
         );
         if rank == 0 && tiers.hosts() > 1 && !tiers.fabric_known() {
             tracing::warn!(
@@ -460,7 +464,7 @@ impl Communicator {
     }
 
     /// The tiers of this communicator, with their digest.
-    pub fn tiers(&self) -> &TierMap {
+    pub fn tiers(&self) -> &TierMatrix {
         &self.inner.tiers
     }
 
@@ -796,6 +800,7 @@ impl Communicator {
             self.inner.secret,
             self.inner.cfg.clone(),
             listener,
+            self.inner.tiers.costs(),
         )
         .map(|child| {
             // The child starts with the parent's current algorithm choices.

@@ -643,6 +643,9 @@ fn tier_digests_agree(w: &Worker, fabric: bool) {
     let tiers = w.comm.tiers();
     assert_eq!(tiers.fabric_known(), fabric);
     assert_eq!(tiers.len(), w.n);
+    // The example file's aggregation layer is 1:7; without a file the default is 1:1.
+    let agg = tiers.link(strata::topology::Tier::Aggregation);
+    assert_eq!(agg.oversubscription, if fabric { 7.0 } else { 1.0 });
     for b in 0..w.n {
         let want = if b == w.rank {
             strata::topology::Tier::SameDevice

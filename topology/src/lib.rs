@@ -20,7 +20,7 @@ pub mod tiers;
 pub use error::TopoError;
 pub use fabric::{Fabric, Place, TierCosts, TierLink};
 pub use host::{GpuInfo, HostTopology, LinkLayer, NicInfo, PciDistance};
-pub use tiers::{RankPlace, TierMap};
+pub use tiers::{RankPlace, TierMatrix};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -1,11 +1,12 @@
 //! The tier between every pair of ranks of a communicator.
 //!
 //! At init every rank publishes a [`RankPlace`] (its GPU, NIC and switch path) beside its
-//! [`HostIdentity`]; every rank then builds the same [`TierMap`] from the same list. The map
-//! stores one small tuple per rank, not a p × p matrix, so it stays small at 100,000 ranks;
-//! its digest covers everything the tiers depend on, so equal digests mean equal matrices.
+//! [`HostIdentity`]; every rank then builds the same [`TierMatrix`] from the same list. It
+//! stores one small tuple per rank and computes an entry on demand instead of holding p × p
+//! tiers, so it stays small at 100,000 ranks; its digest covers everything the tiers and
+//! their costs depend on, so equal digests mean equal matrices.
 
-use crate::fabric::{Fabric, Layout, slurm_switch_path, tier_from_paths};
+use crate::fabric::{Fabric, Layout, TierCosts, TierLink, slurm_switch_path, tier_from_paths};
 use crate::{HostIdentity, Tier};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -46,19 +47,21 @@ impl RankPlace {
 }
 
 /// The tiers of a communicator, computed identically on every rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TierMap {
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierMatrix {
     /// Per rank: host index (first-seen order), GPU, and switch path.
     ranks: Vec<(usize, Option<String>, Vec<String>)>,
     /// Whether every rank has a switch path (otherwise ranks on different hosts are just
     /// "network").
     fabric_known: bool,
     hosts: usize,
+    costs: TierCosts,
 }
 
-impl TierMap {
-    /// Builds the map from every rank's host identity and place, in rank order.
-    pub fn new(ranks: &[(HostIdentity, RankPlace)]) -> Self {
+impl TierMatrix {
+    /// Builds the matrix from every rank's host identity and place, in rank order, with the
+    /// cost of each tier (from the fabric file, or defaults).
+    pub fn new(ranks: &[(HostIdentity, RankPlace)], costs: TierCosts) -> Self {
         let mut host_ids: Vec<&HostIdentity> = Vec::new();
         let mut out = Vec::with_capacity(ranks.len());
         // Hosts are few; a map from boot id + netns keeps this linear in ranks.
@@ -82,6 +85,7 @@ impl TierMap {
             ranks: out,
             fabric_known,
             hosts: host_ids.len(),
+            costs,
         }
     }
 
@@ -127,6 +131,16 @@ impl TierMap {
         }
     }
 
+    /// The cost of every tier.
+    pub fn costs(&self) -> TierCosts {
+        self.costs
+    }
+
+    /// What `tier` offers each endpoint.
+    pub fn link(&self, tier: Tier) -> TierLink {
+        self.costs.link(tier)
+    }
+
     /// How many ordered pairs of distinct ranks each tier joins, narrowest first, from the
     /// point of view of rank `me`.
     pub fn census(&self, me: usize) -> Vec<(Tier, usize)> {
@@ -150,6 +164,11 @@ impl TierMap {
         let mut h = blake3::Hasher::new();
         h.update(b"strata tier map v1");
         h.update(&[u8::from(self.fabric_known)]);
+        h.update(
+            serde_json::to_string(&self.costs)
+                .unwrap_or_default()
+                .as_bytes(),
+        );
         for (host, gpu, path) in &self.ranks {
             h.update(&(*host as u64).to_le_bytes());
             h.update(gpu.as_deref().unwrap_or("-").as_bytes());
@@ -192,7 +211,7 @@ mod tests {
             (host("c"), place(&["p0", "l1"])),
             (host("d"), place(&["p1", "l2"])),
         ];
-        let m = TierMap::new(&ranks);
+        let m = TierMatrix::new(&ranks, TierCosts::default());
         assert!(m.fabric_known());
         assert_eq!(m.hosts(), 4);
         assert_eq!(m.tier(0, 0), Tier::SameDevice);
@@ -213,12 +232,20 @@ mod tests {
         // One rank without a path: two tiers only, and a different digest.
         let mut partial = ranks.clone();
         partial[4].1 = RankPlace::default();
-        let p = TierMap::new(&partial);
+        let p = TierMatrix::new(&partial, TierCosts::default());
         assert!(!p.fabric_known());
         assert_eq!(p.tier(0, 3), Tier::Aggregation);
         assert_eq!(p.tier(0, 1), Tier::Host);
         assert_ne!(p.digest(), m.digest());
-        assert_eq!(TierMap::new(&ranks).digest(), m.digest());
+        assert_eq!(
+            TierMatrix::new(&ranks, TierCosts::default()).digest(),
+            m.digest()
+        );
+        let mut dearer = TierCosts::default();
+        dearer.aggregation.oversubscription = 7.0;
+        let d = TierMatrix::new(&ranks, dearer);
+        assert_ne!(d.digest(), m.digest(), "the costs are part of the digest");
+        assert_eq!(d.link(Tier::Aggregation).oversubscription, 7.0);
     }
 
     #[test]
