@@ -230,6 +230,29 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// hwloc parses the XML itself; mangled exports must come back as errors or models,
+        /// never as a crash.
+        #[test]
+        fn mangled_exports_never_crash(cut in 0usize..7000, insert in "[<>\"=/a-z0-9 ]{0,12}") {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("testdata/two-socket-2gpu-2nic.hwloc.xml");
+            let text = std::fs::read_to_string(path).unwrap();
+            let cut = cut.min(text.len());
+            let cut = (0..=cut).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+            let mangled = format!("{}{}{}", &text[..cut], insert, &text[cut..]);
+            let file = std::env::temp_dir().join(format!(
+                "strata-hwloc-fuzz-{}-{:?}.xml",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            std::fs::write(&file, mangled).unwrap();
+            let _ = load_xml(&file);
+            let _ = std::fs::remove_file(&file);
+        }
+    }
+
     #[test]
     fn this_machine_and_bad_input() {
         let t = discover().unwrap();
