@@ -1,7 +1,7 @@
 //! What strata sees, for people (`collbench topo`) and for tools (its `--json`).
 
 use crate::fabric::Fabric;
-use crate::host::{GpuInfo, HostTopology, NicInfo, PciKind, PciNode};
+use crate::host::{GpuInfo, HostTopology, LinkLayer, NicInfo, PciKind, PciNode};
 use crate::{Place, Tier};
 use serde::Serialize;
 use std::fmt::Write;
@@ -201,9 +201,12 @@ fn label(n: &PciNode) -> String {
             if let Some(name) = net.name {
                 let _ = write!(s, " {name}");
             }
-            if let Some(l) = net.link_layer {
-                let _ = write!(s, " {}", l.name());
-            }
+            let by_class = if n.class >> 8 == 0x0207 {
+                LinkLayer::InfiniBand
+            } else {
+                LinkLayer::Ethernet
+            };
+            let _ = write!(s, " {}", net.link_layer.unwrap_or(by_class).name());
             if let Some(g) = net.speed_gbps {
                 let _ = write!(s, " {g} Gb/s");
             }
