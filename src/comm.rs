@@ -281,7 +281,11 @@ impl Communicator {
             .map_err(|e| Error::io("listener address", e))?;
         let listener = CommListener::start(listener, comm_id.clone(), rank, nranks, secret, &cfg)?;
         let host = HostIdentity::detect();
-        let (place, costs) = detect_fabric(&host, rank)?;
+        let (mut place, costs) = detect_fabric(&host, rank)?;
+        // The NIC this rank's traffic leaves by: the PCI function of its listen interface.
+        place.nic = crate::config::interface_of(cfg.listen_ip).and_then(|name| {
+            strata_topology::sysfs::pci_of_interface(std::path::Path::new("/"), &name)
+        });
         let me = PeerInfo {
             rank,
             host,

@@ -156,6 +156,14 @@ pub fn pick_interface(spec: Option<&str>) -> Result<IpAddr> {
     }
 }
 
+/// The name of the interface that holds `ip`, if any.
+pub fn interface_of(ip: IpAddr) -> Option<String> {
+    interfaces()
+        .into_iter()
+        .find(|(_, a)| *a == ip)
+        .map(|(n, _)| n)
+}
+
 /// (name, IPv4 address) of every interface that is up.
 fn interfaces() -> Vec<(String, IpAddr)> {
     let mut out = Vec::new();

@@ -74,6 +74,14 @@ fn bus_id_of(class_entry: &Path) -> Option<String> {
         .map(str::to_ascii_lowercase)
 }
 
+/// The PCI function of network interface `name` (`eth0`), if it has one.
+pub fn pci_of_interface(root: &Path, name: &str) -> Option<String> {
+    if name.is_empty() || name.contains('/') || name.contains("..") {
+        return None;
+    }
+    bus_id_of(&root.join("sys/class/net").join(name))
+}
+
 fn entries(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = fs::read_dir(dir)
         .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
@@ -397,6 +405,12 @@ pub(crate) mod tests {
         let nics = t.nics();
         assert_eq!(nics.len(), 1);
         assert_eq!(nics[0].net.name.as_deref(), Some("ens3"));
+        assert_eq!(
+            pci_of_interface(&plain.root, "ens3").as_deref(),
+            Some("0000:00:03.0")
+        );
+        assert_eq!(pci_of_interface(&plain.root, "lo"), None);
+        assert_eq!(pci_of_interface(&plain.root, "../x"), None);
         assert_eq!(nics[0].net.speed_gbps, None);
         assert_eq!(nics[0].numa, 0);
     }
