@@ -1,9 +1,12 @@
 //! strata-topology: what the machine and the fabric look like.
 //!
 //! It knows the host identity of a process (which decides whether two ranks can use shared
-//! memory), the inside of a host ([`host`]: NUMA nodes, PCIe tree, GPUs, NICs, NVLink, and
-//! which NIC is nearest which GPU), read from NCCL's topology XML ([`nccl_xml`]), and names the
-//! tiers that join two ranks.
+//! memory); the inside of a host ([`host`]: NUMA nodes, PCIe tree, GPUs, NICs, NVLink, and
+//! which NIC is nearest which GPU), read from sysfs ([`sysfs`]), hwloc (feature `hwloc`),
+//! NVML ([`nvml`]) or NCCL's topology XML ([`nccl_xml`]); the fabric between hosts
+//! ([`fabric`]: strata's topology file, Slurm's `topology.conf`); and the tier joining any two
+//! ranks of a communicator ([`tiers`]), which every rank computes alike. Nothing here knows
+//! about collectives.
 
 pub mod error;
 pub mod fabric;
