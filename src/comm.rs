@@ -12,6 +12,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use strata_algorithms::layout::{GroupKind, Layout};
 use strata_algorithms::{Algorithm, Collective, Plan, RankSchedule, algorithms_for, valid_names};
 use strata_topology::{HostIdentity, RankPlace, Tier, TierCosts, TierMatrix};
 
@@ -118,6 +119,18 @@ struct Inner {
     /// The tier between every pair of ranks, identical on every rank.
     tiers: TierMatrix,
     spin: executor::SpinPolicy,
+}
+
+/// The four communicators of a 4D parallel layout ([`Communicator::split_layout`]).
+pub struct LayoutComms {
+    /// This rank's tensor-parallel group.
+    pub tp: Communicator,
+    /// Its context-parallel group.
+    pub cp: Communicator,
+    /// Its pipeline-parallel group.
+    pub pp: Communicator,
+    /// Its data-parallel group.
+    pub dp: Communicator,
 }
 
 /// A group of ranks that run collectives together.
@@ -813,6 +826,33 @@ impl Communicator {
             }
             Some(child)
         })
+    }
+
+    /// Splits this communicator into the four groups of a 4D parallel layout, in [TP, CP, PP,
+    /// DP] order with TP varying fastest over this communicator's ranks (see
+    /// [`strata_algorithms::layout`]). Every rank must call it with the same layout, whose
+    /// world size must equal this communicator's size.
+    pub fn split_layout(&self, layout: &Layout) -> Result<LayoutComms> {
+        if layout.world() != self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "{layout} does not match the {} ranks of this communicator",
+                self.size()
+            )));
+        }
+        let mut parts = Vec::with_capacity(4);
+        for kind in GroupKind::ALL {
+            let (color, key) = layout.color_and_key(kind, self.rank());
+            let color = u32::try_from(color)
+                .map_err(|_| Error::InvalidArgument(format!("{layout}: too many groups")))?;
+            let comm = self.split(Some(color), key as i32)?.ok_or_else(|| {
+                Error::Transport(format!("internal: the {kind} split left this rank out"))
+            })?;
+            parts.push(comm);
+        }
+        let [tp, cp, pp, dp]: [Communicator; 4] = parts
+            .try_into()
+            .map_err(|_| Error::Transport("internal: expected four layout splits".into()))?;
+        Ok(LayoutComms { tp, cp, pp, dp })
     }
 
     // ----- byte-level API ------------------------------------------------------------------

@@ -29,7 +29,7 @@ pub mod reduce;
 pub(crate) mod transport;
 
 pub use bootstrap::{PeerInfo, UNIQUE_ID_BYTES, UniqueId};
-pub use comm::{CallSpec, Communicator};
+pub use comm::{CallSpec, Communicator, LayoutComms};
 pub use config::{Config, TransportPolicy};
 pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};
 pub use error::{Error, Result};

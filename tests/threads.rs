@@ -159,6 +159,38 @@ fn split_makes_working_subcommunicators() {
 }
 
 #[test]
+fn split_layout_builds_the_four_groups_in_tp_cp_pp_dp_order() {
+    use strata::algorithms::layout::Layout;
+    let comms = init_threads(8, TransportPolicy::Auto);
+    let layout = Layout::new(2, 2, 1, 2).unwrap();
+    let out = on_all(&comms, |comm| {
+        let g = comm.split_layout(&layout).unwrap();
+        // Each group sums 2^rank over its members, which names them exactly.
+        let mask = |c: &strata::Communicator| {
+            let mut v = [1u64 << comm.rank()];
+            c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            (c.size(), v[0])
+        };
+        [mask(&g.tp), mask(&g.cp), mask(&g.pp), mask(&g.dp)]
+    });
+    // Rank 0: TP {0,1}, CP {0,2}, PP {0}, DP {0,4}. Rank 7: TP {6,7}, CP {5,7}, DP {3,7}.
+    assert_eq!(out[0], [(2, 0b11), (2, 0b101), (1, 0b1), (2, 0b1_0001)]);
+    assert_eq!(
+        out[7],
+        [
+            (2, 0b1100_0000),
+            (2, 0b1010_0000),
+            (1, 0b1000_0000),
+            (2, 0b1000_1000)
+        ]
+    );
+    // A layout of the wrong size is refused on every rank, before any split.
+    let bad = Layout::new(2, 2, 2, 2).unwrap();
+    let errs = on_all(&comms, |comm| comm.split_layout(&bad).is_err());
+    assert!(errs.iter().all(|e| *e));
+}
+
+#[test]
 fn abort_unblocks_a_call_waiting_on_a_peer_within_one_second() {
     let comms = Arc::new(init_threads(2, TransportPolicy::Auto));
     // Rank 1 never calls all_reduce: rank 0 waits on it until aborted.

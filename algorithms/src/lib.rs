@@ -7,6 +7,7 @@
 
 pub mod builders;
 pub mod cost;
+pub mod layout;
 pub mod schedule;
 pub mod sim;
 

@@ -80,6 +80,108 @@ enum Subcommand {
     /// Print what strata sees: the host as a tree, GPU-to-NIC affinity, the fabric and the
     /// tier of every rank-pair class.
     Topo(TopoArgs),
+    /// Place a [TP, CP, PP, DP] job on a fabric: the planner's order and, for comparison, a
+    /// scattered one, with the widest tier each kind of group spans.
+    Layout(LayoutArgs),
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct LayoutArgs {
+    /// The fabric: a strata topology file with a `[fat_tree]` section.
+    #[arg(long = "topo-file")]
+    topo_file: std::path::PathBuf,
+    /// Tensor-parallel size.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// Context-parallel size.
+    #[arg(long, default_value_t = 1)]
+    cp: usize,
+    /// Pipeline-parallel size.
+    #[arg(long, default_value_t = 1)]
+    pp: usize,
+    /// Data-parallel size.
+    #[arg(long, default_value_t = 1)]
+    dp: usize,
+    /// Also report a launcher order shuffled with this seed.
+    #[arg(long)]
+    scatter: Option<u64>,
+}
+
+/// `collbench layout`.
+fn layout_main(a: &LayoutArgs) -> ExitCode {
+    use strata::algorithms::layout::{self, Layout, Shape};
+    use strata::topology::{Tier, fabric};
+    let run = || -> Result<(), String> {
+        let fab = fabric::load_file(&a.topo_file).map_err(|e| e.to_string())?;
+        let fabric::Layout::FatTree {
+            hosts_per_leaf,
+            leaves_per_pod,
+            ..
+        } = fab.layout
+        else {
+            return Err("the planner needs a topology file with a [fat_tree] section".into());
+        };
+        let per_host = fab.gpus_per_host;
+        let shape = Shape {
+            per_host,
+            per_leaf: per_host * hosts_per_leaf,
+            per_pod: per_host * hosts_per_leaf * leaves_per_pod,
+            total: fab.ranks(),
+        };
+        let l = Layout::new(a.tp, a.cp, a.pp, a.dp)?;
+        let tier = |x: usize, y: usize| fab.rank_tier(x, y).unwrap_or(Tier::Aggregation);
+        let nvlink = fab.tiers.nvlink.is_some();
+        println!("# {l} on {} ({} devices)", fab.source, shape.total);
+        let plan = layout::plan_placement(&l, &shape);
+        for c in &plan.cannot {
+            println!("# cannot: {c}");
+        }
+        let show = |title: &str, device: &[usize]| -> Result<(), String> {
+            println!("{title}");
+            for p in layout::placement_report(&l, device, &tier, nvlink)? {
+                println!(
+                    "  {:<3} {:>6} groups of {:<5} widest tier {:<12} {}",
+                    p.kind.to_string(),
+                    p.groups,
+                    p.size,
+                    format!("{:?}", p.widest),
+                    p.warning
+                        .map_or("ok".to_string(), |w| format!("WARNING: {w}"))
+                );
+            }
+            Ok(())
+        };
+        if plan.device.len() == l.world() {
+            show(
+                "planned order (global rank r on device r in topology order):",
+                &plan.device,
+            )?;
+        }
+        if let Some(seed) = a.scatter {
+            let mut device: Vec<usize> = (0..l.world().min(shape.total)).collect();
+            // Fisher-Yates with a splitmix64 stream: the same seed gives the same order.
+            let mut x = seed;
+            for i in (1..device.len()).rev() {
+                x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^= z >> 31;
+                device.swap(i, (z % (i as u64 + 1)) as usize);
+            }
+            if device.len() == l.world() {
+                show(&format!("scattered launcher order (seed {seed}):"), &device)?;
+            }
+        }
+        Ok(())
+    };
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("collbench layout: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -239,8 +341,10 @@ struct Report {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(Subcommand::Topo(t)) = &args.command {
-        return topo_main(t);
+    match &args.command {
+        Some(Subcommand::Topo(t)) => return topo_main(t),
+        Some(Subcommand::Layout(l)) => return layout_main(l),
+        None => {}
     }
     if let Ok(id_hex) = std::env::var(ENV_ID) {
         return child_main(&args, &id_hex);
