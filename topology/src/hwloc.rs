@@ -185,10 +185,92 @@ pub fn discover() -> Result<HostTopology, TopoError> {
     Ok(from_topology(&topo, "hwloc".into()))
 }
 
-/// Reads an hwloc XML export. hwloc validates it; its message is passed on.
+/// Object types that describe I/O and carry no CPU or node sets.
+const IO_TYPES: [&str; 4] = ["Bridge", "PCIDev", "OSDev", "Misc"];
+
+/// An hwloc bitmap string (`0x0000000f`, `0xffffffff,0x00000003`) as 32-bit words, lowest
+/// first.
+fn bitmap_words(s: &str) -> Option<Vec<u32>> {
+    s.split(',')
+        .rev()
+        .map(|w| {
+            let w = w.trim();
+            let digits = w.strip_prefix("0x").unwrap_or(w);
+            if digits.is_empty() {
+                Some(0)
+            } else {
+                u32::from_str_radix(digits, 16).ok()
+            }
+        })
+        .collect()
+}
+
+fn subset(child: &[u32], parent: &[u32]) -> bool {
+    child
+        .iter()
+        .enumerate()
+        .all(|(i, w)| w & !parent.get(i).copied().unwrap_or(0) == 0)
+}
+
+/// Checks what hwloc 2.9 trusts without checking: it crashed (SIGSEGV in
+/// `hwloc_bitmap_compare_first`) on an export whose Core lacked `complete_cpuset`. Every CPU-side
+/// object must carry well-formed cpu and node sets, each inside its parent's.
+fn validate(text: &str, file: &str) -> Result<(), TopoError> {
+    let opts = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        nodes_limit: 1 << 20,
+    };
+    let doc = roxmltree::Document::parse_with_options(text, opts)
+        .map_err(|e| TopoError::at(file, e.pos().row, format!("not well-formed XML: {e}")))?;
+    let root = doc.root_element();
+    if root.tag_name().name() != "topology" {
+        return Err(TopoError::at(file, 1, "expected a <topology> root element"));
+    }
+    let line = |n: roxmltree::Node| doc.text_pos_at(n.range().start).row;
+    let sets = ["cpuset", "complete_cpuset", "nodeset", "complete_nodeset"];
+    for obj in root.descendants().filter(|n| n.has_tag_name("object")) {
+        let ty = obj
+            .attribute("type")
+            .ok_or_else(|| TopoError::at(file, line(obj), "<object> needs a 'type' attribute"))?;
+        if IO_TYPES.contains(&ty) {
+            continue;
+        }
+        let parent = obj.ancestors().skip(1).find(|a| a.has_tag_name("object"));
+        for set in sets {
+            let value = obj.attribute(set).ok_or_else(|| {
+                TopoError::at(
+                    file,
+                    line(obj),
+                    format!("<object type=\"{ty}\"> needs a '{set}' attribute"),
+                )
+            })?;
+            let words = bitmap_words(value).ok_or_else(|| {
+                TopoError::at(
+                    file,
+                    line(obj),
+                    format!("'{set}' is '{value}'; expected an hwloc bitmap such as 0x0000000f"),
+                )
+            })?;
+            if let Some(p) = parent.and_then(|p| p.attribute(set)).and_then(bitmap_words) {
+                if !subset(&words, &p) {
+                    return Err(TopoError::at(
+                        file,
+                        line(obj),
+                        format!("'{set}' of this {ty} is not inside its parent's"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads an hwloc XML export. strata checks the sets hwloc relies on first, then hwloc
+/// validates the rest; its message is passed on.
 pub fn load_xml(path: &std::path::Path) -> Result<HostTopology, TopoError> {
     let name = path.display().to_string();
     let text = crate::error::read_file(path)?;
+    validate(&text, &name)?;
     let topo = Topology::builder()
         .from_xml(&text)
         .map_err(|e| hwloc_err(&name, e))?
@@ -231,9 +313,9 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
-        /// hwloc parses the XML itself; mangled exports must come back as errors or models,
-        /// never as a crash.
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Mangled exports must come back as errors or models, never as a crash (hwloc itself
+        /// crashed on some before `validate` screened them).
         #[test]
         fn mangled_exports_never_crash(cut in 0usize..7000, insert in "[<>\"=/a-z0-9 ]{0,12}") {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -254,11 +336,43 @@ mod tests {
     }
 
     #[test]
+    fn exports_that_crashed_hwloc_are_refused_first() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/two-socket-2gpu-2nic.hwloc.xml");
+        let text = std::fs::read_to_string(path).unwrap();
+        // Renaming a Core's complete_cpuset made hwloc 2.9 dereference a null bitmap.
+        let crashed = text.replacen(
+            "<object type=\"Core\" os_index=\"1\" cpuset=\"0x00000002\" complete_cpuset",
+            "<object type=\"Core\" os_index=\"1\" cpuset=\"0x00000002\" completdme_cpuset",
+            1,
+        );
+        assert_ne!(crashed, text);
+        let e = validate(&crashed, "x.xml").unwrap_err();
+        assert!(e.message.contains("'complete_cpuset'"), "{e}");
+        assert_eq!(e.line, 14);
+        let outside = text.replacen("cpuset=\"0x00000002\"", "cpuset=\"0x00000010\"", 1);
+        let e = validate(&outside, "y.xml").unwrap_err();
+        assert!(e.message.contains("not inside its parent"), "{e}");
+        assert!(validate(&text, "ok.xml").is_ok());
+    }
+
+    #[test]
     fn this_machine_and_bad_input() {
         let t = discover().unwrap();
         assert!(!t.numa.is_empty());
         let bad = std::env::temp_dir().join(format!("strata-bad-hwloc-{}.xml", std::process::id()));
+        // Not XML at all: strata's own check answers, with the line.
         std::fs::write(&bad, "<topology version=\"2.0\"><object type=\"Nonsense\"").unwrap();
+        let e = load_xml(&bad).unwrap_err();
+        assert!(e.message.contains("not well-formed") && e.line == 1, "{e}");
+        // Well-formed, with every set in place, but a type hwloc does not know: hwloc answers.
+        let sets =
+            "cpuset=\"0x1\" complete_cpuset=\"0x1\" nodeset=\"0x1\" complete_nodeset=\"0x1\"";
+        std::fs::write(
+            &bad,
+            format!("<topology version=\"2.0\"><object type=\"Nonsense\" {sets}/></topology>"),
+        )
+        .unwrap();
         let e = load_xml(&bad).unwrap_err();
         let _ = std::fs::remove_file(&bad);
         assert!(e.message.starts_with("hwloc:"), "{e}");
