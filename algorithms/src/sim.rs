@@ -414,8 +414,7 @@ pub fn input_value(rank: usize, i: usize) -> u64 {
         ^ (i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9)
 }
 
-/// Builds every rank's schedule for the given shape (chunks of 3 elements, so pipelined
-/// schedules pipeline even at small counts).
+/// Builds every rank's schedule for the given shape.
 pub fn schedules(
     collective: Collective,
     algorithm: Algorithm,
@@ -451,6 +450,7 @@ pub fn check(
     placement: Placement,
 ) -> Result<Vec<RankSchedule>, String> {
     let what = format!("{collective}/{algorithm} p={nranks} n={count} root={root} {placement:?}");
+    // Chunks of 3 elements, so pipelined schedules pipeline even at small counts.
     let scheds = schedules(collective, algorithm, nranks, count, root, 3)?;
     check_schedules(collective, &scheds, count, root, placement)
         .map_err(|e| format!("{what}: {e}"))?;

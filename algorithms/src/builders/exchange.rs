@@ -75,14 +75,6 @@ pub(crate) fn bruck_all_gather_core(
     s.step(first);
 }
 
-/// Bruck all-gather of `n` elements per rank.
-pub fn bruck_all_gather(p: usize, r: usize, n: usize) -> RankSchedule {
-    let mut s = RankSchedule::default();
-    let out = Blocks::uniform(Buf::Output, 0, p, n);
-    bruck_all_gather_core(&mut s, p, r, Region::new(Buf::Input, 0, n), out);
-    s
-}
-
 /// Pairwise-exchange all-to-all: in step k rank r sends to r+k and receives from r-k.
 ///
 /// Not safe in place; the runtime gives it a private copy of the input when asked for one.

@@ -155,6 +155,24 @@ pub(crate) fn copy(src: Region, dst: Region) -> Option<Op> {
     (src != dst).then_some(Op::Copy { src, dst })
 }
 
+/// The whole schedule of a lone rank: its input becomes its output, finalized.
+pub(crate) fn one_rank(s: &mut RankSchedule, input: Region, output: Region) {
+    s.step(copy(input, output).into_iter().collect());
+    s.step(vec![Op::Finalize { region: output }]);
+}
+
+/// A folded rank's schedule: hand `input` to `partner`, then receive the result into `output`.
+pub(crate) fn sit_out(s: &mut RankSchedule, partner: usize, input: Region, output: Region) {
+    s.step(vec![Op::Send {
+        peer: partner,
+        src: input,
+    }]);
+    s.step(vec![Op::Recv {
+        peer: partner,
+        dst: output,
+    }]);
+}
+
 /// Block ranges `[a, a + len)` modulo `p`, cut where they wrap: one or two `(start, end)`.
 pub(crate) fn wrapped(a: usize, len: usize, p: usize) -> Vec<(usize, usize)> {
     if a + len <= p {
@@ -187,13 +205,26 @@ pub fn composed_all_reduce(
             exchange::pairwise_reduce_scatter_core(&mut s, p, r, input, out.one(r))
         }
     }
+    all_gather_core(ag)(&mut s, p, r, out.one(r), out);
+    s
+}
+
+/// An all-gather core: rank `me` contributes `own` as block `me` of `out`.
+type AllGatherCore = fn(&mut RankSchedule, usize, usize, Region, Blocks);
+
+fn all_gather_core(ag: AllGatherPart) -> AllGatherCore {
     match ag {
-        AllGatherPart::Ring => ring::ring_all_gather_core(&mut s, p, r, out.one(r), out),
-        AllGatherPart::Doubling => {
-            recursive::doubling_all_gather_core(&mut s, p, r, out.one(r), out)
-        }
-        AllGatherPart::Bruck => exchange::bruck_all_gather_core(&mut s, p, r, out.one(r), out),
+        AllGatherPart::Ring => ring::ring_all_gather_core,
+        AllGatherPart::Doubling => recursive::doubling_all_gather_core,
+        AllGatherPart::Bruck => exchange::bruck_all_gather_core,
     }
+}
+
+/// The all-gather collective of `n` elements per rank with `ag`.
+pub fn all_gather(ag: AllGatherPart, p: usize, r: usize, n: usize) -> RankSchedule {
+    let mut s = RankSchedule::default();
+    let out = Blocks::uniform(Buf::Output, 0, p, n);
+    all_gather_core(ag)(&mut s, p, r, Region::new(Buf::Input, 0, n), out);
     s
 }
 
@@ -233,9 +264,9 @@ pub(crate) fn build(
         (C::AllReduce, A::RecursiveDoubling) => recursive_doubling_all_reduce(p, r, n),
         (C::AllReduce, A::Rabenseifner) => rabenseifner_all_reduce(p, r, n),
         (C::AllReduce, A::Composed(rs, ag)) => composed_all_reduce(rs, ag, p, r, n),
-        (C::AllGather, A::Ring) => ring_all_gather(p, r, n),
-        (C::AllGather, A::RecursiveDoubling) => recursive_doubling_all_gather(p, r, n),
-        (C::AllGather, A::Bruck) => bruck_all_gather(p, r, n),
+        (C::AllGather, A::Ring) => all_gather(AllGatherPart::Ring, p, r, n),
+        (C::AllGather, A::RecursiveDoubling) => all_gather(AllGatherPart::Doubling, p, r, n),
+        (C::AllGather, A::Bruck) => all_gather(AllGatherPart::Bruck, p, r, n),
         (C::ReduceScatter, A::Ring) => ring_reduce_scatter(p, r, n),
         (C::ReduceScatter, A::RecursiveHalving) => recursive_halving_reduce_scatter(p, r, n),
         (C::ReduceScatter, A::Pairwise) => pairwise_reduce_scatter(p, r, n),

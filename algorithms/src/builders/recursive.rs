@@ -4,7 +4,7 @@
 //! 2·(p − p') ranks pair up: each even one hands its data to the odd one after it
 //! and sits out; the odd one hands back what the even one needs at the end.
 
-use super::{Blocks, Fold, copy};
+use super::{Blocks, Fold, copy, one_rank, sit_out};
 use crate::schedule::{Buf, Op, RankSchedule, Region};
 
 /// The region of virtual blocks `a..b` of a layout.
@@ -96,21 +96,13 @@ pub(crate) fn halving_reduce_scatter_core(
     dst: Region,
 ) {
     if p == 1 {
-        s.step(copy(input.one(0), dst).into_iter().collect());
-        s.step(vec![Op::Finalize { region: dst }]);
-        return;
+        return one_rank(s, input.one(0), dst);
     }
     let fold = Fold::new(p);
     let peer = |u: usize| fold.real(u);
     let vr = |b: &Blocks, a: usize, z: usize| b.range(fold.first_block(a), fold.first_block(z));
     match fold.virt(me) {
-        None => {
-            s.step(vec![Op::Send {
-                peer: me + 1,
-                src: input.all(),
-            }]);
-            s.step(vec![Op::Recv { peer: me + 1, dst }]);
-        }
+        None => sit_out(s, me + 1, input.all(), dst),
         Some(u) if u < fold.rem => {
             s.step(vec![Op::RecvReduce {
                 peer: me - 1,
@@ -203,14 +195,6 @@ pub fn recursive_halving_reduce_scatter(p: usize, r: usize, n: usize) -> RankSch
     s
 }
 
-/// Recursive-doubling all-gather of `n` elements per rank.
-pub fn recursive_doubling_all_gather(p: usize, r: usize, n: usize) -> RankSchedule {
-    let mut s = RankSchedule::default();
-    let out = Blocks::uniform(Buf::Output, 0, p, n);
-    doubling_all_gather_core(&mut s, p, r, Region::new(Buf::Input, 0, n), out);
-    s
-}
-
 /// Rabenseifner's all-reduce: recursive-halving reduce-scatter, then recursive-doubling
 /// all-gather, over blocks of the power-of-two virtual ranks. Folded ranks send their input
 /// to their partner first and get the whole result back at the end.
@@ -219,8 +203,7 @@ pub fn rabenseifner_all_reduce(p: usize, r: usize, n: usize) -> RankSchedule {
     let input = Region::new(Buf::Input, 0, n);
     let out = Region::new(Buf::Output, 0, n);
     if p == 1 {
-        s.step(copy(input, out).into_iter().collect());
-        s.step(vec![Op::Finalize { region: out }]);
+        one_rank(&mut s, input, out);
         return s;
     }
     let fold = Fold::new(p);
@@ -229,16 +212,7 @@ pub fn rabenseifner_all_reduce(p: usize, r: usize, n: usize) -> RankSchedule {
     let peer = |u: usize| fold.real(u);
     let vr = |b: &Blocks, a: usize, z: usize| b.range(a, z);
     match fold.virt(r) {
-        None => {
-            s.step(vec![Op::Send {
-                peer: r + 1,
-                src: input,
-            }]);
-            s.step(vec![Op::Recv {
-                peer: r + 1,
-                dst: out,
-            }]);
-        }
+        None => sit_out(&mut s, r + 1, input, out),
         Some(u) => {
             let folded = u < fold.rem;
             if folded {
@@ -275,8 +249,7 @@ pub fn recursive_doubling_all_reduce(p: usize, r: usize, n: usize) -> RankSchedu
     let out = Region::new(Buf::Output, 0, n);
     let input = Region::new(Buf::Input, 0, n);
     if p == 1 {
-        s.step(copy(input, out).into_iter().collect());
-        s.step(vec![Op::Finalize { region: out }]);
+        one_rank(&mut s, input, out);
         return s;
     }
     let fold = Fold::new(p);
@@ -284,14 +257,7 @@ pub fn recursive_doubling_all_reduce(p: usize, r: usize, n: usize) -> RankSchedu
     s.scratch_elems = 2 * n;
     let (mut cur, mut k) = (input, 0);
     let Some(u) = fold.virt(r) else {
-        s.step(vec![Op::Send {
-            peer: r + 1,
-            src: input,
-        }]);
-        s.step(vec![Op::Recv {
-            peer: r + 1,
-            dst: out,
-        }]);
+        sit_out(&mut s, r + 1, input, out);
         s.scratch_elems = 0;
         return s;
     };

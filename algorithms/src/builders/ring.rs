@@ -1,6 +1,6 @@
 //! Ring and chain schedules: every rank talks only to its two ring neighbours.
 
-use super::{Blocks, copy, modp};
+use super::{Blocks, copy, modp, one_rank};
 use crate::schedule::{Buf, Op, RankSchedule, Region};
 
 /// Where a ring reduce-scatter keeps its partial sums.
@@ -24,9 +24,7 @@ pub(crate) fn ring_reduce_scatter_core(
     dst: Region,
 ) {
     if p == 1 {
-        s.step(copy(input.one(0), dst).into_iter().collect());
-        s.step(vec![Op::Finalize { region: dst }]);
-        return;
+        return one_rank(s, input.one(0), dst);
     }
     let (next, prev) = ((me + 1) % p, (me + p - 1) % p);
     let partial = |k: usize, c: usize| match partials {
@@ -89,14 +87,6 @@ pub(crate) fn ring_all_gather_core(
         s.step(ops);
     }
     s.step(first);
-}
-
-/// Ring all-gather of `n` elements per rank.
-pub fn ring_all_gather(p: usize, r: usize, n: usize) -> RankSchedule {
-    let mut s = RankSchedule::default();
-    let out = Blocks::uniform(Buf::Output, 0, p, n);
-    ring_all_gather_core(&mut s, p, r, Region::new(Buf::Input, 0, n), out);
-    s
 }
 
 /// Ring reduce-scatter of `n` elements per rank; partials ping-pong between two scratch

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{Blocks, block, copy, halving_reduce_scatter_core, lowbit, prev_power_of_two};
+use super::{
+    Blocks, block, copy, halving_reduce_scatter_core, lowbit, one_rank, prev_power_of_two,
+};
 use crate::schedule::{Buf, Op, RankSchedule, Region};
 
 /// Ranks relative to `root`.
@@ -382,8 +384,7 @@ pub fn double_binary_tree_all_reduce(p: usize, r: usize, n: usize, chunk: usize)
         Region::new(Buf::Output, 0, n),
     );
     if p == 1 {
-        s.step(copy(input, out).into_iter().collect());
-        s.step(vec![Op::Finalize { region: out }]);
+        one_rank(&mut s, input, out);
         return s;
     }
     let chunk = chunk.max(1);
