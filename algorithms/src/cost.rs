@@ -8,10 +8,19 @@
 //! bytes·γ more. A step ends when its last operation does; local copies are free. On a flat
 //! network this reproduces the textbook closed forms ([`closed_form`]) exactly, and because
 //! α, β and γ are per pair, the same function prices a schedule on a tiered fabric.
+//!
+//! Contention: the messages that cross one shared uplink ([`Network::uplinks`]) in the same
+//! step of their senders' schedules are counted from the schedules before timing; each such
+//! message moves at no more than the uplink's bandwidth divided by that count. On a
+//! [`FabricModel`] only oversubscribed uplinks are shared, since a full-bisection uplink
+//! never carries more than its ranks can send.
 
+use crate::hierarchy::Hierarchy;
 use crate::schedule::{Collective, RankSchedule};
 use crate::sim;
 use crate::{Algorithm, algorithms_for};
+use strata_topology::Tier;
+use strata_topology::fabric::TierCosts;
 
 /// The cost of sending from one rank to another.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -24,10 +33,61 @@ pub struct LinkCost {
     pub gamma: f64,
 }
 
-/// Link costs for every ordered pair of ranks.
+/// Link costs for every ordered pair of ranks, and the shared uplinks between them.
 pub trait Network {
     /// The cost of a message from `from` to `to`.
     fn link(&self, from: usize, to: usize) -> LinkCost;
+
+    /// The shared uplinks a message from `from` to `to` crosses, as (id, seconds per byte of
+    /// the whole uplink), written into `out` (cleared first). The messages of one step that
+    /// cross an uplink share it: each gets at most its capacity divided by their number.
+    /// The default has none.
+    fn uplinks(&self, from: usize, to: usize, out: &mut Vec<(u64, f64)>) {
+        let _ = (from, to);
+        out.clear();
+    }
+}
+
+/// The fabric of a communicator as the cost model sees it: α and β of the tier joining each
+/// pair, γ from the reduction speed, and every group's uplink with capacity
+/// `ranks in the group × bandwidth of the tier above ÷ its oversubscription`.
+#[derive(Clone, Debug)]
+pub struct FabricModel<'a> {
+    /// Where the ranks sit.
+    pub hierarchy: &'a Hierarchy,
+    /// What each tier offers.
+    pub costs: TierCosts,
+}
+
+impl FabricModel<'_> {
+    /// The α, β, γ of `tier`.
+    pub fn tier_cost(&self, tier: Tier) -> LinkCost {
+        let l = self.costs.link(tier);
+        LinkCost {
+            alpha: l.latency_us * 1e-6,
+            beta: 1.0 / (l.bandwidth_gbps * 1e9),
+            gamma: 1.0 / (self.costs.reduce_gbps * 1e9),
+        }
+    }
+}
+
+impl Network for FabricModel<'_> {
+    fn link(&self, from: usize, to: usize) -> LinkCost {
+        self.tier_cost(self.hierarchy.tier(from, to))
+    }
+
+    fn uplinks(&self, from: usize, to: usize, out: &mut Vec<(u64, f64)>) {
+        let mut raw = Vec::new();
+        self.hierarchy.uplinks(from, to, &mut raw);
+        out.clear();
+        for (id, level, ranks) in raw {
+            let l = self.costs.link(self.hierarchy.level_tier(level));
+            if l.oversubscription > 1.0 {
+                let bytes_per_s = ranks as f64 * l.bandwidth_gbps * 1e9 / l.oversubscription;
+                out.push((id, 1.0 / bytes_per_s));
+            }
+        }
+    }
 }
 
 /// Every pair of ranks has the same link: the model of the closed forms.

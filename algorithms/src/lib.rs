@@ -7,10 +7,12 @@
 
 pub mod builders;
 pub mod cost;
+pub mod hierarchy;
 pub mod layout;
 pub mod schedule;
 pub mod sim;
 
+pub use hierarchy::Hierarchy;
 pub use schedule::{Buf, Collective, Op, RankSchedule, Region, Step, StepTraffic, Traffic};
 
 use std::fmt;
@@ -65,6 +67,29 @@ impl AllGatherPart {
     }
 }
 
+/// The algorithm a hierarchical schedule runs inside each level of the hierarchy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HierPart {
+    /// Rings in every level (chains for broadcast).
+    Ring,
+    /// Recursive halving and doubling in every level (Rabenseifner at the top of an
+    /// all-reduce, van de Geijn for broadcast).
+    Rhd,
+    /// Rings in the lower levels and a double binary tree across the top (binomial trees for
+    /// broadcast), as NCCL combines them.
+    Tree,
+}
+
+impl HierPart {
+    fn name(self) -> &'static str {
+        match self {
+            HierPart::Ring => "hier_ring",
+            HierPart::Rhd => "hier_rhd",
+            HierPart::Tree => "hier_tree",
+        }
+    }
+}
+
 /// An algorithm. Not every algorithm applies to every collective; see [`algorithms_for`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algorithm {
@@ -99,6 +124,9 @@ pub enum Algorithm {
     Dissemination,
     /// A single point-to-point transfer (send, recv).
     Direct,
+    /// Composed across the levels of the topology along rails (all-reduce, all-gather,
+    /// reduce-scatter, broadcast); needs every group of a level to have the same shape.
+    Hierarchical(HierPart),
 }
 
 use AllGatherPart as Ag;
@@ -106,7 +134,7 @@ use ReduceScatterPart as Rs;
 
 impl Algorithm {
     /// Every algorithm, in a stable order (the wire code is the index).
-    pub const ALL: [Algorithm; 22] = [
+    pub const ALL: [Algorithm; 25] = [
         Algorithm::Ring,
         Algorithm::Tree,
         Algorithm::RecursiveDoubling,
@@ -128,8 +156,11 @@ impl Algorithm {
         Algorithm::Linear,
         Algorithm::Dissemination,
         Algorithm::Direct,
-        // Kept last so that adding a composition never renumbers the others.
+        // Kept after the others so that adding a composition never renumbers them.
         Algorithm::Composed(Rs::Ring, Ag::Ring),
+        Algorithm::Hierarchical(HierPart::Ring),
+        Algorithm::Hierarchical(HierPart::Rhd),
+        Algorithm::Hierarchical(HierPart::Tree),
     ];
 
     /// The name used on the command line and in `STRATA_ALGO`.
@@ -160,6 +191,7 @@ impl Algorithm {
             Algorithm::Linear => "linear",
             Algorithm::Dissemination => "dissemination",
             Algorithm::Direct => "direct",
+            Algorithm::Hierarchical(h) => h.name(),
         }
     }
 
@@ -222,6 +254,11 @@ impl Algorithm {
         algorithms_for(collective).contains(&self.normalized())
     }
 
+    /// Whether this is a hierarchical composition (it needs a regular [`Hierarchy`]).
+    pub fn is_hierarchical(self) -> bool {
+        matches!(self, Algorithm::Hierarchical(_))
+    }
+
     /// A stable numeric code for wire headers.
     pub fn code(self) -> u8 {
         let a = self.normalized();
@@ -256,10 +293,32 @@ pub fn algorithms_for(collective: Collective) -> &'static [Algorithm] {
             Composed(Rs::Pairwise, Ag::Ring),
             Composed(Rs::Pairwise, Ag::Doubling),
             Composed(Rs::Pairwise, Ag::Bruck),
+            Hierarchical(HierPart::Ring),
+            Hierarchical(HierPart::Rhd),
+            Hierarchical(HierPart::Tree),
         ],
-        Collective::AllGather => &[Ring, RecursiveDoubling, Bruck],
-        Collective::ReduceScatter => &[Ring, RecursiveHalving, Pairwise],
-        Collective::Broadcast => &[Chain, BinomialTree, ScatterAllGather],
+        Collective::AllGather => &[
+            Ring,
+            RecursiveDoubling,
+            Bruck,
+            Hierarchical(HierPart::Ring),
+            Hierarchical(HierPart::Rhd),
+        ],
+        Collective::ReduceScatter => &[
+            Ring,
+            RecursiveHalving,
+            Pairwise,
+            Hierarchical(HierPart::Ring),
+            Hierarchical(HierPart::Rhd),
+        ],
+        Collective::Broadcast => &[
+            Chain,
+            BinomialTree,
+            ScatterAllGather,
+            Hierarchical(HierPart::Ring),
+            Hierarchical(HierPart::Rhd),
+            Hierarchical(HierPart::Tree),
+        ],
         Collective::Reduce => &[BinomialTree, ReduceScatterGather],
         Collective::AllToAll => &[Pairwise, Bruck],
         Collective::Gather | Collective::Scatter => &[Linear, BinomialTree],
@@ -303,6 +362,8 @@ pub enum PlanError {
     Unsupported(Collective, Algorithm),
     /// Rank, root or rank count out of range.
     OutOfRange(String),
+    /// A hierarchical algorithm on a communicator whose groups are not all the same shape.
+    NotHierarchical(Algorithm, String),
 }
 
 impl fmt::Display for PlanError {
@@ -314,14 +375,21 @@ impl fmt::Display for PlanError {
                 valid_names(*c)
             ),
             PlanError::OutOfRange(m) => f.write_str(m),
+            PlanError::NotHierarchical(a, why) => write!(
+                f,
+                "algorithm '{a}' needs every host, leaf and pod to hold the same number of \
+                 ranks: {why}"
+            ),
         }
     }
 }
 
 impl std::error::Error for PlanError {}
 
-/// Builds the schedule of `plan.rank`.
+/// Builds the schedule of `plan.rank` with ranks in launcher order. Hierarchical algorithms
+/// need [`plan_on`].
 pub fn plan(plan: &Plan) -> Result<RankSchedule, PlanError> {
+    validate(plan)?;
     let Plan {
         collective,
         algorithm,
@@ -330,6 +398,90 @@ pub fn plan(plan: &Plan) -> Result<RankSchedule, PlanError> {
         count: n,
         root,
         chunk_elems,
+    } = *plan;
+    if algorithm.is_hierarchical() {
+        return Err(PlanError::NotHierarchical(
+            algorithm,
+            "no hierarchy was given".into(),
+        ));
+    }
+    builders::build(
+        collective,
+        algorithm.normalized(),
+        p,
+        r,
+        n,
+        root,
+        chunk_elems.max(1),
+    )
+    .ok_or(PlanError::Unsupported(collective, algorithm))
+}
+
+/// Builds the schedule of `plan.rank` on a communicator laid out as `h`. Hierarchical
+/// algorithms follow its levels. With `ordered`, flat all-reduce, broadcast and reduce
+/// schedules and ring all-gather and reduce-scatter run over the topology order (a ring
+/// visits every rank of a host and of a leaf before it leaves them); other flat schedules,
+/// and all of them without `ordered`, keep the launcher's order.
+pub fn plan_on(plan: &Plan, h: &Hierarchy, ordered: bool) -> Result<RankSchedule, PlanError> {
+    validate(plan)?;
+    let Plan {
+        collective,
+        algorithm,
+        nranks: p,
+        rank: r,
+        count: n,
+        root,
+        chunk_elems,
+    } = *plan;
+    if h.len() != p {
+        return Err(PlanError::OutOfRange(format!(
+            "the hierarchy has {} ranks, the plan {p}",
+            h.len()
+        )));
+    }
+    let chunk = chunk_elems.max(1);
+    let algorithm = algorithm.normalized();
+    if let Algorithm::Hierarchical(part) = algorithm {
+        let built = match collective {
+            Collective::AllReduce => builders::hierarchical_all_reduce(h, part, r, n, chunk),
+            Collective::AllGather => builders::hierarchical_all_gather(h, part, r, n),
+            Collective::ReduceScatter => builders::hierarchical_reduce_scatter(h, part, r, n),
+            Collective::Broadcast => builders::hierarchical_broadcast(h, part, r, n, root, chunk),
+            _ => return Err(PlanError::Unsupported(collective, algorithm)),
+        };
+        return built.ok_or_else(|| PlanError::NotHierarchical(algorithm, h.describe()));
+    }
+    let blocks = match (collective, algorithm) {
+        (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, _) => Some(None),
+        (Collective::AllGather, Algorithm::Ring) => Some(Some((Buf::Output, n))),
+        (Collective::ReduceScatter, Algorithm::Ring) => Some(Some((Buf::Input, n))),
+        _ => None,
+    };
+    let Some(blocks) = blocks.filter(|_| ordered && !h.is_launcher_order()) else {
+        return self::plan(plan);
+    };
+    let root_pos = if collective.rooted() {
+        h.position(root)
+    } else {
+        root
+    };
+    let sched = builders::build(collective, algorithm, p, h.position(r), n, root_pos, chunk)
+        .ok_or(PlanError::Unsupported(collective, algorithm))?;
+    builders::along_topology(sched, h.order(), blocks).ok_or_else(|| {
+        PlanError::OutOfRange(format!(
+            "internal: {algorithm} for {collective} cannot be laid along the topology"
+        ))
+    })
+}
+
+fn validate(plan: &Plan) -> Result<(), PlanError> {
+    let Plan {
+        collective,
+        algorithm,
+        nranks: p,
+        rank: r,
+        root,
+        ..
     } = *plan;
     if p == 0 || r >= p {
         return Err(PlanError::OutOfRange(format!(
@@ -346,16 +498,7 @@ pub fn plan(plan: &Plan) -> Result<RankSchedule, PlanError> {
     if !algorithm.supports(collective) {
         return Err(PlanError::Unsupported(collective, algorithm));
     }
-    builders::build(
-        collective,
-        algorithm.normalized(),
-        p,
-        r,
-        n,
-        root,
-        chunk_elems.max(1),
-    )
-    .ok_or(PlanError::Unsupported(collective, algorithm))
+    Ok(())
 }
 
 #[cfg(test)]

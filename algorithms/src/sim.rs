@@ -15,11 +15,12 @@
 //! early `Finalize` shows up in the result.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use crate::cost::Network;
+use crate::hierarchy::Hierarchy;
 use crate::schedule::{Buf, Collective, Op, RankSchedule, Region};
-use crate::{Algorithm, Plan, plan};
+use crate::{Algorithm, Plan, plan, plan_on};
 
 /// The final step applied by `Finalize` in the simulator.
 pub const FINALIZE_FACTOR: u64 = 3;
@@ -96,6 +97,9 @@ struct Engine<'a> {
     heap: BinaryHeap<Candidate>,
     queued: HashSet<(usize, usize)>,
     net: Option<(&'a dyn Network, f64)>,
+    /// Messages per (sender's step, uplink id), counted before timing.
+    sharing: HashMap<(usize, u64), u32>,
+    uplinks: Vec<(u64, f64)>,
 }
 
 impl Engine<'_> {
@@ -234,7 +238,16 @@ impl Engine<'_> {
                 Some((net, elem_bytes)) => {
                     let link = net.link(c.from, c.to);
                     let bytes = src.len as f64 * elem_bytes;
-                    let finish = at + link.alpha + bytes * link.beta;
+                    let mut beta = link.beta;
+                    if !self.sharing.is_empty() {
+                        let step = self.ranks[c.from].step;
+                        net.uplinks(c.from, c.to, &mut self.uplinks);
+                        for (id, spb) in &self.uplinks {
+                            let k = self.sharing.get(&(step, *id)).copied().unwrap_or(1);
+                            beta = beta.max(f64::from(k) * spb);
+                        }
+                    }
+                    let finish = at + link.alpha + bytes * beta;
                     let extra = if reduces { bytes * link.gamma } else { 0.0 };
                     (finish, finish + extra)
                 }
@@ -320,13 +333,35 @@ pub(crate) fn time(
     net: &dyn Network,
     elem_bytes: f64,
 ) -> Result<Vec<f64>, String> {
-    execute(schedules, &mut TimeOnly, Some((net, elem_bytes)))
+    check_peers(schedules)?;
+    let sharing = count_sharing(schedules, net);
+    execute(schedules, &mut TimeOnly, Some((net, elem_bytes)), sharing)
+}
+
+/// How many messages cross each shared uplink in each step (by the sender's step index).
+fn count_sharing(schedules: &[RankSchedule], net: &dyn Network) -> HashMap<(usize, u64), u32> {
+    let mut sharing = HashMap::new();
+    let mut links = Vec::new();
+    for (r, s) in schedules.iter().enumerate() {
+        for (si, st) in s.steps.iter().enumerate() {
+            for op in &st.ops {
+                if let Op::Send { peer, .. } = op {
+                    net.uplinks(r, *peer, &mut links);
+                    for (id, _) in &links {
+                        *sharing.entry((si, *id)).or_insert(0u32) += 1;
+                    }
+                }
+            }
+        }
+    }
+    sharing
 }
 
 fn execute(
     schedules: &[RankSchedule],
     fx: &mut dyn Effects,
     net: Option<(&dyn Network, f64)>,
+    sharing: HashMap<(usize, u64), u32>,
 ) -> Result<Vec<f64>, String> {
     check_peers(schedules)?;
     Engine {
@@ -335,6 +370,8 @@ fn execute(
         heap: BinaryHeap::new(),
         queued: HashSet::new(),
         net,
+        sharing,
+        uplinks: Vec::new(),
     }
     .run(fx)
 }
@@ -414,7 +451,8 @@ pub fn input_value(rank: usize, i: usize) -> u64 {
         ^ (i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9)
 }
 
-/// Builds every rank's schedule for the given shape.
+/// Builds every rank's schedule for the given shape, all ranks on one host (hierarchical
+/// algorithms then have a single level).
 pub fn schedules(
     collective: Collective,
     algorithm: Algorithm,
@@ -423,20 +461,77 @@ pub fn schedules(
     root: usize,
     chunk_elems: usize,
 ) -> Result<Vec<RankSchedule>, String> {
+    if !algorithm.is_hierarchical() {
+        return (0..nranks)
+            .map(|rank| {
+                plan(&Plan {
+                    collective,
+                    algorithm,
+                    nranks,
+                    rank,
+                    count,
+                    root,
+                    chunk_elems,
+                })
+                .map_err(|e| e.to_string())
+            })
+            .collect();
+    }
+    let h = Hierarchy::single_host(nranks);
+    schedules_on(collective, algorithm, &h, false, count, root, chunk_elems)
+}
+
+/// Builds every rank's schedule on a communicator laid out as `h` ([`crate::plan_on`]).
+#[allow(clippy::too_many_arguments)]
+pub fn schedules_on(
+    collective: Collective,
+    algorithm: Algorithm,
+    h: &Hierarchy,
+    ordered: bool,
+    count: usize,
+    root: usize,
+    chunk_elems: usize,
+) -> Result<Vec<RankSchedule>, String> {
+    let nranks = h.len();
     (0..nranks)
         .map(|rank| {
-            plan(&Plan {
-                collective,
-                algorithm,
-                nranks,
-                rank,
-                count,
-                root,
-                chunk_elems,
-            })
+            plan_on(
+                &Plan {
+                    collective,
+                    algorithm,
+                    nranks,
+                    rank,
+                    count,
+                    root,
+                    chunk_elems,
+                },
+                h,
+                ordered,
+            )
             .map_err(|e| e.to_string())
         })
         .collect()
+}
+
+/// [`check`] on a communicator laid out as `h`, in topology order when `ordered`.
+pub fn check_on(
+    collective: Collective,
+    algorithm: Algorithm,
+    h: &Hierarchy,
+    ordered: bool,
+    count: usize,
+    root: usize,
+    placement: Placement,
+) -> Result<Vec<RankSchedule>, String> {
+    let what = format!(
+        "{collective}/{algorithm} on {} ordered={ordered} n={count} root={root} {placement:?}",
+        h.describe()
+    );
+    let scheds = schedules_on(collective, algorithm, h, ordered, count, root, 3)
+        .map_err(|e| format!("{what}: {e}"))?;
+    check_schedules(collective, &scheds, count, root, placement)
+        .map_err(|e| format!("{what}: {e}"))?;
+    Ok(scheds)
 }
 
 /// Runs `collective` with `algorithm` for every rank and checks the result against a plain
@@ -492,7 +587,7 @@ pub fn check_schedules(
             check_step(r, si, &st.ops, m)?;
         }
     }
-    execute(scheds, &mut Data { mems: &mut mems }, None)?;
+    execute(scheds, &mut Data { mems: &mut mems }, None, HashMap::new())?;
     // Element-wise sums of every input, computed once (not once per rank).
     let mut totals = vec![
         0u64;

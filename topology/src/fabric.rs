@@ -52,6 +52,13 @@ pub struct TierCosts {
     /// Between pods, across the aggregation layer.
     #[serde(default = "default_net")]
     pub aggregation: TierLink,
+    /// How fast one rank applies a reduction, GB/s of input combined (the cost model's γ).
+    #[serde(default = "default_reduce")]
+    pub reduce_gbps: f64,
+}
+
+fn default_reduce() -> f64 {
+    8.0
 }
 
 fn default_host() -> TierLink {
@@ -78,6 +85,7 @@ impl Default for TierCosts {
             leaf: default_net(),
             pod: default_net(),
             aggregation: default_net(),
+            reduce_gbps: default_reduce(),
         }
     }
 }
@@ -329,6 +337,12 @@ pub fn parse_file(text: &str, file: &str) -> Result<Fabric, TopoError> {
                 "tiers.{name}: expected bandwidth_gbps > 0, latency_us ≥ 0 and oversubscription ≥ 1"
             )));
         }
+    }
+    if !(spec.tiers.reduce_gbps.is_finite() && spec.tiers.reduce_gbps > 0.0) {
+        return Err(bad(format!(
+            "tiers.reduce_gbps is {}; expected a positive number",
+            spec.tiers.reduce_gbps
+        )));
     }
     let layout = match (spec.fat_tree, spec.leaves) {
         (Some(f), None) => {

@@ -131,6 +131,14 @@ impl TierMatrix {
         }
     }
 
+    /// Where rank `r` sits: its host index (hosts numbered in order of first appearance), its
+    /// GPU and its switch path (top first; empty when the fabric is unknown).
+    pub fn place(&self, r: usize) -> Option<(usize, Option<&str>, &[String])> {
+        self.ranks
+            .get(r)
+            .map(|(h, g, p)| (*h, g.as_deref(), p.as_slice()))
+    }
+
     /// The cost of every tier.
     pub fn costs(&self) -> TierCosts {
         self.costs

@@ -7,11 +7,17 @@
 //! partners.
 
 pub mod exchange;
+pub mod hier;
 pub mod recursive;
 pub mod ring;
 pub mod tree;
 
 pub use exchange::*;
+pub(crate) use hier::along_topology;
+pub use hier::{
+    hierarchical_all_gather, hierarchical_all_reduce, hierarchical_broadcast,
+    hierarchical_reduce_scatter,
+};
 pub use recursive::*;
 pub use ring::*;
 pub use tree::*;
