@@ -1,7 +1,7 @@
 //! The `Communicator`: the one type most users touch.
 
 use crate::bootstrap::{self, PeerInfo, Secret, UniqueId};
-use crate::config::Config;
+use crate::config::{Config, RankOrder};
 use crate::connection::{self, CommListener, Connection, ControlFrame};
 use crate::dtype::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_algorithms::layout::{GroupKind, Layout};
-use strata_algorithms::{Algorithm, Collective, Plan, RankSchedule, algorithms_for, valid_names};
+use strata_algorithms::tuner::{Explanation, Tuner};
+use strata_algorithms::{Algorithm, Collective, Hierarchy, Plan, RankSchedule, valid_names};
 use strata_topology::{HostIdentity, RankPlace, Tier, TierCosts, TierMatrix};
 
 /// Most schedules kept per communicator.
@@ -118,6 +119,8 @@ struct Inner {
     schedules_built: AtomicU64,
     /// The tier between every pair of ranks, identical on every rank.
     tiers: TierMatrix,
+    /// Prices algorithms on those tiers and chooses one per collective and size class.
+    tuner: Tuner,
     spin: executor::SpinPolicy,
 }
 
@@ -368,6 +371,12 @@ impl Communicator {
                 tiers.hosts()
             );
         }
+        let tuner = Tuner::new(
+            Hierarchy::from_tiers(&tiers),
+            tiers.costs(),
+            cfg.rank_order == RankOrder::Topology,
+        )
+        .with_rules(cfg.tuning_rules.clone());
         let local_ranks = peers
             .iter()
             .filter(|p| p.host.same_host(&peers[rank].host))
@@ -401,6 +410,7 @@ impl Communicator {
                     .map(|a| AtomicU8::new(a.map_or(0, |a| a.code() + 1))),
                 schedules_built: AtomicU64::new(0),
                 tiers,
+                tuner,
                 spin: executor::SpinPolicy::for_host(local_ranks),
             }),
         })
@@ -441,17 +451,38 @@ impl Communicator {
     }
 
     /// The algorithm used for `collective` on `bytes` per rank: the chosen one (see
-    /// [`Communicator::set_algorithm`]), else recursive doubling for all-reduces up to
-    /// `Config::small_all_reduce_bytes`, else the collective's default.
+    /// [`Communicator::set_algorithm`] and `STRATA_ALGO`), else a tuning-file rule's, else the
+    /// tuner's cheapest for the size class ([`Communicator::explain`] says why).
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
         let chosen = self.inner.algo_choice[collective.code() as usize].load(Ordering::Relaxed);
         if let Some(a) = chosen.checked_sub(1).and_then(Algorithm::from_code) {
             return a;
         }
-        if collective == Collective::AllReduce && bytes <= self.inner.cfg.small_all_reduce_bytes {
-            return Algorithm::RecursiveDoubling;
-        }
-        algorithms_for(collective)[0]
+        self.inner.tuner.choose(collective, bytes)
+    }
+
+    /// The tuner's ranked table for `collective` at `bytes` per rank, with predicted times on
+    /// this communicator's fabric and the reason for its choice. An explicit choice
+    /// (`STRATA_ALGO`, [`Communicator::set_algorithm`]) is not reflected here; see
+    /// [`Communicator::algorithm_for`].
+    pub fn explain(&self, collective: Collective, bytes: usize) -> Explanation {
+        self.inner.tuner.explain(collective, bytes)
+    }
+
+    /// The cost model's predicted seconds for `algorithm` running `collective` at `bytes`
+    /// per rank on this communicator, or why it cannot run here.
+    pub fn predict(
+        &self,
+        collective: Collective,
+        algorithm: Algorithm,
+        bytes: usize,
+    ) -> std::result::Result<f64, String> {
+        self.inner.tuner.price(collective, algorithm, bytes).seconds
+    }
+
+    /// The hierarchy this communicator's schedules follow (topology order, levels, rails).
+    pub fn hierarchy(&self) -> &Hierarchy {
+        self.inner.tuner.hierarchy()
     }
 
     /// Chooses the algorithm for `collective` from now on (`None`: automatic again), as
@@ -1029,8 +1060,12 @@ impl Communicator {
                 let c = match st.schedules.get(&plan) {
                     Some(c) => c.clone(),
                     None => {
-                        let sched = strata_algorithms::plan(&plan)
-                            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                        let sched = strata_algorithms::plan_on(
+                            &plan,
+                            inner.tuner.hierarchy(),
+                            inner.tuner.ordered(),
+                        )
+                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                         inner.schedules_built.fetch_add(1, Ordering::Relaxed);
                         let c = Arc::new(CachedPlan::new(sched, rank, p));
                         if st.schedules.len() >= SCHEDULE_CACHE {

@@ -13,6 +13,15 @@ pub enum TransportPolicy {
     Tcp,
 }
 
+/// The order flat schedules visit the ranks in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankOrder {
+    /// Host by host, leaf by leaf, pod by pod (from the fabric), launcher order within a host.
+    Topology,
+    /// The launcher's rank order, whatever the fabric.
+    Launcher,
+}
+
 /// Tunables of a communicator. [`Config::from_env`] reads them; every field can be set directly.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -35,9 +44,11 @@ pub struct Config {
     pub shm_slot_size: usize,
     /// Pipeline chunk of chunked schedules (`STRATA_CHUNK_SIZE`, default 512 KiB).
     pub chunk_bytes: usize,
-    /// All-reduces up to this many bytes use recursive doubling
-    /// (`STRATA_SMALL_ALLREDUCE_BYTES`, default 16 KiB).
-    pub small_all_reduce_bytes: usize,
+    /// Whether flat schedules run in topology order (`STRATA_RANK_ORDER=topology`, the
+    /// default) or in the launcher's order (`launcher`: a topology-blind baseline).
+    pub rank_order: RankOrder,
+    /// Rules that override the tuner for size ranges (`STRATA_TUNING_FILE`, JSON).
+    pub tuning_rules: Vec<strata_algorithms::tuner::Rule>,
     /// How long an accepted connection may take to authenticate (`STRATA_HANDSHAKE_TIMEOUT`, s).
     pub handshake_timeout: Duration,
     /// Address to listen on (from `STRATA_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME`, else the first
@@ -111,7 +122,20 @@ impl Config {
             shm_slots,
             shm_slot_size,
             chunk_bytes: parse_env::<usize>("STRATA_CHUNK_SIZE", 512 << 10)?.max(64),
-            small_all_reduce_bytes: parse_env("STRATA_SMALL_ALLREDUCE_BYTES", 16 << 10)?,
+            rank_order: match env("STRATA_RANK_ORDER").map(|s| s.to_ascii_lowercase()) {
+                None => RankOrder::Topology,
+                Some(s) if s == "topology" => RankOrder::Topology,
+                Some(s) if s == "launcher" => RankOrder::Launcher,
+                Some(s) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "STRATA_RANK_ORDER={s}: valid values are topology, launcher"
+                    )));
+                }
+            },
+            tuning_rules: match env("STRATA_TUNING_FILE") {
+                None => Vec::new(),
+                Some(path) => crate::tuning::load_rules(std::path::Path::new(&path))?,
+            },
             handshake_timeout: secs("STRATA_HANDSHAKE_TIMEOUT", 5.0)?,
             listen_ip: pick_interface(ifname.as_deref())?,
         })

@@ -27,10 +27,11 @@ mod executor;
 pub mod launcher;
 pub mod reduce;
 pub(crate) mod transport;
+pub mod tuning;
 
 pub use bootstrap::{PeerInfo, UNIQUE_ID_BYTES, UniqueId};
 pub use comm::{CallSpec, Communicator, LayoutComms};
-pub use config::{Config, TransportPolicy};
+pub use config::{Config, RankOrder, TransportPolicy};
 pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};
 pub use error::{Error, Result};
 pub use strata_algorithms::{Algorithm, Collective};

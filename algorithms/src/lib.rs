@@ -11,6 +11,7 @@ pub mod hierarchy;
 pub mod layout;
 pub mod schedule;
 pub mod sim;
+pub mod tuner;
 
 pub use hierarchy::Hierarchy;
 pub use schedule::{Buf, Collective, Op, RankSchedule, Region, Step, StepTraffic, Traffic};

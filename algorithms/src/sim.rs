@@ -357,6 +357,18 @@ fn count_sharing(schedules: &[RankSchedule], net: &dyn Network) -> HashMap<(usiz
     sharing
 }
 
+/// The most messages that cross one shared uplink in one step of `schedules` on `net`.
+pub fn max_sharing(schedules: &[RankSchedule], net: &dyn Network) -> u32 {
+    if check_peers(schedules).is_err() {
+        return 0;
+    }
+    count_sharing(schedules, net)
+        .values()
+        .copied()
+        .max()
+        .unwrap_or(0)
+}
+
 fn execute(
     schedules: &[RankSchedule],
     fx: &mut dyn Effects,

@@ -83,6 +83,32 @@ enum Subcommand {
     /// Place a [TP, CP, PP, DP] job on a fabric: the planner's order and, for comparison, a
     /// scattered one, with the widest tier each kind of group spans.
     Layout(LayoutArgs),
+    /// Price every algorithm of a collective at one size on a fabric and say which the tuner
+    /// picks and why.
+    Explain(ExplainArgs),
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct ExplainArgs {
+    /// The collective.
+    #[arg(long = "op", default_value = "all_reduce")]
+    op: String,
+    /// Bytes per rank (K, M, G suffixes), NCCL's count × element size.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    size: usize,
+    /// The fabric (default: STRATA_TOPO_FILE; without either, one host).
+    #[arg(long = "topo-file")]
+    topo_file: Option<std::path::PathBuf>,
+    /// Ranks: the first N devices of the fabric (default: all, up to 256), or N ranks on
+    /// one host.
+    #[arg(long)]
+    np: Option<usize>,
+    /// Deal the ranks round-robin over the leaves instead of filling each host in turn.
+    #[arg(long)]
+    cyclic: bool,
+    /// Price flat schedules in launcher order (STRATA_RANK_ORDER=launcher).
+    #[arg(long = "launcher-order")]
+    launcher_order: bool,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -182,6 +208,104 @@ fn layout_main(a: &LayoutArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `collbench explain`.
+fn explain_main(a: &ExplainArgs) -> ExitCode {
+    use strata::algorithms::Hierarchy;
+    use strata::algorithms::tuner::{Tuner, human_bytes};
+    use strata::topology::{Tier, TierCosts, fabric};
+    let run = || -> Result<String, String> {
+        let collective = Collective::parse(&a.op)
+            .ok_or_else(|| format!("unknown collective '{}'", a.op))?;
+        let path = a
+            .topo_file
+            .clone()
+            .or_else(|| std::env::var_os("STRATA_TOPO_FILE").map(Into::into));
+        let (hierarchy, costs, source) = match path {
+            Some(path) => {
+                let fab = fabric::load_file(&path).map_err(|e| e.to_string())?;
+                let np = a.np.unwrap_or(fab.ranks().min(256));
+                if np == 0 || np > fab.ranks() {
+                    return Err(format!("--np {np}: the fabric has {} devices", fab.ranks()));
+                }
+                let per_host = fab.gpus_per_host.max(1);
+                let devices = if a.cyclic {
+                    cyclic_devices(np, per_host, &fab)
+                } else {
+                    (0..np).collect()
+                };
+                let keys: Vec<Vec<String>> = devices
+                    .iter()
+                    .map(|&d| {
+                        let host = d / per_host;
+                        let place = fab.place(host).unwrap_or(fabric::Place { pod: 0, leaf: 0 });
+                        vec![
+                            format!("{:06}", place.pod),
+                            format!("{:06}", place.leaf),
+                            format!("{host:08}"),
+                        ]
+                    })
+                    .collect();
+                let tier = |x: usize, y: usize| {
+                    fab.rank_tier(devices[x], devices[y])
+                        .unwrap_or(Tier::Aggregation)
+                };
+                let h = Hierarchy::from_keys(&keys, tier);
+                (h, fab.tiers, path.display().to_string())
+            }
+            None => {
+                let np = a.np.unwrap_or(8);
+                (Hierarchy::single_host(np), TierCosts::default(), "one host".into())
+            }
+        };
+        let tuner = Tuner::new(hierarchy, costs, !a.launcher_order);
+        let e = tuner.explain(collective, a.size);
+        Ok(format!(
+            "# collbench explain: {collective}, {} per rank, fabric {source}{}\n{}",
+            human_bytes(a.size),
+            if a.cyclic { ", ranks dealt round-robin over leaves" } else { "" },
+            e.render()
+        ))
+    };
+    match run() {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("collbench explain: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The devices of `np` ranks dealt round-robin over the leaves of `fab` (rank r goes to leaf
+/// r mod leaves), each leaf filling its devices in order.
+fn cyclic_devices(np: usize, per_host: usize, fab: &strata::topology::fabric::Fabric) -> Vec<usize> {
+    let hosts = fab.hosts();
+    let mut by_leaf: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for h in 0..hosts {
+        if let Some(p) = fab.place(h) {
+            by_leaf
+                .entry(p.leaf)
+                .or_default()
+                .extend((0..per_host).map(|g| h * per_host + g));
+        }
+    }
+    let mut queues: Vec<std::collections::VecDeque<usize>> =
+        by_leaf.into_values().map(Into::into).collect();
+    let mut out = Vec::with_capacity(np);
+    while out.len() < np && queues.iter().any(|q| !q.is_empty()) {
+        for q in queues.iter_mut() {
+            if out.len() < np {
+                if let Some(d) = q.pop_front() {
+                    out.push(d);
+                }
+            }
+        }
+    }
+    out
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -324,6 +448,8 @@ struct Row {
     redop: String,
     root: i64,
     algorithm: String,
+    /// The cost model's prediction for this row's algorithm and size, µs.
+    predicted_us: Option<f64>,
     size_bytes: usize,
     count: usize,
     out_of_place: Measure,
@@ -344,6 +470,7 @@ fn main() -> ExitCode {
     match &args.command {
         Some(Subcommand::Topo(t)) => return topo_main(t),
         Some(Subcommand::Layout(l)) => return layout_main(l),
+        Some(Subcommand::Explain(e)) => return explain_main(e),
         None => {}
     }
     if let Ok(id_hex) = std::env::var(ENV_ID) {
@@ -723,7 +850,7 @@ fn print_columns(algo: Option<Algorithm>) {
         "", "", "", "", "", "out-of-", "place", "", "", "in-", "place", "", ""
     );
     println!(
-        "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}  algo",
+        "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}  {:>10}  algo",
         "size",
         "count",
         "type",
@@ -736,10 +863,11 @@ fn print_columns(algo: Option<Algorithm>) {
         "time",
         "algbw",
         "busbw",
-        "#wrong"
+        "#wrong",
+        "predicted"
     );
     println!(
-        "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+        "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}  {:>10}",
         "(B)",
         "(elements)",
         "",
@@ -752,7 +880,8 @@ fn print_columns(algo: Option<Algorithm>) {
         "(us)",
         "(GB/s)",
         "(GB/s)",
-        ""
+        "",
+        "(us)"
     );
 }
 
@@ -764,7 +893,7 @@ fn print_row(r: &Row) {
         )
     };
     println!(
-        "  {:>10} {:>12} {:>8} {:>9} {:>5}   {}   {}  {}",
+        "  {:>10} {:>12} {:>8} {:>9} {:>5}   {}   {}  {:>10}  {}",
         r.size_bytes,
         r.count,
         r.dtype,
@@ -772,6 +901,8 @@ fn print_row(r: &Row) {
         r.root,
         m(&r.out_of_place),
         m(&r.in_place),
+        r.predicted_us
+            .map_or("-".to_string(), |p| format!("{p:.2}")),
         r.algorithm
     );
 }
@@ -798,6 +929,11 @@ fn bench_row(
     };
     let mut send = vec![0u8; in_bytes.max(count * es)];
     let mut recv = vec![0u8; out_bytes.max(in_bytes).max(count * es)];
+    let algorithm = if collective == Collective::Send {
+        Algorithm::Direct
+    } else {
+        comm.algorithm_for(collective, count * es)
+    };
     let mut results = [Measure::default(); 2];
     for (k, in_place) in [false, true].into_iter().enumerate() {
         let once = |send: &mut [u8], recv: &mut [u8]| -> strata::Result<()> {
@@ -855,11 +991,11 @@ fn bench_row(
             "none".into()
         },
         root: if collective.rooted() { root as i64 } else { -1 },
-        algorithm: if collective == Collective::Send {
-            "direct".into()
-        } else {
-            comm.algorithm_for(collective, count * es).name()
-        },
+        algorithm: algorithm.name(),
+        predicted_us: (rank == 0 && collective != Collective::Send)
+            .then(|| comm.predict(collective, algorithm, count * es).ok())
+            .flatten()
+            .map(|s| s * 1e6),
         size_bytes: size,
         count,
         out_of_place: results[0],

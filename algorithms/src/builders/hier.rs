@@ -385,26 +385,22 @@ pub(crate) fn along_topology(
     blocks: Option<(Buf, usize)>,
 ) -> Option<RankSchedule> {
     sched.map_peers(|q| order[q]);
-    if let Some((buf, each)) = blocks {
-        if each > 0 {
-            for op in sched.steps.iter_mut().flat_map(|s| s.ops.iter_mut()) {
-                let regions: Vec<&mut Region> = match op {
-                    Op::Send { src, .. } => vec![src],
-                    Op::Recv { dst, .. } => vec![dst],
-                    Op::RecvReduce { src, dst, .. } | Op::Copy { src, dst } => vec![src, dst],
-                    Op::Finalize { region } => vec![region],
-                };
-                for reg in regions {
-                    if reg.buf != buf || reg.len == 0 {
-                        continue;
-                    }
-                    let b = reg.offset / each;
-                    if (reg.end() - 1) / each != b {
-                        return None;
-                    }
-                    reg.offset = order[b] * each + reg.offset % each;
-                }
+    let Some((buf, each)) = blocks.filter(|b| b.1 > 0) else {
+        return Some(sched);
+    };
+    for op in sched.steps.iter_mut().flat_map(|s| s.ops.iter_mut()) {
+        let regions: Vec<&mut Region> = match op {
+            Op::Send { src, .. } => vec![src],
+            Op::Recv { dst, .. } => vec![dst],
+            Op::RecvReduce { src, dst, .. } | Op::Copy { src, dst } => vec![src, dst],
+            Op::Finalize { region } => vec![region],
+        };
+        for reg in regions.into_iter().filter(|r| r.buf == buf && r.len > 0) {
+            let (b, within) = (reg.offset / each, reg.offset % each);
+            if within + reg.len > each {
+                return None;
             }
+            reg.offset = order[b] * each + within;
         }
     }
     Some(sched)

@@ -1,0 +1,431 @@
+//! The tuner: prices every algorithm that can run a collective on this communicator's fabric
+//! and picks the cheapest, once per size class.
+//!
+//! Prices come from [`crate::cost::price`] on a [`FabricModel`]: α and β of the tier joining
+//! each pair, γ for reductions, and the flows of each step that share an oversubscribed
+//! uplink. Flat algorithms are priced as they would run (in topology order when the
+//! communicator orders its rings, else in launcher order); hierarchical ones only where the
+//! hierarchy is regular. A size class is a power of two of bytes per rank; the choice for a
+//! class is made at its upper edge, so every rank makes the same choice whatever sizes it saw
+//! first. Rules from a tuning file override the prices for the sizes they cover.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use strata_topology::fabric::TierCosts;
+
+use crate::cost::{FabricModel, price};
+use crate::hierarchy::Hierarchy;
+use crate::schedule::Collective;
+use crate::sim;
+use crate::{Algorithm, algorithms_for};
+
+/// Element size the tuner prices with (the size class is in bytes, so this only sets the
+/// granularity of blocks).
+const PRICE_ELEM_BYTES: usize = 4;
+
+/// The pipeline chunk schedules are priced with (the runtime's default `STRATA_CHUNK_SIZE`).
+const CHUNK_BYTES: usize = 512 << 10;
+
+/// Above this many ranks the tuner prices only algorithms whose schedules have O(log p)
+/// steps plus the ring and the hierarchical ones, to bound the work at init.
+pub const FULL_PRICING_MAX_RANKS: usize = 256;
+
+/// A tuning-file rule: use `algorithm` for `collective` when the bytes per rank are in
+/// `[min_bytes, max_bytes]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    /// Which collective.
+    pub collective: Collective,
+    /// Smallest size covered, bytes per rank.
+    pub min_bytes: usize,
+    /// Largest size covered, bytes per rank.
+    pub max_bytes: usize,
+    /// What to run.
+    pub algorithm: Algorithm,
+}
+
+/// One line of an explanation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Priced {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Predicted seconds, or why it cannot run here.
+    pub seconds: Result<f64, String>,
+    /// Steps of the longest rank schedule.
+    pub steps: usize,
+    /// Most messages that share one uplink in one step.
+    pub max_sharing: u32,
+}
+
+/// Why the tuner chose what it chose.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Explanation {
+    /// The collective.
+    pub collective: Collective,
+    /// Bytes per rank priced.
+    pub bytes: usize,
+    /// The communicator, in words.
+    pub hierarchy: String,
+    /// Every algorithm, cheapest first; those that cannot run last.
+    pub ranked: Vec<Priced>,
+    /// The choice.
+    pub chosen: Algorithm,
+    /// The reason, in one sentence.
+    pub reason: String,
+}
+
+impl Explanation {
+    /// The ranked table and the reason, as `collbench explain` prints them.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "{} of {} per rank on {}\n{:<22} {:>14} {:>7} {:>9}\n",
+            self.collective,
+            human_bytes(self.bytes),
+            self.hierarchy,
+            "algorithm",
+            "predicted",
+            "steps",
+            "sharing"
+        );
+        for p in &self.ranked {
+            let mark = if p.algorithm == self.chosen { "*" } else { " " };
+            match &p.seconds {
+                Ok(s) => out.push_str(&format!(
+                    "{mark}{:<21} {:>14} {:>7} {:>9}\n",
+                    p.algorithm.name(),
+                    human_seconds(*s),
+                    p.steps,
+                    p.max_sharing
+                )),
+                Err(e) => out.push_str(&format!(" {:<21} {e}\n", p.algorithm.name())),
+            }
+        }
+        out.push_str(&format!("choice: {} — {}\n", self.chosen, self.reason));
+        out
+    }
+}
+
+/// Prices and chooses algorithms for one communicator; see the module documentation.
+#[derive(Debug)]
+pub struct Tuner {
+    hierarchy: Hierarchy,
+    costs: TierCosts,
+    ordered: bool,
+    rules: Vec<Rule>,
+    cache: Mutex<HashMap<(Collective, u32), Algorithm>>,
+}
+
+impl Tuner {
+    /// A tuner for ranks laid out as `hierarchy` on tiers that cost `costs`; `ordered` says
+    /// whether flat schedules run in topology order.
+    pub fn new(hierarchy: Hierarchy, costs: TierCosts, ordered: bool) -> Self {
+        Self {
+            hierarchy,
+            costs,
+            ordered,
+            rules: Vec::new(),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Adds tuning-file rules; the first rule that covers a call wins.
+    pub fn with_rules(mut self, rules: Vec<Rule>) -> Self {
+        self.rules = rules;
+        self
+    }
+
+    /// The hierarchy it prices on.
+    pub fn hierarchy(&self) -> &Hierarchy {
+        &self.hierarchy
+    }
+
+    /// Whether flat schedules run in topology order.
+    pub fn ordered(&self) -> bool {
+        self.ordered
+    }
+
+    /// The algorithm for `collective` at `bytes` per rank: a rule's, else the cheapest of its
+    /// size class (cached).
+    pub fn choose(&self, collective: Collective, bytes: usize) -> Algorithm {
+        if let Some(r) = self.rule_for(collective, bytes) {
+            return r.algorithm;
+        }
+        let choices = algorithms_for(collective);
+        if choices.len() == 1 || self.hierarchy.len() <= 1 {
+            return choices[0];
+        }
+        let class = size_class(bytes);
+        let key = (collective, class);
+        if let Some(a) = self.cache.lock().ok().and_then(|c| c.get(&key).copied()) {
+            return a;
+        }
+        let chosen = self.explain(collective, class_bytes(class)).chosen;
+        if let Ok(mut c) = self.cache.lock() {
+            c.insert(key, chosen);
+        }
+        chosen
+    }
+
+    fn rule_for(&self, collective: Collective, bytes: usize) -> Option<&Rule> {
+        self.rules.iter().find(|r| {
+            r.collective == collective && (r.min_bytes..=r.max_bytes).contains(&bytes)
+        })
+    }
+
+    /// Prices `algorithm` for `collective` at `bytes` per rank on this fabric.
+    pub fn price(&self, collective: Collective, algorithm: Algorithm, bytes: usize) -> Priced {
+        let net = FabricModel {
+            hierarchy: &self.hierarchy,
+            costs: self.costs,
+        };
+        let p = self.hierarchy.len();
+        let count = bytes.div_ceil(PRICE_ELEM_BYTES);
+        let chunk = CHUNK_BYTES / PRICE_ELEM_BYTES;
+        let priced = if p > FULL_PRICING_MAX_RANKS && !cheap_to_price(algorithm) {
+            Err(format!("not priced above {FULL_PRICING_MAX_RANKS} ranks"))
+        } else {
+            sim::schedules_on(
+                collective,
+                algorithm,
+                &self.hierarchy,
+                self.ordered,
+                count,
+                0,
+                chunk,
+            )
+            .and_then(|s| {
+                let est = price(&s, PRICE_ELEM_BYTES, &net)?;
+                Ok((est.seconds, s))
+            })
+        };
+        match priced {
+            Ok((seconds, s)) => Priced {
+                algorithm,
+                seconds: Ok(seconds),
+                steps: s.iter().map(|x| x.steps.len()).max().unwrap_or(0),
+                max_sharing: sim::max_sharing(&s, &net),
+            },
+            Err(e) => Priced {
+                algorithm,
+                seconds: Err(e),
+                steps: 0,
+                max_sharing: 0,
+            },
+        }
+    }
+
+    /// Prices every algorithm for `collective` at `bytes` per rank and says which it would
+    /// choose and why.
+    pub fn explain(&self, collective: Collective, bytes: usize) -> Explanation {
+        let mut ranked: Vec<Priced> = algorithms_for(collective)
+            .iter()
+            .map(|&a| self.price(collective, a, bytes))
+            .collect();
+        // Cheapest first; ties keep the default order; unpriced last.
+        ranked.sort_by(|x, y| match (&x.seconds, &y.seconds) {
+            (Ok(a), Ok(b)) => a.total_cmp(b),
+            (Ok(_), Err(_)) => std::cmp::Ordering::Less,
+            (Err(_), Ok(_)) => std::cmp::Ordering::Greater,
+            (Err(_), Err(_)) => std::cmp::Ordering::Equal,
+        });
+        let hierarchy = format!(
+            "{}, {}",
+            self.hierarchy.describe(),
+            if self.ordered || self.hierarchy.is_launcher_order() {
+                "rings in topology order"
+            } else {
+                "rings in launcher order"
+            }
+        );
+        if let Some(rule) = self.rule_for(collective, bytes) {
+            return Explanation {
+                collective,
+                bytes,
+                hierarchy,
+                chosen: rule.algorithm,
+                reason: format!(
+                    "the tuning file sets {} for {}..={} bytes",
+                    rule.algorithm,
+                    rule.min_bytes,
+                    rule.max_bytes
+                ),
+                ranked,
+            };
+        }
+        let (chosen, reason) = match (ranked.first(), ranked.get(1)) {
+            (Some(best), next) if best.seconds.is_ok() => {
+                let t = *best.seconds.as_ref().unwrap_or(&0.0);
+                let reason = match next.map(|n| (&n.seconds, n.algorithm)) {
+                    Some((Ok(u), a)) => format!(
+                        "cheapest predicted time, {} ahead of {a} ({:.2}×)",
+                        human_seconds(u - t),
+                        u / t.max(f64::MIN_POSITIVE)
+                    ),
+                    _ => "the only algorithm that can run here".into(),
+                };
+                (best.algorithm, reason)
+            }
+            _ => (
+                algorithms_for(collective)[0],
+                "nothing could be priced; the default".into(),
+            ),
+        };
+        Explanation {
+            collective,
+            bytes,
+            hierarchy,
+            ranked,
+            chosen,
+            reason,
+        }
+    }
+}
+
+/// Algorithms whose schedules have O(log p) steps per rank, or that the tuner must always
+/// consider (ring, hierarchical).
+fn cheap_to_price(a: Algorithm) -> bool {
+    !matches!(a, Algorithm::Composed(..) | Algorithm::Pairwise)
+}
+
+/// The size class of `bytes`: ⌈lg bytes⌉ (0 for 0 and 1).
+pub fn size_class(bytes: usize) -> u32 {
+    bytes.max(1).next_power_of_two().trailing_zeros()
+}
+
+/// The bytes a size class is priced at: its upper edge.
+pub fn class_bytes(class: u32) -> usize {
+    1usize << class
+}
+
+/// `64 MiB`, `8 B`.
+pub fn human_bytes(b: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// `12.3 µs`, `4.56 ms`, `1.23 s`.
+pub fn human_seconds(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.1} µs", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        format!("{s:.3} s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HierPart;
+    use crate::hierarchy::tests::fat_tree;
+    use strata_topology::fabric::TierLink;
+
+    /// The emulated fat tree of `scripts/fattree.sh`: 1 Gbit/s host links, 2 hosts per leaf,
+    /// 500 Mbit/s leaf uplinks (4:1), 50 µs per message.
+    pub(crate) fn emulated_costs() -> TierCosts {
+        let link = |oversubscription| TierLink {
+            bandwidth_gbps: 0.125,
+            latency_us: 50.0,
+            oversubscription,
+        };
+        TierCosts {
+            leaf: link(1.0),
+            pod: link(4.0),
+            aggregation: link(4.0),
+            ..TierCosts::default()
+        }
+    }
+
+    fn scattered() -> Vec<usize> {
+        (0..8).map(|r| (r % 4) * 2 + r / 4).collect()
+    }
+
+    #[test]
+    fn contention_makes_a_blind_ring_twice_as_slow_on_scattered_ranks() {
+        let h = fat_tree(1, 2, 4, 1, Some(&scattered()));
+        let blind = Tuner::new(h.clone(), emulated_costs(), false);
+        let ordered = Tuner::new(h, emulated_costs(), true);
+        let bytes = 64 << 20;
+        let t = |tu: &Tuner, a: Algorithm| {
+            let e = tu.explain(Collective::AllReduce, bytes);
+            let p = e.ranked.iter().find(|p| p.algorithm == a).unwrap().clone();
+            (p.seconds.unwrap(), p.max_sharing)
+        };
+        let (blind_ring, blind_share) = t(&blind, Algorithm::Ring);
+        let (ordered_ring, ordered_share) = t(&ordered, Algorithm::Ring);
+        // Every blind hop leaves its leaf: two flows per uplink; ordered, one.
+        assert_eq!((blind_share, ordered_share), (2, 1));
+        let ratio = blind_ring / ordered_ring;
+        assert!((1.9..2.1).contains(&ratio), "{ratio}");
+        // Hierarchical all-reduce moves 1.5n across each uplink instead of the ring's 1.75n,
+        // but its phases inside the leaves come on top: (0.5n + 0.5n)/125 MB/s.
+        let (hier, hier_share) = t(&ordered, Algorithm::Hierarchical(HierPart::Ring));
+        assert_eq!(hier_share, 2, "two rails share each uplink");
+        let n = bytes as f64;
+        let want = 1.5 * n / 62.5e6 + n / 125e6;
+        assert!((hier / want - 1.0).abs() < 0.01, "{hier} vs {want}");
+        let e = ordered.explain(Collective::AllReduce, bytes);
+        assert_eq!(e.chosen, e.ranked[0].algorithm);
+        assert_eq!(ordered.choose(Collective::AllReduce, bytes), e.chosen);
+        let chosen = e.ranked[0].seconds.clone().unwrap();
+        assert!(blind_ring / chosen >= 1.9, "{}", e.render());
+        assert!(e.render().contains("choice:"), "{}", e.render());
+    }
+
+    #[test]
+    fn small_messages_choose_few_steps_and_choices_are_cached_per_class() {
+        let h = fat_tree(1, 2, 4, 1, Some(&scattered()));
+        let tu = Tuner::new(h, emulated_costs(), true);
+        let small = tu.explain(Collective::AllReduce, 8);
+        let best = small.ranked[0].clone();
+        assert!(best.steps <= 6, "{}", small.render());
+        assert_eq!(tu.choose(Collective::AllReduce, 5), best.algorithm);
+        assert_eq!(tu.choose(Collective::AllReduce, 8), best.algorithm);
+        assert_eq!(tu.cache.lock().unwrap().len(), 1);
+        assert_eq!((size_class(0), size_class(8), size_class(9)), (0, 3, 4));
+    }
+
+    #[test]
+    fn rules_override_prices_and_irregular_hierarchies_skip_hierarchical_algorithms() {
+        let h = fat_tree(1, 2, 4, 1, None);
+        let tu = Tuner::new(h, emulated_costs(), true).with_rules(vec![Rule {
+            collective: Collective::AllReduce,
+            min_bytes: 0,
+            max_bytes: 1024,
+            algorithm: Algorithm::Tree,
+        }]);
+        assert_eq!(tu.choose(Collective::AllReduce, 1000), Algorithm::Tree);
+        assert!(tu.explain(Collective::AllReduce, 10).reason.contains("tuning file"));
+        assert_ne!(tu.choose(Collective::AllReduce, 1 << 20), Algorithm::Tree);
+        let keys: Vec<Vec<String>> = [0, 0, 1].iter().map(|h| vec![format!("h{h}")]).collect();
+        let k = keys.clone();
+        let h = Hierarchy::from_keys(&keys, move |a, b| {
+            if k[a] == k[b] {
+                strata_topology::Tier::Host
+            } else {
+                strata_topology::Tier::Leaf
+            }
+        });
+        let e = Tuner::new(h, TierCosts::default(), true).explain(Collective::AllReduce, 1 << 20);
+        let hier = e
+            .ranked
+            .iter()
+            .find(|p| p.algorithm.is_hierarchical())
+            .unwrap();
+        assert!(hier.seconds.is_err());
+        assert!(e.ranked.last().unwrap().seconds.is_err());
+        assert!(!e.chosen.is_hierarchical());
+    }
+}
