@@ -40,7 +40,8 @@ struct RuleSpec {
 
 /// Reads and checks the rules of the tuning file at `path`.
 pub fn load_rules(path: &Path) -> Result<Vec<Rule>> {
-    let bad = |m: String| Error::InvalidArgument(format!("STRATA_TUNING_FILE {}: {m}", path.display()));
+    let bad =
+        |m: String| Error::InvalidArgument(format!("STRATA_TUNING_FILE {}: {m}", path.display()));
     let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
     if meta.len() > MAX_BYTES {
         return Err(bad(format!("larger than {MAX_BYTES} bytes")));
@@ -51,16 +52,14 @@ pub fn load_rules(path: &Path) -> Result<Vec<Rule>> {
 
 /// Parses tuning-file text; the error names the rule and what is wrong with it.
 pub fn parse_rules(text: &str) -> std::result::Result<Vec<Rule>, String> {
-    let file: File = serde_json::from_str(text)
-        .map_err(|e| format!("line {}: {e}", e.line()))?;
+    let file: File = serde_json::from_str(text).map_err(|e| format!("line {}: {e}", e.line()))?;
     file.rules
         .into_iter()
         .enumerate()
         .map(|(i, r)| {
             let at = |m: String| format!("rule {i}: {m}");
-            let collective = Collective::parse(&r.collective).ok_or_else(|| {
-                at(format!("unknown collective '{}'", r.collective))
-            })?;
+            let collective = Collective::parse(&r.collective)
+                .ok_or_else(|| at(format!("unknown collective '{}'", r.collective)))?;
             let algorithm = Algorithm::parse_for(collective, &r.algorithm).ok_or_else(|| {
                 at(format!(
                     "'{}' cannot run {collective}; valid: {}",
@@ -102,13 +101,20 @@ mod tests {
             (rules[0].min_bytes, rules[0].max_bytes, rules[0].algorithm),
             (0, 65536, Algorithm::RecursiveDoubling)
         );
-        assert_eq!(rules[1].algorithm, Algorithm::Chain, "NCCL's word for the chain");
+        assert_eq!(
+            rules[1].algorithm,
+            Algorithm::Chain,
+            "NCCL's word for the chain"
+        );
         assert_eq!(rules[1].max_bytes, usize::MAX);
         let e = parse_rules(r#"{"rules": [{"collective": "all_gather", "algorithm": "tree"}]}"#)
             .unwrap_err();
-        assert!(e.contains("rule 0") && e.contains("valid: ring, rd, bruck"), "{e}");
-        let e = parse_rules(r#"{"rules": [{"collective": "nope", "algorithm": "ring"}]}"#)
-            .unwrap_err();
+        assert!(
+            e.contains("rule 0") && e.contains("valid: ring, rd, bruck"),
+            "{e}"
+        );
+        let e =
+            parse_rules(r#"{"rules": [{"collective": "nope", "algorithm": "ring"}]}"#).unwrap_err();
         assert!(e.contains("unknown collective 'nope'"), "{e}");
         let e = parse_rules(
             r#"{"rules": [{"collective": "all_reduce", "min_bytes": 9, "max_bytes": 8, "algorithm": "ring"}]}"#,

@@ -25,6 +25,21 @@ fn worker() -> Option<Worker> {
     let rank: usize = std::env::var("STRATA_TEST_RANK").ok()?.parse().ok()?;
     let n: usize = std::env::var("STRATA_TEST_NRANKS").ok()?.parse().ok()?;
     let id = UniqueId::from_hex(&std::env::var("STRATA_TEST_ID").ok()?).unwrap();
+    // STRATA_TEST_LEAVES=k deals the ranks round-robin over k leaf switches (through Slurm's
+    // variables), so the topology order differs from the launcher's.
+    if let Some(k) = std::env::var("STRATA_TEST_LEAVES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        // SAFETY: the worker is single-threaded until init.
+        unsafe {
+            std::env::set_var(
+                "SLURM_TOPOLOGY_ADDR",
+                format!("spine.leaf{}.node{rank}", rank % k),
+            );
+            std::env::set_var("SLURM_TOPOLOGY_ADDR_PATTERN", "switch.switch.node");
+        }
+    }
     let comm =
         Communicator::init(&id, n, rank).unwrap_or_else(|e| panic!("rank {rank}: init: {e}"));
     Some(Worker { comm, rank, n })
@@ -265,9 +280,39 @@ fn algorithm_matrix(w: &Worker) {
         (DataType::Bfloat16, ReduceOp::Avg),
         (DataType::Int32, ReduceOp::Max),
     ];
+    let regular = w.comm.hierarchy().dims().is_some();
+    if std::env::var_os("STRATA_TEST_LEAVES").is_some() && w.n > 4 {
+        assert!(
+            !w.comm.hierarchy().is_launcher_order(),
+            "{}",
+            w.comm.hierarchy().describe()
+        );
+        assert_eq!(regular, w.n % 4 == 0, "{}", w.comm.hierarchy().describe());
+    }
     for c in COLLECTIVES {
         for &algo in strata::algorithms::algorithms_for(c) {
             w.comm.set_algorithm(c, Some(algo)).unwrap();
+            if algo.is_hierarchical() && !regular {
+                let buf = vec![0f32; 8 * w.n];
+                let mut out = vec![0f32; 8 * w.n];
+                let e = w
+                    .comm
+                    .call_bytes(
+                        CallSpec {
+                            collective: c,
+                            dtype: DataType::Float32,
+                            count: 8,
+                            op: ReduceOp::Sum,
+                            root: 0,
+                        },
+                        Some(bytemuck_f32(&buf)),
+                        bytemuck_f32_mut(&mut out),
+                    )
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("same number of ranks"), "{e}");
+                continue;
+            }
             for (k, &count) in [0usize, 1, 5, 4099, 70_001].iter().enumerate() {
                 for (dtype, op) in cases {
                     if !c.reduces() && dtype != DataType::Float32 {
@@ -339,6 +384,19 @@ algorithm_test!(algorithms_2_ranks_tcp, 2, &[("STRATA_TRANSPORT", "tcp")]);
 algorithm_test!(algorithms_3_ranks_tcp, 3, &[("STRATA_TRANSPORT", "tcp")]);
 algorithm_test!(algorithms_5_ranks_tcp, 5, &[("STRATA_TRANSPORT", "tcp")]);
 algorithm_test!(algorithms_8_ranks_tcp, 8, &[("STRATA_TRANSPORT", "tcp")]);
+// Ranks dealt over 4 leaves: rings run in topology order and the hierarchical algorithms
+// over 2 × 4 rails; with 6 ranks the leaves hold 2, 2, 1 and 1 and the hierarchical ones
+// must refuse.
+algorithm_test!(
+    algorithms_8_ranks_on_4_leaves_tcp,
+    8,
+    &[("STRATA_TRANSPORT", "tcp"), ("STRATA_TEST_LEAVES", "4")]
+);
+algorithm_test!(
+    algorithms_6_ranks_on_4_uneven_leaves_shm,
+    6,
+    &[("STRATA_TEST_LEAVES", "4")]
+);
 
 #[test]
 fn mismatched_algorithms_fail_naming_both() {
@@ -730,4 +788,14 @@ fn a_bad_fabric_file_fails_init_naming_file_and_line() {
     );
     let _ = std::fs::remove_file(&path);
     assert_all_ok(&results);
+}
+
+fn bytemuck_f32(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+fn bytemuck_f32_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as above; every byte pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
 }

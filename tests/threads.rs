@@ -308,3 +308,51 @@ fn leaving_right_after_the_last_call_does_not_fail_slower_peers() {
         }
     }
 }
+
+#[test]
+fn the_tuner_explains_its_choice_and_tuning_rules_override_it() {
+    let comms = init_threads(4, TransportPolicy::Auto);
+    let big = 64 << 20;
+    let e = comms[0].explain(Collective::AllReduce, big);
+    assert_eq!(e.chosen, e.ranked[0].algorithm, "{}", e.render());
+    assert!(e.ranked[0].seconds.is_ok());
+    let choices = on_all(&comms, |c| c.algorithm_for(Collective::AllReduce, big));
+    assert!(choices.iter().all(|a| *a == e.chosen), "{choices:?}");
+    let ring = comms[0]
+        .predict(Collective::AllReduce, strata::Algorithm::Ring, 1 << 20)
+        .unwrap();
+    assert!(ring > 0.0 && ring < 1.0, "{ring}");
+    // A rule pins 1 KiB..=1 MiB all-reduces to the double binary tree; the call runs it.
+    let mut c = cfg(TransportPolicy::Auto);
+    c.tuning_rules = strata::tuning::parse_rules(
+        r#"{"rules": [{"collective": "all_reduce", "min_bytes": 1024, "max_bytes": 1048576, "algorithm": "tree"}]}"#,
+    )
+    .unwrap();
+    let id = loopback_id();
+    let ruled: Vec<Communicator> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let c = c.clone();
+                s.spawn(move || Communicator::init_with_config(&id, 2, r, c).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        ruled[0].algorithm_for(Collective::AllReduce, 4096),
+        strata::Algorithm::Tree
+    );
+    assert!(
+        ruled[0]
+            .explain(Collective::AllReduce, 4096)
+            .reason
+            .contains("tuning file")
+    );
+    let sums = on_all(&ruled, |c| {
+        let send = vec![1f32; 1024];
+        let mut recv = vec![0f32; 1024];
+        c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+        recv[1023]
+    });
+    assert_eq!(sums, vec![2.0, 2.0]);
+}

@@ -168,9 +168,9 @@ impl Tuner {
     }
 
     fn rule_for(&self, collective: Collective, bytes: usize) -> Option<&Rule> {
-        self.rules.iter().find(|r| {
-            r.collective == collective && (r.min_bytes..=r.max_bytes).contains(&bytes)
-        })
+        self.rules
+            .iter()
+            .find(|r| r.collective == collective && (r.min_bytes..=r.max_bytes).contains(&bytes))
     }
 
     /// Prices `algorithm` for `collective` at `bytes` per rank on this fabric.
@@ -246,9 +246,7 @@ impl Tuner {
                 chosen: rule.algorithm,
                 reason: format!(
                     "the tuning file sets {} for {}..={} bytes",
-                    rule.algorithm,
-                    rule.min_bytes,
-                    rule.max_bytes
+                    rule.algorithm, rule.min_bytes, rule.max_bytes
                 ),
                 ranked,
             };
@@ -407,7 +405,11 @@ mod tests {
             algorithm: Algorithm::Tree,
         }]);
         assert_eq!(tu.choose(Collective::AllReduce, 1000), Algorithm::Tree);
-        assert!(tu.explain(Collective::AllReduce, 10).reason.contains("tuning file"));
+        assert!(
+            tu.explain(Collective::AllReduce, 10)
+                .reason
+                .contains("tuning file")
+        );
         assert_ne!(tu.choose(Collective::AllReduce, 1 << 20), Algorithm::Tree);
         let keys: Vec<Vec<String>> = [0, 0, 1].iter().map(|h| vec![format!("h{h}")]).collect();
         let k = keys.clone();

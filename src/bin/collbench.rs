@@ -62,6 +62,9 @@ struct Args {
     /// a comma-separated list, or all: one table per algorithm of the collective.
     #[arg(short = 'A', long = "algo", default_value = "auto")]
     algo: String,
+    /// Time only the out-of-place call (halves the run time of long sweeps).
+    #[arg(long = "no-in-place")]
+    no_in_place: bool,
     /// Root of rooted collectives.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
@@ -216,8 +219,8 @@ fn explain_main(a: &ExplainArgs) -> ExitCode {
     use strata::algorithms::tuner::{Tuner, human_bytes};
     use strata::topology::{Tier, TierCosts, fabric};
     let run = || -> Result<String, String> {
-        let collective = Collective::parse(&a.op)
-            .ok_or_else(|| format!("unknown collective '{}'", a.op))?;
+        let collective =
+            Collective::parse(&a.op).ok_or_else(|| format!("unknown collective '{}'", a.op))?;
         let path = a
             .topo_file
             .clone()
@@ -256,7 +259,11 @@ fn explain_main(a: &ExplainArgs) -> ExitCode {
             }
             None => {
                 let np = a.np.unwrap_or(8);
-                (Hierarchy::single_host(np), TierCosts::default(), "one host".into())
+                (
+                    Hierarchy::single_host(np),
+                    TierCosts::default(),
+                    "one host".into(),
+                )
             }
         };
         let tuner = Tuner::new(hierarchy, costs, !a.launcher_order);
@@ -264,7 +271,11 @@ fn explain_main(a: &ExplainArgs) -> ExitCode {
         Ok(format!(
             "# collbench explain: {collective}, {} per rank, fabric {source}{}\n{}",
             human_bytes(a.size),
-            if a.cyclic { ", ranks dealt round-robin over leaves" } else { "" },
+            if a.cyclic {
+                ", ranks dealt round-robin over leaves"
+            } else {
+                ""
+            },
             e.render()
         ))
     };
@@ -282,7 +293,11 @@ fn explain_main(a: &ExplainArgs) -> ExitCode {
 
 /// The devices of `np` ranks dealt round-robin over the leaves of `fab` (rank r goes to leaf
 /// r mod leaves), each leaf filling its devices in order.
-fn cyclic_devices(np: usize, per_host: usize, fab: &strata::topology::fabric::Fabric) -> Vec<usize> {
+fn cyclic_devices(
+    np: usize,
+    per_host: usize,
+    fab: &strata::topology::fabric::Fabric,
+) -> Vec<usize> {
     let hosts = fab.hosts();
     let mut by_leaf: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
     for h in 0..hosts {
@@ -453,7 +468,8 @@ struct Row {
     size_bytes: usize,
     count: usize,
     out_of_place: Measure,
-    in_place: Measure,
+    /// Absent with --no-in-place.
+    in_place: Option<Measure>,
 }
 
 #[derive(Serialize)]
@@ -749,7 +765,7 @@ fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String> {
             for op in ops {
                 for &size in &sizes {
                     let row = bench_row(args, comm, collective, dtype, op, size)?;
-                    total_wrong += row.out_of_place.wrong + row.in_place.wrong;
+                    total_wrong += row.out_of_place.wrong + row.in_place.map_or(0, |m| m.wrong);
                     if rank == 0 {
                         print_row(&row);
                         if last_progress.elapsed() > Duration::from_secs(2) {
@@ -803,7 +819,9 @@ fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String> {
 fn avg_busbw(rows: &[Row]) -> f64 {
     let busbws: Vec<f64> = rows
         .iter()
-        .flat_map(|r| [r.out_of_place.busbw_gbs, r.in_place.busbw_gbs])
+        .flat_map(|r| [Some(r.out_of_place), r.in_place])
+        .flatten()
+        .map(|m| m.busbw_gbs)
         .collect();
     if busbws.is_empty() {
         0.0
@@ -900,7 +918,9 @@ fn print_row(r: &Row) {
         r.redop,
         r.root,
         m(&r.out_of_place),
-        m(&r.in_place),
+        r.in_place
+            .as_ref()
+            .map_or(format!("{:>9} {:>7} {:>7} {:>6}", "-", "-", "-", "-"), m),
         r.predicted_us
             .map_or("-".to_string(), |p| format!("{p:.2}")),
         r.algorithm
@@ -935,7 +955,12 @@ fn bench_row(
         comm.algorithm_for(collective, count * es)
     };
     let mut results = [Measure::default(); 2];
-    for (k, in_place) in [false, true].into_iter().enumerate() {
+    let modes: &[bool] = if args.no_in_place {
+        &[false]
+    } else {
+        &[false, true]
+    };
+    for (k, &in_place) in modes.iter().enumerate() {
         let once = |send: &mut [u8], recv: &mut [u8]| -> strata::Result<()> {
             if collective == Collective::Send {
                 return send_recv(comm, dtype, count, send, recv);
@@ -999,7 +1024,7 @@ fn bench_row(
         size_bytes: size,
         count,
         out_of_place: results[0],
-        in_place: results[1],
+        in_place: (!args.no_in_place).then_some(results[1]),
     })
 }
 

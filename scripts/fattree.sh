@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# An emulated fat tree on one machine, and collbench across it.
+#
+#   sudo scripts/fattree.sh [--quick] [--out DIR]
+#
+# Builds 8 hosts as network namespaces (st-h0 … st-h7, 198.18.0.1-8/24), a switch namespace
+# (st-sw) holding one bridge per leaf (2 hosts each) and a spine bridge joining the 4 leaves.
+# tc htb shapes every host link to 1 Gbit/s each way and every leaf uplink to 500 Mbit/s each
+# way, so the spine tier is oversubscribed 4:1. The fabric is described to strata by
+# examples/topology/emulated-fat-tree.toml (one rank per host, named h0-h7 by a private UTS
+# namespace per rank).
+#
+# It then prints:
+#   1. single flows: per-message latency and bandwidth between two leaves through the shaped
+#      path, and between two namespaces joined without shaping (what the CPUs can move);
+#   2. for the launcher placement (rank i on host i) and a scattered one (rank i on leaf
+#      i mod 4): all-reduce busbw of a topology-blind ring (STRATA_RANK_ORDER=launcher), of
+#      every fixed algorithm, and of strata's automatic choice, 8 B to 64 MiB, with the cost
+#      model's prediction on every row, and the CPU load of the machine during the runs.
+# --quick runs 8 B to 4 MiB with a few algorithms (what CI runs to keep the script working).
+# Everything it creates is removed on exit, failure or interrupt; every run has a deadline.
+set -euo pipefail
+
+QUICK=0
+OUT=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) QUICK=1 ;;
+        --out) OUT="$2"; shift ;;
+        *) echo "usage: $0 [--quick] [--out DIR]" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TOPO=$ROOT/examples/topology/emulated-fat-tree.toml
+HOSTS=8
+PER_LEAF=2
+LEAVES=$((HOSTS / PER_LEAF))
+HOST_RATE=1gbit
+UPLINK_RATE=500mbit
+SW=st-sw
+PIDS=()
+
+if [ "$(id -u)" != 0 ]; then
+    echo "fattree.sh: needs root (network namespaces and tc)" >&2
+    exit 1
+fi
+for tool in ip tc unshare timeout; do
+    command -v "$tool" >/dev/null || { echo "fattree.sh: $tool not found" >&2; exit 1; }
+done
+
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for h in $(seq 0 $((HOSTS - 1))); do ip netns del "st-h$h" 2>/dev/null || true; done
+    ip netns del st-x0 2>/dev/null || true
+    ip netns del st-x1 2>/dev/null || true
+    ip netns del "$SW" 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+cleanup
+
+cargo build --release --bin collbench -q
+BIN=$ROOT/target/release/collbench
+[ -n "$OUT" ] && mkdir -p "$OUT"
+
+shape() { # namespace device rate
+    ip netns exec "$1" tc qdisc add dev "$2" root handle 1: htb default 10
+    ip netns exec "$1" tc class add dev "$2" parent 1: classid 1:10 htb rate "$3" ceil "$3" \
+        quantum 60000
+}
+
+# --- the fabric ---------------------------------------------------------------------------
+ip netns add "$SW"
+ip -n "$SW" link set lo up
+ip -n "$SW" link add spine type bridge
+ip -n "$SW" link set spine up
+for l in $(seq 0 $((LEAVES - 1))); do
+    ip -n "$SW" link add "leaf$l" type bridge
+    ip -n "$SW" link set "leaf$l" up
+    ip -n "$SW" link add "up$l" type veth peer name "dn$l"
+    ip -n "$SW" link set "up$l" master "leaf$l" up
+    ip -n "$SW" link set "dn$l" master spine up
+    shape "$SW" "up$l" "$UPLINK_RATE"   # leaf -> spine
+    shape "$SW" "dn$l" "$UPLINK_RATE"   # spine -> leaf
+done
+for h in $(seq 0 $((HOSTS - 1))); do
+    ns=st-h$h
+    ip netns add "$ns"
+    ip link add "st-e$h" type veth peer name "st-p$h"
+    ip link set "st-e$h" netns "$ns"
+    ip link set "st-p$h" netns "$SW"
+    ip -n "$ns" link set "st-e$h" name eth0
+    ip -n "$ns" addr add "198.18.0.$((h + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    ip -n "$SW" link set "st-p$h" master "leaf$((h / PER_LEAF))" up
+    shape "$ns" eth0 "$HOST_RATE"        # host -> leaf
+    shape "$SW" "st-p$h" "$HOST_RATE"    # leaf -> host
+done
+# Two namespaces joined directly, without shaping: the CPU's own limit.
+ip netns add st-x0
+ip netns add st-x1
+ip link add st-x0e type veth peer name st-x1e
+ip link set st-x0e netns st-x0
+ip link set st-x1e netns st-x1
+ip -n st-x0 addr add 198.19.0.1/24 dev st-x0e
+ip -n st-x1 addr add 198.19.0.2/24 dev st-x1e
+for x in 0 1; do ip -n "st-x$x" link set "st-x${x}e" up; ip -n "st-x$x" link set lo up; done
+echo "# fabric: $HOSTS hosts, $PER_LEAF per leaf, $LEAVES leaves; host links $HOST_RATE, leaf uplinks $UPLINK_RATE (4:1)"
+
+# --- running ranks --------------------------------------------------------------------------
+PORT=29400
+EXTRA_ENV=("STRATA_TOPO_FILE=$TOPO")
+# run_job LIMIT_S NS_OF_RANK... -- ARGS...: one collbench rank per namespace; rank 0 prints.
+run_job() {
+    local limit=$1; shift
+    local nss=()
+    while [ "$1" != "--" ]; do nss+=("$1"); shift; done
+    shift
+    local n=${#nss[@]}
+    PORT=$((PORT + 2))
+    local master
+    master=$(ip -n "${nss[0]}" -4 -o addr show | awk '$2 != "lo" {print $4}' | cut -d/ -f1 | head -1)
+    local pids=()
+    for r in $(seq 0 $((n - 1))); do
+        local ns=${nss[$r]} name=${nss[$r]#st-}
+        local out=/dev/null
+        [ "$r" = 0 ] && out=/dev/stdout
+        ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$name" \
+            timeout "$limit" env RANK="$r" WORLD_SIZE="$n" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+            MASTER_ADDR="$master" MASTER_PORT="$PORT" \
+            STRATA_INIT_TIMEOUT=60 STRATA_TIMEOUT="$limit" "${EXTRA_ENV[@]}" \
+            "$BIN" "$@" >"$out" &
+        pids+=($!)
+        PIDS+=($!)
+    done
+    local rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    return $rc
+}
+
+cpu_busy() { # prints "busy total" jiffies
+    awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat
+}
+
+if [ -z "${FATTREE_SKIP_SINGLE:-}" ]; then
+echo
+echo "## 1. single flows (send_recv, 2 ranks)"
+echo "# through the shaped path, h0 (leaf 0) <-> h2 (leaf 1): expect ~62 MB/s (500 Mbit/s uplink)"
+run_job 120 st-h0 st-h2 -- --op send_recv -b 8 -e 16M -f 16 -n 10 -w 2 --no-in-place -c 0
+echo "# without shaping, st-x0 <-> st-x1: what two cores can push through veth"
+EXTRA_ENV=()
+run_job 120 st-x0 st-x1 -- --op send_recv -b 8 -e 16M -f 16 -n 10 -w 2 --no-in-place -c 0
+fi
+
+# --- the all-reduce sweeps ------------------------------------------------------------------
+if [ "$QUICK" = 1 ]; then
+    BANDS=("-b 8 -e 4M -f 8 -n 5 -w 1")
+    FIXED=ring,rhd,hier_ring
+else
+    BANDS=("-b 8 -e 512K -f 2 -n 40 -w 5" "-b 1M -e 64M -f 2 -n 2 -w 1")
+    FIXED=all
+fi
+# Overrides for exploring: FATTREE_ALGOS=ring,rd FATTREE_BANDS="-b 8 -e 8 -n 300 -w 20"
+FIXED=${FATTREE_ALGOS:-$FIXED}
+if [ -n "${FATTREE_BANDS:-}" ]; then
+    BANDS=("$FATTREE_BANDS")
+fi
+launcher=(); scattered=()
+for r in $(seq 0 $((HOSTS - 1))); do
+    launcher+=("st-h$r")
+    scattered+=("st-h$(( (r % LEAVES) * PER_LEAF + r / LEAVES ))")
+done
+
+sweep() { # title algo env... -- namespaces
+    local title=$1 algo=$2; shift 2
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    for band in "${BANDS[@]}"; do
+        echo "### $title, $band"
+        local json=()
+        if [ -n "$OUT" ]; then
+            json=(-J "$OUT/$(echo "$title $band" | tr -c 'A-Za-z0-9\n' '_').json")
+        fi
+        EXTRA_ENV=("STRATA_TOPO_FILE=$TOPO" "${envs[@]}")
+        # shellcheck disable=SC2086
+        run_job 1800 "$@" -- --algo "$algo" $band --no-in-place -c 1 "${json[@]}"
+    done
+}
+
+for placement in launcher scattered; do
+    if [ "$placement" = launcher ]; then nss=("${launcher[@]}"); else nss=("${scattered[@]}"); fi
+    echo
+    echo "## 2. all_reduce, $placement placement: rank -> host ${nss[*]#st-}"
+    before=$(cpu_busy)
+    sweep "$placement: topology-blind ring" ring STRATA_RANK_ORDER=launcher -- "${nss[@]}"
+    sweep "$placement: fixed algorithms" "$FIXED" STRATA_RANK_ORDER=topology -- "${nss[@]}"
+    sweep "$placement: auto" auto STRATA_RANK_ORDER=topology -- "${nss[@]}"
+    after=$(cpu_busy)
+    echo "$before $after" | awk '{printf "# CPU busy during the %s runs: %.0f%% of both cores\n", "'"$placement"'", 100*($3-$1)/($4-$2)}'
+done
+echo
+echo "# done; tearing the fabric down"
