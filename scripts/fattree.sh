@@ -127,13 +127,14 @@ run_job() {
     local pids=()
     for r in $(seq 0 $((n - 1))); do
         local ns=${nss[$r]} name=${nss[$r]#st-}
-        local out=/dev/null
-        [ "$r" = 0 ] && out=/dev/stdout
-        ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$name" \
-            timeout "$limit" env RANK="$r" WORLD_SIZE="$n" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-            MASTER_ADDR="$master" MASTER_PORT="$PORT" \
-            STRATA_INIT_TIMEOUT=60 STRATA_TIMEOUT="$limit" "${EXTRA_ENV[@]}" \
-            "$BIN" "$@" >"$out" &
+        local cmd=(ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$name"
+            timeout "$limit" env RANK="$r" WORLD_SIZE="$n" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1
+            MASTER_ADDR="$master" MASTER_PORT="$PORT"
+            STRATA_INIT_TIMEOUT=60 STRATA_TIMEOUT="$limit" "${EXTRA_ENV[@]}"
+            "$BIN" "$@")
+        # Rank 0 prints the table (inheriting stdout, so a redirected log is appended to, not
+        # truncated); the others' tables are the same and go nowhere.
+        if [ "$r" = 0 ]; then "${cmd[@]}" & else "${cmd[@]}" >/dev/null & fi
         pids+=($!)
         PIDS+=($!)
     done
