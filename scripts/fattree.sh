@@ -129,7 +129,7 @@ run_job() {
         local ns=${nss[$r]} name=${nss[$r]#st-}
         local cmd=(ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$name"
             timeout "$limit" env RANK="$r" WORLD_SIZE="$n" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1
-            MASTER_ADDR="$master" MASTER_PORT="$PORT"
+            MASTER_ADDR="$master" MASTER_PORT="$PORT" STRATA_SOCKET_IFNAME="^lo"
             STRATA_INIT_TIMEOUT=60 STRATA_TIMEOUT="$limit" "${EXTRA_ENV[@]}"
             "$BIN" "$@")
         # Rank 0 prints the table (inheriting stdout, so a redirected log is appended to, not
