@@ -380,12 +380,7 @@ impl Communicator {
         // Ranks that share this kernel's cores, network namespaces or not: they compete for
         // the CPU while they wait.
         let me = &peers[rank].host;
-        let local_ranks = peers
-            .iter()
-            .filter(|p| {
-                p.host.same_host(me) || (!me.boot_id.is_empty() && p.host.boot_id == me.boot_id)
-            })
-            .count();
+        let local_ranks = peers.iter().filter(|p| p.host.same_kernel(me)).count();
         let state = State {
             conns: (0..size).map(|_| None).collect(),
             seq: 0,

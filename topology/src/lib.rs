@@ -64,7 +64,13 @@ impl HostIdentity {
     /// Whether two processes can map the same shared memory segment (same kernel instance and
     /// network namespace). Unknown boot ids never match.
     pub fn same_host(&self, other: &Self) -> bool {
-        !self.boot_id.is_empty() && self.boot_id == other.boot_id && self.netns == other.netns
+        self.same_kernel(other) && self.netns == other.netns
+    }
+
+    /// Whether two processes run on the same kernel instance, and so share its cores, in any
+    /// network namespace. Unknown boot ids never match.
+    pub fn same_kernel(&self, other: &Self) -> bool {
+        !self.boot_id.is_empty() && self.boot_id == other.boot_id
     }
 }
 
