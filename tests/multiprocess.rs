@@ -293,8 +293,8 @@ fn algorithm_matrix(w: &Worker) {
         for &algo in strata::algorithms::algorithms_for(c) {
             w.comm.set_algorithm(c, Some(algo)).unwrap();
             if algo.is_hierarchical() && !regular {
-                let buf = vec![0f32; 8 * w.n];
-                let mut out = vec![0f32; 8 * w.n];
+                let buf = vec![0u8; 4 * 8 * w.n];
+                let mut out = vec![0u8; 4 * 8 * w.n];
                 let e = w
                     .comm
                     .call_bytes(
@@ -305,8 +305,8 @@ fn algorithm_matrix(w: &Worker) {
                             op: ReduceOp::Sum,
                             root: 0,
                         },
-                        Some(bytemuck_f32(&buf)),
-                        bytemuck_f32_mut(&mut out),
+                        Some(&buf),
+                        &mut out,
                     )
                     .unwrap_err()
                     .to_string();
@@ -788,14 +788,4 @@ fn a_bad_fabric_file_fails_init_naming_file_and_line() {
     );
     let _ = std::fs::remove_file(&path);
     assert_all_ok(&results);
-}
-
-fn bytemuck_f32(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and any byte pattern is a valid u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
-}
-
-fn bytemuck_f32_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: as above; every byte pattern is a valid f32.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
 }

@@ -77,16 +77,15 @@ impl Network for FabricModel<'_> {
     }
 
     fn uplinks(&self, from: usize, to: usize, out: &mut Vec<(u64, f64)>) {
-        let mut raw = Vec::new();
-        self.hierarchy.uplinks(from, to, &mut raw);
         out.clear();
-        for (id, level, ranks) in raw {
-            let l = self.costs.link(self.hierarchy.level_tier(level));
-            if l.oversubscription > 1.0 {
-                let bytes_per_s = ranks as f64 * l.bandwidth_gbps * 1e9 / l.oversubscription;
-                out.push((id, 1.0 / bytes_per_s));
-            }
-        }
+        self.hierarchy
+            .for_each_uplink(from, to, |id, level, ranks| {
+                let l = self.costs.link(self.hierarchy.level_tier(level));
+                if l.oversubscription > 1.0 {
+                    let bytes_per_s = ranks as f64 * l.bandwidth_gbps * 1e9 / l.oversubscription;
+                    out.push((id, 1.0 / bytes_per_s));
+                }
+            });
     }
 }
 

@@ -194,14 +194,6 @@ impl Hierarchy {
         self.order.iter().enumerate().all(|(v, &r)| v == r)
     }
 
-    /// The same ranks in launcher order (for a topology-blind comparison).
-    pub fn in_launcher_order(&self) -> Self {
-        let mut h = self.clone();
-        h.order = (0..self.len()).collect();
-        h.pos = h.order.clone();
-        h
-    }
-
     /// Mixed radices with the tier each crosses, innermost first, when every group of a level
     /// has the same shape; radices of 1 are left out, so a flat communicator has one.
     pub fn dims(&self) -> Option<&[(usize, Tier)]> {
@@ -229,14 +221,19 @@ impl Hierarchy {
     /// direction).
     pub fn uplinks(&self, from: usize, to: usize, out: &mut Vec<(u64, usize, usize)>) {
         out.clear();
+        self.for_each_uplink(from, to, |id, level, ranks| out.push((id, level, ranks)));
+    }
+
+    /// [`Hierarchy::uplinks`] without a buffer: calls `f(id, level, ranks)` for each.
+    pub fn for_each_uplink(&self, from: usize, to: usize, mut f: impl FnMut(u64, usize, usize)) {
         for (i, l) in self.levels.iter().enumerate() {
             let (ga, gb) = (l.group_of[from], l.group_of[to]);
             if ga == gb {
                 break;
             }
             let id = |g: u32, down: u64| ((i as u64) << 40) | (u64::from(g) << 1) | down;
-            out.push((id(ga, 0), i, l.sizes[ga as usize] as usize));
-            out.push((id(gb, 1), i, l.sizes[gb as usize] as usize));
+            f(id(ga, 0), i, l.sizes[ga as usize] as usize);
+            f(id(gb, 1), i, l.sizes[gb as usize] as usize);
         }
     }
 
@@ -336,7 +333,6 @@ pub(crate) mod tests {
         assert_eq!((up[2].1, up[2].2), (1, 2));
         h.uplinks(0, 4, &mut up);
         assert_eq!(up.len(), 2, "same leaf: only the host links");
-        assert!(h.in_launcher_order().is_launcher_order());
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use crate::cost::Network;
 use crate::hierarchy::Hierarchy;
 use crate::schedule::{Buf, Collective, Op, RankSchedule, Region};
-use crate::{Algorithm, Plan, plan, plan_on};
+use crate::{Algorithm, Plan, plan_on};
 
 /// The final step applied by `Finalize` in the simulator.
 pub const FINALIZE_FACTOR: u64 = 3;
@@ -473,22 +473,6 @@ pub fn schedules(
     root: usize,
     chunk_elems: usize,
 ) -> Result<Vec<RankSchedule>, String> {
-    if !algorithm.is_hierarchical() {
-        return (0..nranks)
-            .map(|rank| {
-                plan(&Plan {
-                    collective,
-                    algorithm,
-                    nranks,
-                    rank,
-                    count,
-                    root,
-                    chunk_elems,
-                })
-                .map_err(|e| e.to_string())
-            })
-            .collect();
-    }
     let h = Hierarchy::single_host(nranks);
     schedules_on(collective, algorithm, &h, false, count, root, chunk_elems)
 }

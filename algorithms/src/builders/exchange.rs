@@ -1,6 +1,6 @@
 //! Direct exchanges: pairwise, Bruck, linear and dissemination schedules.
 
-use super::{Blocks, copy, wrapped};
+use super::{Blocks, copy, copy_step, wrapped};
 use crate::schedule::{Buf, Op, RankSchedule, Region};
 
 /// Pairwise-exchange reduce-scatter of the `p` blocks of `input`: in step k rank `me` sends
@@ -108,13 +108,10 @@ pub fn pairwise_all_to_all(p: usize, r: usize, n: usize) -> RankSchedule {
 pub fn bruck_all_to_all(p: usize, r: usize, n: usize) -> RankSchedule {
     let mut s = RankSchedule::default();
     if p == 1 {
-        s.step(
-            copy(
-                Region::new(Buf::Input, 0, n),
-                Region::new(Buf::Output, 0, n),
-            )
-            .into_iter()
-            .collect(),
+        copy_step(
+            &mut s,
+            Region::new(Buf::Input, 0, n),
+            Region::new(Buf::Output, 0, n),
         );
         return s;
     }

@@ -18,7 +18,7 @@
 //!   rank that holds the data.
 
 use super::ring::Partials;
-use super::{Blocks, copy, one_rank};
+use super::{Blocks, copy, copy_step, one_rank};
 use crate::hierarchy::Hierarchy;
 use crate::schedule::{Buf, Op, RankSchedule, Region};
 use crate::{AllGatherPart, HierPart, ReduceScatterPart};
@@ -68,6 +68,21 @@ impl<'a> Rails<'a> {
     /// The rail index of real rank `q`.
     fn rail_of(&self, q: usize) -> usize {
         self.rail_index(&coords_of(self.h.position(q), &self.dims))
+    }
+
+    /// Copies of every rank's `n`-element block between rank order and rail order: from the
+    /// input into scratch (`into_rails`), or from scratch into the output.
+    fn rail_copies(&self, n: usize, into_rails: bool) -> Vec<Op> {
+        (0..self.h.len())
+            .filter_map(|q| {
+                let rail = Region::new(Buf::Scratch, self.rail_of(q) * n, n);
+                if into_rails {
+                    copy(Region::new(Buf::Input, q * n, n), rail)
+                } else {
+                    copy(rail, Region::new(Buf::Output, q * n, n))
+                }
+            })
+            .collect()
     }
 
     fn levels(&self) -> usize {
@@ -257,16 +272,7 @@ pub fn hierarchical_reduce_scatter(
         one_rank(&mut s, Region::new(Buf::Input, 0, n), output);
         return Some(s);
     }
-    // Rank q's input block goes to rail block u(q) of the scratch.
-    let copies = (0..p)
-        .filter_map(|q| {
-            copy(
-                Region::new(Buf::Input, q * n, n),
-                Region::new(Buf::Scratch, rails.rail_of(q) * n, n),
-            )
-        })
-        .collect();
-    s.step(copies);
+    s.step(rails.rail_copies(n, true));
     s.scratch_elems = p * n;
     let mut start = 0; // first rail block of this rank's share
     for l in 0..m {
@@ -294,13 +300,10 @@ pub fn hierarchical_all_gather(
     let m = rails.levels();
     let mut s = RankSchedule::default();
     if m == 0 {
-        s.step(
-            copy(
-                Region::new(Buf::Input, 0, n),
-                Region::new(Buf::Output, 0, n),
-            )
-            .into_iter()
-            .collect(),
+        copy_step(
+            &mut s,
+            Region::new(Buf::Input, 0, n),
+            Region::new(Buf::Output, 0, n),
         );
         return Some(s);
     }
@@ -317,15 +320,7 @@ pub fn hierarchical_all_gather(
         append_phase(&mut s, ph, &rails.group(l), true);
         own = out.all();
     }
-    let copies = (0..p)
-        .filter_map(|q| {
-            copy(
-                Region::new(Buf::Scratch, rails.rail_of(q) * n, n),
-                Region::new(Buf::Output, q * n, n),
-            )
-        })
-        .collect();
-    s.step(copies);
+    s.step(rails.rail_copies(n, false));
     s.scratch_elems = s.scratch_elems.max(p * n);
     Some(s)
 }
@@ -348,7 +343,7 @@ pub fn hierarchical_broadcast(
         Region::new(Buf::Output, 0, n),
     );
     if m == 0 {
-        s.step(copy(input, output).into_iter().collect());
+        copy_step(&mut s, input, output);
         return Some(s);
     }
     let mut first_phase = true;

@@ -161,9 +161,15 @@ pub(crate) fn copy(src: Region, dst: Region) -> Option<Op> {
     (src != dst).then_some(Op::Copy { src, dst })
 }
 
+/// A step that copies `input` to `output` (none when they are the same memory): the whole
+/// schedule of a lone rank of a collective that only moves data.
+pub(crate) fn copy_step(s: &mut RankSchedule, input: Region, output: Region) {
+    s.step(copy(input, output).into_iter().collect());
+}
+
 /// The whole schedule of a lone rank: its input becomes its output, finalized.
 pub(crate) fn one_rank(s: &mut RankSchedule, input: Region, output: Region) {
-    s.step(copy(input, output).into_iter().collect());
+    copy_step(s, input, output);
     s.step(vec![Op::Finalize { region: output }]);
 }
 
