@@ -6,9 +6,10 @@
 # Builds 8 hosts as network namespaces (st-h0 … st-h7, 198.18.0.1-8/24), a switch namespace
 # (st-sw) holding one bridge per leaf (2 hosts each) and a spine bridge joining the 4 leaves.
 # tc htb shapes every host link to 1 Gbit/s each way and every leaf uplink to 500 Mbit/s each
-# way, so the spine tier is oversubscribed 4:1. The fabric is described to strata by
-# examples/topology/emulated-fat-tree.toml (one rank per host, named h0-h7 by a private UTS
-# namespace per rank).
+# way, so the spine tier is oversubscribed 4:1. Pure TCP ACKs get their own htb class ahead
+# of data, as a switch's shallow queues would let them through. The fabric is described to
+# strata by examples/topology/emulated-fat-tree.toml (one rank per host, named h0-h7 by a
+# private UTS namespace per rank).
 #
 # It then prints:
 #   1. single flows: per-message latency and bandwidth between two leaves through the shaped
@@ -38,8 +39,8 @@ TOPO=$ROOT/examples/topology/emulated-fat-tree.toml
 HOSTS=8
 PER_LEAF=2
 LEAVES=$((HOSTS / PER_LEAF))
-HOST_RATE=1gbit
-UPLINK_RATE=500mbit
+HOST_RATE=1000
+UPLINK_RATE=500
 SW=st-sw
 PIDS=()
 
@@ -66,10 +67,20 @@ cargo build --release --bin collbench -q
 BIN=$ROOT/target/release/collbench
 [ -n "$OUT" ] && mkdir -p "$OUT"
 
-shape() { # namespace device rate
-    ip netns exec "$1" tc qdisc add dev "$2" root handle 1: htb default 10
-    ip netns exec "$1" tc class add dev "$2" parent 1: classid 1:10 htb rate "$3" ceil "$3" \
-        quantum 60000
+shape() { # namespace device rate_mbit
+    # A parent class holds the link at its rate; pure TCP ACKs (IP packets under 128 bytes) go
+    # first, as a switch's shallow queues would let them, instead of waiting behind the
+    # opposite direction's data in a deep FIFO (which halves every bidirectional flow).
+    local ns=$1 dev=$2 rate=$3
+    ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: htb default 10 r2q 100
+    ip netns exec "$ns" tc class add dev "$dev" parent 1: classid 1:1 htb \
+        rate "${rate}mbit" ceil "${rate}mbit" quantum 60000
+    ip netns exec "$ns" tc class add dev "$dev" parent 1:1 classid 1:5 htb prio 0 \
+        rate "$((rate / 20))mbit" ceil "${rate}mbit" quantum 1514
+    ip netns exec "$ns" tc class add dev "$dev" parent 1:1 classid 1:10 htb prio 1 \
+        rate "$((rate - rate / 20))mbit" ceil "${rate}mbit" quantum 60000
+    ip netns exec "$ns" tc filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
+        match ip protocol 6 0xff match u16 0x0000 0xff80 at 2 flowid 1:5
 }
 
 # --- the fabric ---------------------------------------------------------------------------
@@ -109,7 +120,7 @@ ip link set st-x1e netns st-x1
 ip -n st-x0 addr add 198.19.0.1/24 dev st-x0e
 ip -n st-x1 addr add 198.19.0.2/24 dev st-x1e
 for x in 0 1; do ip -n "st-x$x" link set "st-x${x}e" up; ip -n "st-x$x" link set lo up; done
-echo "# fabric: $HOSTS hosts, $PER_LEAF per leaf, $LEAVES leaves; host links $HOST_RATE, leaf uplinks $UPLINK_RATE (4:1)"
+echo "# fabric: $HOSTS hosts, $PER_LEAF per leaf, $LEAVES leaves; host links $HOST_RATE Mbit/s, leaf uplinks $UPLINK_RATE Mbit/s (4:1)"
 
 # --- running ranks --------------------------------------------------------------------------
 PORT=29400
@@ -162,7 +173,7 @@ if [ "$QUICK" = 1 ]; then
     BANDS=("-b 8 -e 4M -f 8 -n 5 -w 1")
     FIXED=ring,rhd,hier_ring
 else
-    BANDS=("-b 8 -e 512K -f 2 -n 40 -w 5" "-b 1M -e 64M -f 2 -n 2 -w 1")
+    BANDS=("-b 8 -e 512K -f 2 -n 40 -w 5" "-b 1M -e 8M -f 2 -n 8 -w 2" "-b 16M -e 64M -f 2 -n 3 -w 1")
     FIXED=all
 fi
 # Overrides for exploring: FATTREE_ALGOS=ring,rd FATTREE_BANDS="-b 8 -e 8 -n 300 -w 20"

@@ -33,18 +33,52 @@ pub struct LinkCost {
     pub gamma: f64,
 }
 
+/// A shared uplink on the path of a message.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Uplink {
+    /// Which uplink (and direction): equal ids are the same link.
+    pub id: u64,
+    /// Seconds per byte of the whole uplink.
+    pub seconds_per_byte: f64,
+    /// The fraction of its rate that two or more flows sharing it get together.
+    pub shared_efficiency: f64,
+}
+
+impl Uplink {
+    /// Seconds per byte each of `flows` messages crossing it at once gets.
+    pub fn shared_beta(&self, flows: u32) -> f64 {
+        if flows <= 1 {
+            self.seconds_per_byte
+        } else {
+            f64::from(flows) * self.seconds_per_byte / self.shared_efficiency
+        }
+    }
+}
+
 /// Link costs for every ordered pair of ranks, and the shared uplinks between them.
 pub trait Network {
     /// The cost of a message from `from` to `to`.
     fn link(&self, from: usize, to: usize) -> LinkCost;
 
-    /// The shared uplinks a message from `from` to `to` crosses, as (id, seconds per byte of
-    /// the whole uplink), written into `out` (cleared first). The messages of one step that
-    /// cross an uplink share it: each gets at most its capacity divided by their number.
-    /// The default has none.
-    fn uplinks(&self, from: usize, to: usize, out: &mut Vec<(u64, f64)>) {
+    /// The shared uplinks a message from `from` to `to` crosses, written into `out` (cleared
+    /// first). The messages that cross an uplink at once share it. The default has none.
+    fn uplinks(&self, from: usize, to: usize, out: &mut Vec<Uplink>) {
         let _ = (from, to);
         out.clear();
+    }
+
+    /// Whether a message from `from` to `to` leaves its host, sharing the ranks' network
+    /// ports rather than their local ones. The default: every message does.
+    fn crosses_hosts(&self, from: usize, to: usize) -> bool {
+        let _ = (from, to);
+        true
+    }
+
+    /// Whether schedules on this network are timed by flows sharing links over time
+    /// (`fluid`) instead of step by step with sharers counted per step index. The default
+    /// (step by step) is what the closed-form costs describe.
+    fn flow_level(&self) -> bool {
+        false
     }
 }
 
@@ -76,16 +110,28 @@ impl Network for FabricModel<'_> {
         self.tier_cost(self.hierarchy.tier(from, to))
     }
 
-    fn uplinks(&self, from: usize, to: usize, out: &mut Vec<(u64, f64)>) {
+    fn uplinks(&self, from: usize, to: usize, out: &mut Vec<Uplink>) {
         out.clear();
         self.hierarchy
             .for_each_uplink(from, to, |id, level, ranks| {
                 let l = self.costs.link(self.hierarchy.level_tier(level));
                 if l.oversubscription > 1.0 {
                     let bytes_per_s = ranks as f64 * l.bandwidth_gbps * 1e9 / l.oversubscription;
-                    out.push((id, 1.0 / bytes_per_s));
+                    out.push(Uplink {
+                        id,
+                        seconds_per_byte: 1.0 / bytes_per_s,
+                        shared_efficiency: l.shared_efficiency,
+                    });
                 }
             });
+    }
+
+    fn crosses_hosts(&self, from: usize, to: usize) -> bool {
+        self.hierarchy.tier(from, to) > Tier::Host
+    }
+
+    fn flow_level(&self) -> bool {
+        true
     }
 }
 

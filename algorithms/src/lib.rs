@@ -7,6 +7,7 @@
 
 pub mod builders;
 pub mod cost;
+mod fluid;
 pub mod hierarchy;
 pub mod layout;
 pub mod schedule;

@@ -17,7 +17,7 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
-use crate::cost::Network;
+use crate::cost::{Network, Uplink};
 use crate::hierarchy::Hierarchy;
 use crate::schedule::{Buf, Collective, Op, RankSchedule, Region};
 use crate::{Algorithm, Plan, plan_on};
@@ -99,7 +99,7 @@ struct Engine<'a> {
     net: Option<(&'a dyn Network, f64)>,
     /// Messages per (sender's step, uplink id), counted before timing.
     sharing: HashMap<(usize, u64), u32>,
-    uplinks: Vec<(u64, f64)>,
+    uplinks: Vec<Uplink>,
 }
 
 impl Engine<'_> {
@@ -242,9 +242,9 @@ impl Engine<'_> {
                     if !self.sharing.is_empty() {
                         let step = self.ranks[c.from].step;
                         net.uplinks(c.from, c.to, &mut self.uplinks);
-                        for (id, spb) in &self.uplinks {
-                            let k = self.sharing.get(&(step, *id)).copied().unwrap_or(1);
-                            beta = beta.max(f64::from(k) * spb);
+                        for up in &self.uplinks {
+                            let k = self.sharing.get(&(step, up.id)).copied().unwrap_or(1);
+                            beta = beta.max(up.shared_beta(k));
                         }
                     }
                     let finish = at + link.alpha + bytes * beta;
@@ -334,6 +334,9 @@ pub(crate) fn time(
     elem_bytes: f64,
 ) -> Result<Vec<f64>, String> {
     check_peers(schedules)?;
+    if net.flow_level() {
+        return crate::fluid::time(schedules, net, elem_bytes);
+    }
     let sharing = count_sharing(schedules, net);
     execute(schedules, &mut TimeOnly, Some((net, elem_bytes)), sharing)
 }
@@ -347,8 +350,8 @@ fn count_sharing(schedules: &[RankSchedule], net: &dyn Network) -> HashMap<(usiz
             for op in &st.ops {
                 if let Op::Send { peer, .. } = op {
                     net.uplinks(r, *peer, &mut links);
-                    for (id, _) in &links {
-                        *sharing.entry((si, *id)).or_insert(0u32) += 1;
+                    for up in &links {
+                        *sharing.entry((si, up.id)).or_insert(0u32) += 1;
                     }
                 }
             }

@@ -337,6 +337,7 @@ mod tests {
             bandwidth_gbps: 0.125,
             latency_us: 50.0,
             oversubscription,
+            shared_efficiency: 1.0,
         };
         TierCosts {
             leaf: link(1.0),

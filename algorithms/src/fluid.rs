@@ -1,0 +1,677 @@
+//! Flow-level timing: every message in flight is a flow, and the flows active at one moment
+//! share the links they cross, max-min fairly.
+//!
+//! The step-indexed engine in [`crate::sim`] serialises each rank's sends and receives and
+//! counts an uplink's sharers by step index. That is exact for schedules whose ranks move in
+//! lock step (rings, recursive doubling), but pipelined schedules (trees, hierarchical
+//! compositions) drift apart: their messages overlap in time differently than their step
+//! indices suggest, and a rank receiving from two children at once takes the two messages in
+//! parallel when they arrive through different uplinks. Here contention is counted by time:
+//! a message becomes a flow α after both ends reach the step that holds it, and between
+//! events the rate of every flow is its max-min fair share of
+//!
+//! * its own link (`1 / β` of the pair),
+//! * the sender's transmit port and the receiver's receive port (one per rank for messages
+//!   that leave the host, one for those that stay on it),
+//! * every shared uplink it crosses ([`Network::uplinks`]).
+//!
+//! A receive that reduces finishes `bytes × γ` after its data has arrived, and a rank's
+//! reductions run one at a time.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use crate::cost::{Network, Uplink};
+use crate::schedule::{Op, RankSchedule};
+
+/// Relative slack when comparing times and remaining bytes.
+const EPS: f64 = 1e-12;
+
+/// A point in time when one operation of one rank completes.
+#[derive(Clone, Copy, Debug)]
+struct Done {
+    at: f64,
+    rank: usize,
+    op: usize,
+}
+
+impl PartialEq for Done {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Done {}
+impl PartialOrd for Done {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Done {
+    // Reversed: BinaryHeap is a max-heap and the earliest completion must come first.
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.at.total_cmp(&self.at)
+            .then(o.rank.cmp(&self.rank))
+            .then(o.op.cmp(&self.op))
+    }
+}
+
+/// A message between matching operations of two ranks.
+struct Flow {
+    from: usize,
+    to: usize,
+    send_op: usize,
+    recv_op: usize,
+    bytes: f64,
+    reduces: bool,
+    /// When it starts to move data (both ends ready, plus α).
+    start: f64,
+    remaining: f64,
+    /// Its own link's rate alone, bytes per second.
+    cap: f64,
+    rate: f64,
+    /// Indices into `Engine::resources`.
+    uses: Vec<usize>,
+}
+
+/// Something flows share: a port or an uplink, with its capacity in bytes per second.
+struct Resource {
+    capacity: f64,
+    /// The fraction of `capacity` two or more flows get together.
+    shared_efficiency: f64,
+    /// Scratch for the fair-share computation.
+    left: f64,
+    users: usize,
+}
+
+#[derive(Default)]
+struct RankState {
+    step: usize,
+    /// When the rank entered its current step.
+    entered: f64,
+    /// Completion time of the step's operations so far.
+    end: f64,
+    pending: usize,
+    /// Per operation of the current step: matched into a flow (or local).
+    matched: Vec<bool>,
+    reduce_free: f64,
+    finished: bool,
+}
+
+/// Which port of a rank a message uses.
+#[derive(Clone, Copy, Hash, PartialEq, Eq)]
+enum Port {
+    Send { rank: usize, off_host: bool },
+    Recv { rank: usize, off_host: bool },
+    Uplink(u64),
+}
+
+struct Engine<'a> {
+    scheds: &'a [RankSchedule],
+    net: &'a dyn Network,
+    elem_bytes: f64,
+    ranks: Vec<RankState>,
+    now: f64,
+    /// Matched flows that have not started yet, and those moving data.
+    waiting: Vec<Flow>,
+    active: Vec<Flow>,
+    done: BinaryHeap<Done>,
+    resources: Vec<Resource>,
+    ports: HashMap<Port, usize>,
+    uplinks: Vec<Uplink>,
+}
+
+/// Runs `schedules` on `net` with flows sharing links by time and returns when each rank
+/// finishes.
+pub(crate) fn time(
+    schedules: &[RankSchedule],
+    net: &dyn Network,
+    elem_bytes: f64,
+) -> Result<Vec<f64>, String> {
+    let mut e = Engine {
+        scheds: schedules,
+        net,
+        elem_bytes,
+        ranks: (0..schedules.len()).map(|_| RankState::default()).collect(),
+        now: 0.0,
+        waiting: Vec::new(),
+        active: Vec::new(),
+        done: BinaryHeap::new(),
+        resources: Vec::new(),
+        ports: HashMap::new(),
+        uplinks: Vec::new(),
+    };
+    for r in 0..schedules.len() {
+        e.enter(r, 0.0);
+    }
+    e.run()?;
+    if let Some(r) = e.ranks.iter().position(|s| !s.finished) {
+        return Err(format!(
+            "rank {r} never finishes its step {}: a peer never posts the matching operation",
+            e.ranks[r].step
+        ));
+    }
+    Ok(e.ranks.iter().map(|s| s.end).collect())
+}
+
+impl Engine<'_> {
+    fn ops(&self, r: usize) -> &[Op] {
+        self.scheds[r]
+            .steps
+            .get(self.ranks[r].step)
+            .map_or(&[], |s| &s.ops)
+    }
+
+    /// The first unmatched operation of `r`'s current step that talks to `peer` and sends
+    /// (or receives).
+    fn unmatched(&self, r: usize, peer: usize, sends: bool) -> Option<usize> {
+        let st = &self.ranks[r];
+        if st.finished {
+            return None;
+        }
+        self.ops(r).iter().enumerate().position(|(i, op)| {
+            !st.matched.get(i).copied().unwrap_or(true)
+                && op.peer() == Some(peer)
+                && matches!(op, Op::Send { .. }) == sends
+        })
+    }
+
+    /// Enters rank `r`'s next step with work in it at time `at`, and matches what it can.
+    fn enter(&mut self, r: usize, at: f64) {
+        loop {
+            let Some(step) = self.scheds[r].steps.get(self.ranks[r].step) else {
+                self.ranks[r].finished = true;
+                return;
+            };
+            let st = &mut self.ranks[r];
+            st.entered = at;
+            st.end = st.end.max(at);
+            st.matched = step.ops.iter().map(|op| op.peer().is_none()).collect();
+            st.pending = step.ops.iter().filter(|op| op.peer().is_some()).count();
+            if st.pending > 0 {
+                break;
+            }
+            st.step += 1;
+        }
+        let peers: Vec<(usize, bool)> = self
+            .ops(r)
+            .iter()
+            .filter_map(|op| op.peer().map(|q| (q, matches!(op, Op::Send { .. }))))
+            .collect();
+        for (q, sends) in peers {
+            if sends {
+                self.try_match(r, q);
+            } else {
+                self.try_match(q, r);
+            }
+        }
+    }
+
+    /// Turns the first unmatched send of `from` to `to` and receive of `to` from `from` into
+    /// a flow, if both ranks have reached them.
+    fn try_match(&mut self, from: usize, to: usize) {
+        let (Some(i), Some(j)) = (
+            self.unmatched(from, to, true),
+            self.unmatched(to, from, false),
+        ) else {
+            return;
+        };
+        let elems = match &self.ops(from)[i] {
+            Op::Send { src, .. } => src.len,
+            _ => unreachable!("unmatched(.., true) returns sends"),
+        };
+        let reduces = matches!(self.ops(to)[j], Op::RecvReduce { .. });
+        self.ranks[from].matched[i] = true;
+        self.ranks[to].matched[j] = true;
+        let link = self.net.link(from, to);
+        let bytes = elems as f64 * self.elem_bytes;
+        let start = self.ranks[from].entered.max(self.ranks[to].entered) + link.alpha;
+        let off_host = self.net.crosses_hosts(from, to);
+        let mut uses = vec![
+            self.port(Port::Send {
+                rank: from,
+                off_host,
+            }),
+            self.port(Port::Recv { rank: to, off_host }),
+        ];
+        self.net.uplinks(from, to, &mut self.uplinks);
+        for k in 0..self.uplinks.len() {
+            let up = self.uplinks[k];
+            let res = self.port(Port::Uplink(up.id));
+            self.resources[res].capacity = 1.0 / up.seconds_per_byte;
+            self.resources[res].shared_efficiency = up.shared_efficiency;
+            uses.push(res);
+        }
+        self.waiting.push(Flow {
+            from,
+            to,
+            send_op: i,
+            recv_op: j,
+            bytes,
+            reduces,
+            start,
+            remaining: bytes,
+            cap: if link.beta > 0.0 {
+                1.0 / link.beta
+            } else {
+                f64::INFINITY
+            },
+            rate: 0.0,
+            uses,
+        });
+    }
+
+    fn port(&mut self, p: Port) -> usize {
+        let next = self.resources.len();
+        let id = *self.ports.entry(p).or_insert(next);
+        if id == next {
+            self.resources.push(Resource {
+                capacity: f64::INFINITY,
+                shared_efficiency: 1.0,
+                left: 0.0,
+                users: 0,
+            });
+        }
+        id
+    }
+
+    /// Max-min fair rates for the active flows (progressive filling). A port's capacity is
+    /// the fastest link among the flows using it: a rank sends no faster than its own link.
+    fn share(&mut self) {
+        for res in &mut self.resources {
+            res.users = 0;
+        }
+        let mut port_cap: HashMap<usize, f64> = HashMap::new();
+        for f in &self.active {
+            for &u in &f.uses[..2] {
+                let c = port_cap.entry(u).or_insert(0.0);
+                *c = c.max(f.cap);
+            }
+        }
+        for (u, c) in &port_cap {
+            self.resources[*u].capacity = *c;
+        }
+        for f in &mut self.active {
+            f.rate = 0.0;
+            for &u in &f.uses {
+                self.resources[u].users += 1;
+            }
+        }
+        for res in &mut self.resources {
+            res.left = if res.users > 1 {
+                res.capacity * res.shared_efficiency
+            } else {
+                res.capacity
+            };
+        }
+        let mut frozen = vec![false; self.active.len()];
+        let mut unfrozen = self.active.len();
+        while unfrozen > 0 {
+            let mut inc = f64::INFINITY;
+            for (k, f) in self.active.iter().enumerate() {
+                if frozen[k] {
+                    continue;
+                }
+                inc = inc.min(f.cap - f.rate);
+                for &u in &f.uses {
+                    let res = &self.resources[u];
+                    inc = inc.min(res.left / res.users as f64);
+                }
+            }
+            if !inc.is_finite() {
+                // Nothing limits these flows (zero-cost links): they finish at once.
+                for (k, f) in self.active.iter_mut().enumerate() {
+                    if !frozen[k] {
+                        f.rate = f64::INFINITY;
+                    }
+                }
+                break;
+            }
+            for (k, f) in self.active.iter_mut().enumerate() {
+                if !frozen[k] {
+                    f.rate += inc;
+                    for &u in &f.uses {
+                        self.resources[u].left -= inc;
+                    }
+                }
+            }
+            for (k, f) in self.active.iter().enumerate() {
+                if frozen[k] {
+                    continue;
+                }
+                let saturated = f.rate >= f.cap * (1.0 - 1e-9)
+                    || f.uses.iter().any(|&u| {
+                        let res = &self.resources[u];
+                        res.left <= res.capacity * 1e-9
+                    });
+                if saturated {
+                    frozen[k] = true;
+                    unfrozen -= 1;
+                    for &u in &f.uses {
+                        self.resources[u].users -= 1;
+                    }
+                }
+            }
+        }
+    }
+
+    fn run(&mut self) -> Result<(), String> {
+        loop {
+            let next_start = self
+                .waiting
+                .iter()
+                .map(|f| f.start)
+                .fold(f64::INFINITY, f64::min);
+            let next_finish = self
+                .active
+                .iter()
+                .map(|f| self.now + f.remaining / f.rate)
+                .fold(f64::INFINITY, f64::min);
+            let next_done = self.done.peek().map_or(f64::INFINITY, |d| d.at);
+            let next = next_start.min(next_finish).min(next_done);
+            if !next.is_finite() {
+                return Ok(());
+            }
+            let dt = (next - self.now).max(0.0);
+            self.now = self.now.max(next);
+            let tol = EPS * self.now.max(1e-9);
+            let mut changed = false;
+            // Data moved since the last event; flows that reach zero finish now.
+            let mut k = 0;
+            while k < self.active.len() {
+                let f = &mut self.active[k];
+                if f.rate.is_infinite() {
+                    f.remaining = 0.0;
+                } else {
+                    f.remaining -= f.rate * dt;
+                }
+                if f.remaining <= f.bytes * 1e-9 || f.remaining / f.rate <= tol {
+                    let f = self.active.swap_remove(k);
+                    self.finish(f);
+                    changed = true;
+                } else {
+                    k += 1;
+                }
+            }
+            // Flows whose α has elapsed start moving data.
+            let mut k = 0;
+            while k < self.waiting.len() {
+                if self.waiting[k].start <= self.now + tol {
+                    let f = self.waiting.swap_remove(k);
+                    if f.bytes == 0.0 {
+                        self.finish(f);
+                    } else {
+                        self.active.push(f);
+                    }
+                    changed = true;
+                } else {
+                    k += 1;
+                }
+            }
+            // Completions due now may move ranks to their next step, which matches new flows.
+            while let Some(d) = self.done.peek().copied() {
+                if d.at > self.now + tol {
+                    break;
+                }
+                self.done.pop();
+                self.complete(d);
+                changed = true;
+            }
+            if changed {
+                self.share();
+            }
+        }
+    }
+
+    /// A flow has delivered its last byte at `self.now`.
+    fn finish(&mut self, f: Flow) {
+        self.done.push(Done {
+            at: self.now,
+            rank: f.from,
+            op: f.send_op,
+        });
+        let mut at = self.now;
+        if f.reduces {
+            let gamma = self.net.link(f.from, f.to).gamma;
+            let st = &mut self.ranks[f.to];
+            at = at.max(st.reduce_free) + f.bytes * gamma;
+            st.reduce_free = at;
+        }
+        self.done.push(Done {
+            at,
+            rank: f.to,
+            op: f.recv_op,
+        });
+    }
+
+    fn complete(&mut self, d: Done) {
+        let st = &mut self.ranks[d.rank];
+        st.pending -= 1;
+        st.end = st.end.max(d.at);
+        if st.pending == 0 {
+            st.step += 1;
+            self.enter(d.rank, d.at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Algorithm;
+    use crate::cost::{Flat, LinkCost};
+    use crate::schedule::{Buf, Collective, Region, Step};
+
+    const BETA: f64 = 1e-8; // 100 MB/s per rank
+    const ALPHA: f64 = 1e-5;
+
+    /// Every rank has its own 100 MB/s link; uplink `u` (shared, 100 MB/s) is on the path of
+    /// every message listed in `paths` as (from, to, u).
+    struct Test {
+        paths: Vec<(usize, usize, u64)>,
+        efficiency: f64,
+    }
+
+    impl Network for Test {
+        fn link(&self, _: usize, _: usize) -> LinkCost {
+            LinkCost {
+                alpha: ALPHA,
+                beta: BETA,
+                gamma: 0.0,
+            }
+        }
+        fn uplinks(&self, from: usize, to: usize, out: &mut Vec<Uplink>) {
+            out.clear();
+            for &(f, t, id) in &self.paths {
+                if (f, t) == (from, to) {
+                    out.push(Uplink {
+                        id,
+                        seconds_per_byte: BETA,
+                        shared_efficiency: self.efficiency,
+                    });
+                }
+            }
+        }
+        fn flow_level(&self) -> bool {
+            true
+        }
+    }
+
+    fn region(len: usize) -> Region {
+        Region {
+            buf: Buf::Output,
+            offset: 0,
+            len,
+        }
+    }
+    fn send(peer: usize, len: usize) -> Op {
+        Op::Send {
+            peer,
+            src: region(len),
+        }
+    }
+    fn recv(peer: usize, len: usize) -> Op {
+        Op::Recv {
+            peer,
+            dst: region(len),
+        }
+    }
+    fn sched(steps: Vec<Vec<Op>>) -> RankSchedule {
+        RankSchedule {
+            steps: steps.into_iter().map(|ops| Step { ops }).collect(),
+            scratch_elems: 0,
+        }
+    }
+    fn finish(s: &[RankSchedule], net: &dyn Network) -> f64 {
+        time(s, net, 1.0).unwrap().into_iter().fold(0.0, f64::max)
+    }
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * b.abs().max(1e-12)
+    }
+
+    /// Ranks 1 and 2 both send `n` bytes to rank 0 in one step.
+    fn fan_in(n: usize) -> Vec<RankSchedule> {
+        vec![
+            sched(vec![vec![recv(1, n), recv(2, n)]]),
+            sched(vec![vec![send(0, n)]]),
+            sched(vec![vec![send(0, n)]]),
+        ]
+    }
+
+    #[test]
+    fn a_receiver_port_is_shared_by_its_incoming_flows() {
+        let n = 1_000_000;
+        let net = Test {
+            paths: vec![],
+            efficiency: 1.0,
+        };
+        // Two 1 MB messages into one 100 MB/s port: 20 ms, not 10.
+        assert!(close(
+            finish(&fan_in(n), &net),
+            ALPHA + 2.0 * n as f64 * BETA
+        ));
+    }
+
+    #[test]
+    fn flows_share_an_uplink_only_while_they_overlap() {
+        let n = 1_000_000;
+        // Rank 0 -> 1 and rank 2 -> 3 at once, both over uplink 7: each gets half of it.
+        let pair = |late: bool| {
+            let mut s = vec![
+                sched(vec![vec![send(1, n)]]),
+                sched(vec![vec![recv(0, n)]]),
+                sched(vec![vec![send(3, n)]]),
+                sched(vec![vec![recv(2, n)]]),
+            ];
+            if late {
+                // Rank 2 first takes 2 MB from rank 4 (20 ms), so its message to rank 3
+                // starts after rank 0's has finished (10 ms): they never overlap.
+                s[2].steps.insert(
+                    0,
+                    Step {
+                        ops: vec![recv(4, 2 * n)],
+                    },
+                );
+                s.push(sched(vec![vec![send(2, 2 * n)]]));
+            }
+            s
+        };
+        let shared = Test {
+            paths: vec![(0, 1, 7), (2, 3, 7)],
+            efficiency: 1.0,
+        };
+        assert!(close(
+            finish(&pair(false), &shared),
+            ALPHA + 2.0 * n as f64 * BETA
+        ));
+        let lossy = Test {
+            paths: vec![(0, 1, 7), (2, 3, 7)],
+            efficiency: 0.8,
+        };
+        assert!(close(
+            finish(&pair(false), &lossy),
+            ALPHA + 2.0 * n as f64 * BETA / 0.8
+        ));
+        // In sequence: 20 ms + α for the first, then 10 ms + α alone on the uplink.
+        let t = finish(&pair(true), &lossy);
+        assert!(close(t, 2.0 * ALPHA + 3.0 * n as f64 * BETA), "{t}");
+    }
+
+    #[test]
+    fn fair_shares_follow_the_tightest_link() {
+        let n = 1_000_000;
+        // Flows 0->1 and 2->3 share uplink 7, and 2->3 and 4->5 share uplink 8. Max-min: each
+        // of the three gets 50 MB/s, and everything ends at 20 ms.
+        let s = vec![
+            sched(vec![vec![send(1, n)]]),
+            sched(vec![vec![recv(0, n)]]),
+            sched(vec![vec![send(3, n)]]),
+            sched(vec![vec![recv(2, n)]]),
+            sched(vec![vec![send(5, n)]]),
+            sched(vec![vec![recv(4, n)]]),
+        ];
+        let net = Test {
+            paths: vec![(0, 1, 7), (2, 3, 7), (2, 3, 8), (4, 5, 8)],
+            efficiency: 1.0,
+        };
+        assert!(close(finish(&s, &net), ALPHA + 2.0 * n as f64 * BETA));
+        // Rank 4's message is half as big: it finishes at 10 ms, and 2->3 keeps 50 MB/s
+        // because uplink 7 still holds it to half; all done at 20 ms again.
+        let mut s = s;
+        s[4] = sched(vec![vec![send(5, n / 2)]]);
+        s[5] = sched(vec![vec![recv(4, n / 2)]]);
+        assert!(close(finish(&s, &net), ALPHA + 2.0 * n as f64 * BETA));
+    }
+
+    /// A flat network timed by flows.
+    struct FlowFlat(Flat);
+    impl Network for FlowFlat {
+        fn link(&self, f: usize, t: usize) -> LinkCost {
+            self.0.link(f, t)
+        }
+        fn flow_level(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn lock_step_schedules_cost_what_the_step_engine_says() {
+        let link = LinkCost {
+            alpha: ALPHA,
+            beta: BETA,
+            gamma: 1e-9,
+        };
+        for algorithm in [
+            Algorithm::Ring,
+            Algorithm::RecursiveDoubling,
+            Algorithm::Rabenseifner,
+        ] {
+            for p in [2, 5, 8] {
+                let s =
+                    crate::sim::schedules(Collective::AllReduce, algorithm, p, 1000, 0, 0).unwrap();
+                let steps = crate::sim::time(&s, &Flat(link), 4.0).unwrap();
+                let flows = time(&s, &FlowFlat(Flat(link)), 4.0).unwrap();
+                for (a, b) in steps.iter().zip(&flows) {
+                    assert!(
+                        close(*b, *a),
+                        "{algorithm:?} on {p}: step engine {a}, flows {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_partner_is_an_error_not_a_hang() {
+        let s = vec![sched(vec![vec![recv(1, 10)]]), sched(vec![vec![]])];
+        let err = time(
+            &s,
+            &Test {
+                paths: vec![],
+                efficiency: 1.0,
+            },
+            1.0,
+        )
+        .unwrap_err();
+        assert!(err.contains("rank 0"), "{err}");
+    }
+}
