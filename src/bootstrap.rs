@@ -223,6 +223,8 @@ pub(crate) enum Msg {
     Ack,
     /// Connection refused, with the reason.
     Nack { reason: String },
+    /// A rank's answer to `ConnectKind::Status`: what it is doing.
+    Status(crate::watchdog::Progress),
 }
 
 /// What a new connection to a listener is for.
@@ -234,6 +236,17 @@ pub(crate) enum ConnectKind {
     Control { transport: TransportSetup },
     /// Are you still there? Answered with `Ack`; nothing is set up.
     Probe,
+    /// The watchdog link from the ring predecessor (see `watchdog`).
+    Watchdog,
+    /// What are you doing? Answered with `Msg::Status` (diagnosing a timeout).
+    Status,
+    /// A survivor joins shrink `key` of `expected` ranks, sent to the lowest survivor's
+    /// listener; answered with `Msg::Table` (every survivor's `info`) or `Msg::Fail`.
+    Shrink {
+        key: String,
+        expected: usize,
+        info: PeerInfo,
+    },
 }
 
 /// How the data path of a new connection is built.
@@ -584,8 +597,10 @@ pub(crate) fn rendezvous(
     let root = id.root_addr();
     let timeout_err = |what: String| Error::Timeout {
         op: format!("init ({what})"),
+        seq: 0,
         waiting_on: vec![],
         after_s: start.elapsed().as_secs_f64(),
+        diagnosis: None,
     };
     let mut s = connect_authenticated(root, &id.secret(), deadline, cfg.handshake_timeout, true)
         .map_err(|e| timeout_err(format!("bootstrap root {root}: {e}")))?;
@@ -611,8 +626,10 @@ pub(crate) fn rendezvous(
         }
         Ok(Msg::Fail { reason, missing }) if !missing.is_empty() => Err(Error::Timeout {
             op: format!("init: {reason}"),
+            seq: 0,
             waiting_on: missing,
             after_s: start.elapsed().as_secs_f64(),
+            diagnosis: None,
         }),
         Ok(Msg::Fail { reason, .. }) => Err(Error::InvalidArgument(format!(
             "bootstrap root refused this rank: {reason}"

@@ -4,18 +4,23 @@ use crate::bootstrap::{self, PeerInfo, Secret, UniqueId};
 use crate::config::{Config, RankOrder};
 use crate::connection::{self, CommListener, Connection, ControlFrame};
 use crate::dtype::{DataType, Element, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, RankList, Result};
 use crate::executor::{self, Buffers, Header, OpRun};
 use crate::reduce::{self, Combine};
+use crate::watchdog::{self, FlightRecord, Health, Progress, Watchdog, WatchdogSetup};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_algorithms::layout::{GroupKind, Layout};
 use strata_algorithms::tuner::{Explanation, Tuner};
 use strata_algorithms::{Algorithm, Collective, Hierarchy, Plan, RankSchedule, valid_names};
 use strata_topology::{HostIdentity, RankPlace, Tier, TierCosts, TierMatrix};
+
+/// Communicators up to this size ask every rank for its status when a call times out; larger
+/// ones ask only the ranks the call waited on.
+const DIAGNOSE_ALL_UP_TO: usize = 256;
 
 /// Most schedules kept per communicator.
 const SCHEDULE_CACHE: usize = 512;
@@ -75,6 +80,7 @@ struct State {
     last_plan: Option<(Plan, Arc<CachedPlan>)>,
     exec: executor::ExecBuffers,
     splits: u64,
+    shrinks: u64,
 }
 
 /// A schedule and what a call needs besides it, built once per (collective, algorithm, count).
@@ -106,10 +112,13 @@ struct Inner {
     peers: Vec<PeerInfo>,
     cfg: Config,
     listener: CommListener,
-    abort: AtomicBool,
-    failed: Mutex<Option<Error>>,
-    /// Set once `failed` holds an error, so healthy calls skip the lock.
-    has_failed: AtomicBool,
+    /// Abort flags, the fault that broke the communicator, progress and the flight record.
+    health: Arc<Health>,
+    /// Heartbeats to the ring neighbours (none for one rank or with heartbeats off); held
+    /// for its life and its goodbye on drop.
+    _watchdog: Option<Watchdog>,
+    /// Deadline of each call, ms (`STRATA_TIMEOUT`, or [`Communicator::set_timeout`]).
+    timeout_ms: AtomicU64,
     state: Mutex<State>,
     /// The algorithm chosen per collective (`STRATA_ALGO`, `NCCL_ALGO` or
     /// [`Communicator::set_algorithm`]), indexed by `Collective::code`: 0 for automatic, else
@@ -392,7 +401,19 @@ impl Communicator {
             last_plan: None,
             exec: Default::default(),
             splits: 0,
+            shrinks: 0,
         };
+        let health = listener.health();
+        let timeout_ms = cfg.timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let watchdog = Watchdog::start(WatchdogSetup {
+            comm_id: comm_id.clone(),
+            rank,
+            peers: peers.clone(),
+            secret,
+            cfg: cfg.clone(),
+            health: health.clone(),
+            incoming: listener.watchdog_inbox(),
+        })?;
         Ok(Self {
             inner: Arc::new(Inner {
                 rank,
@@ -402,9 +423,9 @@ impl Communicator {
                 peers,
                 cfg,
                 listener,
-                abort: AtomicBool::new(false),
-                failed: Mutex::new(None),
-                has_failed: AtomicBool::new(false),
+                health,
+                _watchdog: watchdog,
+                timeout_ms: AtomicU64::new(timeout_ms),
                 state: Mutex::new(state),
                 algo_choice: parse_algo_env()?
                     .map(|a| AtomicU8::new(a.map_or(0, |a| a.code() + 1))),
@@ -439,15 +460,51 @@ impl Communicator {
     /// Makes the call in progress (from another thread) and every later call fail with
     /// `Aborted`. Returns at once; the waiting call notices within 50 ms.
     pub fn abort(&self) {
-        self.inner.abort.store(true, Ordering::Release);
+        self.inner.health.abort();
     }
 
-    /// The error that broke this communicator, if any; never blocks.
+    /// The error that broke this communicator, if any: the fault this rank or its watchdog
+    /// found or heard of (`PeerFailed`, `Timeout`, `Mismatch`, ...), else `Aborted` after
+    /// [`Communicator::abort`]. Never blocks; safe from any thread while a call runs.
     pub fn async_error(&self) -> Option<Error> {
-        if self.inner.abort.load(Ordering::Acquire) {
+        if let Some(e) = self.inner.health.fault() {
+            return Some(e);
+        }
+        if self.inner.health.user_abort.load(Ordering::Acquire) {
             return Some(Error::Aborted(None));
         }
-        self.inner.failed.lock().ok().and_then(|g| g.clone())
+        None
+    }
+
+    /// Sets the deadline of the calls that follow (initially `STRATA_TIMEOUT`). A call that
+    /// overruns it fails with a diagnosed [`Error::Timeout`] and breaks the communicator.
+    pub fn set_timeout(&self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(Error::InvalidArgument(
+                "a call's timeout must be positive".into(),
+            ));
+        }
+        let ms = timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        self.inner.timeout_ms.store(ms, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The deadline of each call.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.inner.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// What this rank is doing now (the last collective started and finished, and the one in
+    /// progress), as its watchdog reports it to its neighbours.
+    pub fn progress(&self) -> Progress {
+        self.inner.health.progress()
+    }
+
+    /// The flight recorder: this communicator's last operations with their start and end
+    /// times and errors, oldest first. After a fault each rank also writes them to
+    /// `STRATA_TRACE_DIR`.
+    pub fn flight_records(&self) -> Vec<FlightRecord> {
+        self.inner.health.flight_records()
     }
 
     /// The algorithm used for `collective` on `bytes` per rank: the chosen one (see
@@ -859,6 +916,117 @@ impl Communicator {
         })
     }
 
+    /// Makes every rank's call in progress and every later call fail, as a fault would: the
+    /// watchdog carries it to all ranks. Use it before [`Communicator::shrink`] so that no
+    /// survivor is still inside a call of this communicator. Returns at once.
+    pub fn revoke(&self) {
+        let e = Error::Aborted(Some(format!(
+            "rank {} revoked the communicator",
+            self.rank()
+        )));
+        if self.inner.health.record_fault(&e) {
+            tracing::warn!(rank = self.rank(), "{e}");
+        }
+    }
+
+    /// A working communicator over the ranks of this one not in `exclude`, numbered in their
+    /// old order (NCCL's `ncclCommShrink`). Only the survivors call it, each with the same
+    /// `exclude`; the excluded ranks take no part, so this works after they died. The
+    /// lowest survivor gathers everyone's new address through its listener of this
+    /// communicator, which outlives faults. Fails after `STRATA_INIT_TIMEOUT` if a survivor
+    /// never calls it.
+    pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
+        let inner = &*self.inner;
+        let mut gone: Vec<usize> = exclude.to_vec();
+        gone.sort_unstable();
+        gone.dedup();
+        if let Some(&bad) = gone.iter().find(|&&r| r >= inner.size) {
+            return Err(Error::InvalidArgument(format!(
+                "shrink: rank {bad} is not in this communicator of {} ranks",
+                inner.size
+            )));
+        }
+        if gone.contains(&inner.rank) {
+            return Err(Error::InvalidArgument(format!(
+                "shrink: this rank ({}) is in the exclude list; only survivors call shrink",
+                inner.rank
+            )));
+        }
+        let survivors: Vec<usize> = (0..inner.size).filter(|r| !gone.contains(r)).collect();
+        let rank = survivors
+            .iter()
+            .position(|&r| r == inner.rank)
+            .ok_or_else(|| Error::Transport("internal: shrink lost this rank".into()))?;
+        let shrink_no = {
+            // A call still running (on another thread) holds the state: interrupt it first.
+            let mut st = match self.inner.state.try_lock() {
+                Ok(st) => st,
+                Err(_) => {
+                    self.revoke();
+                    self.lock_state()?
+                }
+            };
+            st.shrinks += 1;
+            st.shrinks
+        };
+        let key = format!("shrink{shrink_no}/without{gone:?}");
+        let comm_id = comm_id_of(&inner.secret, format!("{}/{key}", inner.comm_id).as_bytes());
+        let listener = CommListener::bind(&inner.cfg)?;
+        let listen = listener
+            .local_addr()
+            .map_err(|e| Error::io("listener address", e))?;
+        let mine = PeerInfo {
+            rank,
+            listen,
+            ..inner.peers[inner.rank].clone()
+        };
+        let root = survivors[0];
+        let deadline = Instant::now() + inner.cfg.init_timeout;
+        let listener = CommListener::start(
+            listener,
+            comm_id.clone(),
+            rank,
+            survivors.len(),
+            inner.secret,
+            &inner.cfg,
+        )?;
+        let peers = if root == inner.rank {
+            inner
+                .listener
+                .shrink_join(&key, survivors.len(), mine, deadline)?
+        } else {
+            connection::shrink_request(
+                &inner.comm_id,
+                inner.rank,
+                &inner.peers[root],
+                &inner.secret,
+                &inner.cfg,
+                &key,
+                survivors.len(),
+                mine,
+            )?
+        };
+        tracing::info!(
+            rank = inner.rank,
+            "shrunk to {} ranks without {}",
+            peers.len(),
+            RankList(&gone)
+        );
+        let child = Self::from_parts(
+            rank,
+            peers,
+            comm_id,
+            inner.secret,
+            inner.cfg.clone(),
+            listener,
+            inner.tiers.costs(),
+        )?;
+        for (mine, theirs) in child.inner.algo_choice.iter().zip(&inner.algo_choice) {
+            mine.store(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        Ok(child)
+    }
+
     /// Splits this communicator into the four groups of a 4D parallel layout, in [TP, CP, PP,
     /// DP] order with TP varying fastest over this communicator's ranks (see
     /// [`strata_algorithms::layout`]). Every rank must call it with the same layout, whose
@@ -1022,16 +1190,8 @@ impl Communicator {
         p2p_peer: Option<usize>,
     ) -> Result<()> {
         let inner = &*self.inner;
-        if inner.abort.load(Ordering::Acquire) {
-            return Err(Error::Aborted(None));
-        }
-        if let Some(e) = inner
-            .has_failed
-            .load(Ordering::Acquire)
-            .then(|| inner.failed.lock().ok().and_then(|g| g.clone()))
-            .flatten()
-        {
-            return Err(Error::Aborted(Some(e.to_string())));
+        if let Some(e) = self.async_error() {
+            return Err(e);
         }
         if let ReduceOp::PreMulSum(s) = spec.op {
             if spec.collective.reduces() && s.dtype != spec.dtype {
@@ -1145,6 +1305,8 @@ impl Communicator {
         } else {
             &cached.exchange
         };
+        let seq = if p2p_peer.is_some() { 0 } else { local.seq };
+        inner.health.op_started(seq, &local.describe());
         let result = (|| {
             self.ensure_connections(st, needed, &local)?;
             // Inputs the schedule must not read from the caller's memory.
@@ -1202,9 +1364,9 @@ impl Communicator {
                 wire_out,
                 wire_in,
                 local,
-                timeout: inner.cfg.timeout,
+                timeout: self.timeout(),
                 clock: None,
-                abort: &inner.abort,
+                abort: &inner.health.interrupt,
                 reuse: &mut st.exec,
                 progress_events: 0,
                 goodbye_seen: None,
@@ -1212,8 +1374,19 @@ impl Communicator {
             }
             .run(&cached.sched, &bufs)
         })();
+        // A call interrupted by a fault reports that fault.
+        let result = result.map_err(|e| match e {
+            Error::Aborted(None) => self.async_error().unwrap_or(Error::Aborted(None)),
+            e @ Error::Timeout { .. } if seq > 0 => self.diagnose(e),
+            e => e,
+        });
+        inner.health.op_finished(seq, result.as_ref().err());
         if let Err(e) = &result {
-            self.fail(st, e, &local.describe());
+            if let Some(earlier) = self.fail(st, e, &local.describe()) {
+                // Another error broke the communicator first (this one is likely its echo):
+                // every rank reports that one.
+                return Err(earlier);
+            }
         }
         result
     }
@@ -1223,7 +1396,7 @@ impl Communicator {
         if peers.iter().all(|&q| st.conns[q].is_some()) {
             return Ok(());
         }
-        let deadline = Instant::now() + self.inner.cfg.timeout;
+        let deadline = Instant::now() + self.timeout();
         let inner = &*self.inner;
         let me = &inner.peers[inner.rank];
         // Open every connection even after one fails, so that the failure notice reaches all
@@ -1274,14 +1447,16 @@ impl Communicator {
             if missing.is_empty() {
                 return Ok(());
             }
-            if inner.abort.load(Ordering::Acquire) {
-                return Err(Error::Aborted(None));
+            if inner.health.interrupt.load(Ordering::Acquire) {
+                return Err(self.async_error().unwrap_or(Error::Aborted(None)));
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     op: format!("{} (connecting)", call.describe()),
+                    seq: call.seq,
                     waiting_on: missing,
                     after_s: started.elapsed().as_secs_f64(),
+                    diagnosis: None,
                 });
             }
             executor::check_control(&mut st.conns, &inner.peers)?;
@@ -1302,30 +1477,160 @@ impl Communicator {
         }
     }
 
-    /// Marks the communicator failed and tells every connected peer.
-    fn fail(&self, st: &mut State, e: &Error, desc: &str) {
+    /// Turns the timeout of collective call `seq` into one that names the ranks holding
+    /// everyone up: asks every rank (up to [`DIAGNOSE_ALL_UP_TO`] ranks; beyond that only the
+    /// ones waited on) what it is doing, 16 at a time, each within 2 s.
+    fn diagnose(&self, e: Error) -> Error {
+        let Error::Timeout {
+            op,
+            seq,
+            waiting_on,
+            after_s,
+            diagnosis: None,
+        } = e
+        else {
+            return e;
+        };
         let inner = &*self.inner;
-        inner.has_failed.store(true, Ordering::Release);
-        if let Ok(mut f) = inner.failed.lock() {
-            if f.is_none() {
-                *f = Some(e.clone());
+        let ask: Vec<usize> = if inner.size <= DIAGNOSE_ALL_UP_TO {
+            (0..inner.size).filter(|&q| q != inner.rank).collect()
+        } else {
+            waiting_on.clone()
+        };
+        let limit = Duration::from_secs(2);
+        let per_thread = ask.len().div_ceil(16).max(1);
+        let answers: Vec<(usize, std::result::Result<Progress, String>)> =
+            std::thread::scope(|s| {
+                let handles: Vec<_> = ask
+                    .chunks(per_thread)
+                    .map(|chunk| {
+                        s.spawn(move || {
+                            chunk
+                                .iter()
+                                .map(|&q| {
+                                    let peer = &inner.peers[q];
+                                    let answer = connection::query_status(
+                                        &inner.comm_id,
+                                        inner.rank,
+                                        peer,
+                                        &inner.secret,
+                                        limit,
+                                    );
+                                    (q, answer)
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_default())
+                    .collect()
+            });
+        let mut waiters = vec![inner.rank];
+        let mut laggards: Vec<(usize, String)> = Vec::new();
+        for (q, answer) in answers {
+            match answer {
+                // In this call, or it gave up on it already.
+                Ok(p) if p.started == seq && p.finished < seq => waiters.push(q),
+                // It finished this call: not what everyone waits for.
+                Ok(p) if p.finished >= seq => {}
+                Ok(p) if p.started > seq => {
+                    laggards.push((q, format!("is already past it, {}", p.describe())))
+                }
+                Ok(p) => laggards.push((
+                    q,
+                    match p.current {
+                        Some(c) => format!("is still in {c}"),
+                        None => format!(
+                            "is idle after collective #{} (it has not called #{seq})",
+                            p.finished
+                        ),
+                    },
+                )),
+                Err(reason) => laggards.push((q, reason)),
+            }
+        }
+        if laggards.is_empty() {
+            let diagnosis = format!(
+                "every rank asked is in it; the transfers from {} stalled",
+                RankList(&waiting_on)
+            );
+            return Error::Timeout {
+                op,
+                seq,
+                waiting_on,
+                after_s,
+                diagnosis: Some(diagnosis),
+            };
+        }
+        let named: Vec<String> = laggards
+            .iter()
+            .map(|(q, what)| {
+                let p = &inner.peers[*q];
+                format!("rank {q} (host {}, pid {}) {what}", p.host.hostname, p.pid)
+            })
+            .collect();
+        let diagnosis = format!(
+            "{}; {} wait on {}",
+            named.join("; "),
+            RankList(&waiters),
+            if laggards.len() == 1 { "it" } else { "them" }
+        );
+        Error::Timeout {
+            op,
+            seq,
+            waiting_on: laggards.iter().map(|l| l.0).collect(),
+            after_s,
+            diagnosis: Some(diagnosis),
+        }
+    }
+
+    /// Marks the communicator failed and tells every connected peer (the watchdog tells the
+    /// rest). Returns the fault recorded earlier, if `e` was not the first.
+    fn fail(&self, st: &mut State, e: &Error, desc: &str) -> Option<Error> {
+        let inner = &*self.inner;
+        if matches!(e, Error::Aborted(None)) {
+            // `abort()` is local, as NCCL's is (`revoke()` is the one that travels).
+            return inner.health.fault();
+        }
+        // What the peers are told: errors that name the culprit travel as they are; anything
+        // else this rank ran into names this rank.
+        let me = &inner.peers[inner.rank];
+        let shared = match e {
+            Error::PeerFailed { .. }
+            | Error::Timeout { .. }
+            | Error::Mismatch(_)
+            | Error::Aborted(_) => e.clone(),
+            other => Error::PeerFailed {
+                rank: inner.rank,
+                host: me.host.hostname.clone(),
+                pid: me.pid,
+                reason: format!("it failed {desc}: {other}"),
+            },
+        };
+        let e = &shared;
+        if !inner.health.record_fault(e) {
+            return inner.health.fault();
+        }
+        if let Some(dir) = &inner.cfg.trace_dir {
+            let me = &inner.peers[inner.rank];
+            match watchdog::write_trace(dir, &inner.comm_id, me, &inner.health) {
+                Ok(path) => tracing::info!(
+                    rank = me.rank,
+                    "flight record written to {}",
+                    path.display()
+                ),
+                Err(err) => tracing::warn!(rank = me.rank, "writing the flight record: {err}"),
             }
         }
         let blamed = executor::blamed(e);
         tracing::error!(rank = inner.rank, op = desc, blamed = %blamed, "{e}");
-        let frame = match e {
-            Error::Mismatch(m) => ControlFrame::Poison {
-                mismatch: true,
-                message: m.clone(),
-            },
-            other => ControlFrame::Poison {
-                mismatch: false,
-                message: format!("rank {} failed {desc}: {other}", inner.rank),
-            },
-        };
+        let frame = ControlFrame::Poison { error: e.clone() };
         for c in st.conns.iter_mut().flatten() {
             c.send_control(&frame);
         }
+        None
     }
 }
 

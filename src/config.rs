@@ -54,6 +54,15 @@ pub struct Config {
     /// Address to listen on (from `STRATA_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME`, else the first
     /// non-loopback IPv4 interface that is up, else loopback).
     pub listen_ip: IpAddr,
+    /// Watchdog heartbeat interval (`STRATA_HEARTBEAT_MS`, default 1000; 0 turns the watchdog
+    /// off).
+    pub heartbeat_interval: Duration,
+    /// Heartbeats a ring neighbour may miss before it is declared stopped or hung
+    /// (`STRATA_HEARTBEAT_MISSES`, default 3).
+    pub heartbeat_misses: u32,
+    /// Where each rank writes its flight record (the last operations, as JSON) after a fault
+    /// (`STRATA_TRACE_DIR`; unset: nowhere).
+    pub trace_dir: Option<std::path::PathBuf>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -138,6 +147,16 @@ impl Config {
             },
             handshake_timeout: secs("STRATA_HANDSHAKE_TIMEOUT", 5.0)?,
             listen_ip: pick_interface(ifname.as_deref())?,
+            heartbeat_interval: Duration::from_millis(parse_env("STRATA_HEARTBEAT_MS", 1000u64)?),
+            heartbeat_misses: match parse_env("STRATA_HEARTBEAT_MISSES", 3u32)? {
+                0 => {
+                    return Err(Error::InvalidArgument(
+                        "STRATA_HEARTBEAT_MISSES must be at least 1".into(),
+                    ));
+                }
+                n => n,
+            },
+            trace_dir: env("STRATA_TRACE_DIR").map(std::path::PathBuf::from),
         })
     }
 }

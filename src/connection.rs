@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::transport::Transport;
 use crate::transport::ring::{Geometry, HeapMemory, Memory, RingEndpoint, ShmMemory};
 use crate::transport::tcp::{TcpTransport, tune_socket};
+use crate::watchdog::{Health, Progress};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -26,8 +27,8 @@ const MAX_CONTROL_FRAME: usize = 1 << 20;
 /// Out-of-band frames on a connection's control stream.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) enum ControlFrame {
-    /// The sender failed an operation; the receiver must fail too.
-    Poison { mismatch: bool, message: String },
+    /// The sender failed an operation with `error`; the receiver must fail too, with it.
+    Poison { error: Error },
     /// The sender is destroying its communicator; a later EOF is not a failure.
     Goodbye,
 }
@@ -92,6 +93,7 @@ impl Connection {
                     return Err(Error::PeerFailed {
                         rank: self.peer,
                         host: peer_info.host.hostname.clone(),
+                        pid: peer_info.pid,
                         reason: format!(
                             "connection closed without a goodbye (pid {} exited or was killed?)",
                             peer_info.pid
@@ -108,6 +110,7 @@ impl Connection {
                     return Err(Error::PeerFailed {
                         rank: self.peer,
                         host: peer_info.host.hostname.clone(),
+                        pid: peer_info.pid,
                         reason: format!("control stream: {e}"),
                     });
                 }
@@ -165,6 +168,21 @@ struct ListenerShared {
     ready: Mutex<HashMap<usize, Connection>>,
     streams: Mutex<HashMap<(usize, usize), TcpStream>>,
     cv: Condvar,
+    /// The watchdog link from the ring predecessor, until the watchdog takes it.
+    watchdog_in: Arc<Mutex<Option<TcpStream>>>,
+    /// The communicator's health, whose progress answers status queries.
+    health: Arc<Health>,
+    /// Shrinks this rank gathers as the lowest survivor, by key.
+    shrinks: Mutex<HashMap<String, ShrinkTable>>,
+}
+
+/// The survivors of one shrink that have arrived so far.
+#[derive(Default)]
+struct ShrinkTable {
+    expected: usize,
+    infos: std::collections::BTreeMap<usize, PeerInfo>,
+    /// Survivors that have taken the complete table.
+    taken: usize,
 }
 
 /// A communicator's listener: accepts, authenticates and builds incoming connections.
@@ -198,6 +216,9 @@ impl CommListener {
             ready: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
+            watchdog_in: Arc::new(Mutex::new(None)),
+            health: Arc::new(Health::default()),
+            shrinks: Mutex::new(HashMap::new()),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let sh = shared.clone();
@@ -221,6 +242,28 @@ impl CommListener {
     /// Takes the connection from `peer` if its listener side is complete.
     pub fn take(&self, peer: usize) -> Option<Connection> {
         self.shared.ready.lock().ok()?.remove(&peer)
+    }
+
+    /// Joins shrink `key` as its lowest survivor: adds `info` and waits until `expected`
+    /// survivors have (each through its own connection to this listener), or `deadline`.
+    pub fn shrink_join(
+        &self,
+        key: &str,
+        expected: usize,
+        info: PeerInfo,
+        deadline: Instant,
+    ) -> Result<Vec<PeerInfo>> {
+        shrink_join(&self.shared, key, expected, info, deadline)
+    }
+
+    /// The communicator's health (abort flags, fault, progress), shared with its listener.
+    pub fn health(&self) -> Arc<Health> {
+        self.shared.health.clone()
+    }
+
+    /// Where the watchdog link from the ring predecessor is handed over.
+    pub fn watchdog_inbox(&self) -> Arc<Mutex<Option<TcpStream>>> {
+        self.shared.watchdog_in.clone()
     }
 
     /// Waits up to `d` for any new connection.
@@ -263,6 +306,58 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
     if matches!(kind, ConnectKind::Probe) && comm == sh.comm && to == sh.rank && from < sh.nranks {
         return bootstrap::send_msg(&mut s, &Msg::Ack);
     }
+    if let ConnectKind::Shrink {
+        key,
+        expected,
+        info,
+    } = &kind
+    {
+        if comm != sh.comm || to != sh.rank || from >= sh.nranks || info.rank >= *expected {
+            return refuse(
+                &mut s,
+                format!("shrink for comm {comm} does not belong here"),
+            );
+        }
+        let deadline = Instant::now() + sh.cfg.init_timeout;
+        let reply = match shrink_join(sh, key, *expected, info.clone(), deadline) {
+            Ok(peers) => Msg::Table { peers },
+            Err(e) => Msg::Fail {
+                reason: e.to_string(),
+                missing: Vec::new(),
+            },
+        };
+        return bootstrap::send_msg(&mut s, &reply);
+    }
+    if matches!(kind, ConnectKind::Status) {
+        if comm != sh.comm || to != sh.rank || from >= sh.nranks {
+            return refuse(
+                &mut s,
+                format!("status query for comm {comm} rank {to} does not belong here"),
+            );
+        }
+        return bootstrap::send_msg(&mut s, &Msg::Status(sh.health.progress()));
+    }
+    if matches!(kind, ConnectKind::Watchdog) {
+        // Only the ring predecessor opens one, once.
+        let predecessor = (sh.rank + sh.nranks - 1) % sh.nranks;
+        if comm != sh.comm || to != sh.rank || from != predecessor || sh.nranks < 2 {
+            return refuse(
+                &mut s,
+                format!("watchdog link for comm {comm} rank {from}->{to} does not belong here"),
+            );
+        }
+        let mut slot = sh
+            .watchdog_in
+            .lock()
+            .map_err(|_| Error::Transport("listener lock poisoned".into()))?;
+        if slot.is_some() {
+            return refuse(&mut s, format!("rank {from} already has a watchdog link"));
+        }
+        bootstrap::send_msg(&mut s, &Msg::Ack)?;
+        s.set_read_timeout(None).ok();
+        *slot = Some(s);
+        return Ok(());
+    }
     if comm != sh.comm || to != sh.rank || from >= sh.nranks || from >= to {
         return refuse(
             &mut s,
@@ -281,7 +376,10 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
             sh.cv.notify_all();
             Ok(())
         }
-        ConnectKind::Probe => Ok(()),
+        ConnectKind::Probe
+        | ConnectKind::Watchdog
+        | ConnectKind::Status
+        | ConnectKind::Shrink { .. } => Ok(()),
         ConnectKind::Control { transport } => {
             let data: Box<dyn Transport> = match transport {
                 TransportSetup::Tcp { streams, stripe } => {
@@ -353,6 +451,147 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
     }
 }
 
+fn shrink_join(
+    sh: &ListenerShared,
+    key: &str,
+    expected: usize,
+    info: PeerInfo,
+    deadline: Instant,
+) -> Result<Vec<PeerInfo>> {
+    let poisoned = || Error::Transport("listener lock poisoned".into());
+    let mut tables = sh.shrinks.lock().map_err(|_| poisoned())?;
+    let table = tables.entry(key.to_string()).or_default();
+    if table.expected == 0 {
+        table.expected = expected;
+    }
+    if table.expected != expected {
+        return Err(Error::Mismatch(format!(
+            "shrink {key}: one survivor expects {expected} ranks, another {}",
+            table.expected
+        )));
+    }
+    table.infos.insert(info.rank, info);
+    sh.cv.notify_all();
+    loop {
+        let table = tables.get_mut(key).ok_or_else(poisoned)?;
+        if table.infos.len() == table.expected {
+            let peers: Vec<PeerInfo> = table.infos.values().cloned().collect();
+            table.taken += 1;
+            if table.taken == table.expected {
+                tables.remove(key);
+            }
+            return Ok(peers);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let missing: Vec<usize> = (0..table.expected)
+                .filter(|r| !table.infos.contains_key(r))
+                .collect();
+            return Err(Error::Timeout {
+                op: format!("shrink {key}"),
+                seq: 0,
+                waiting_on: missing,
+                after_s: sh.cfg.init_timeout.as_secs_f64(),
+                diagnosis: None,
+            });
+        }
+        tables = sh.cv.wait_timeout(tables, left).map_err(|_| poisoned())?.0;
+    }
+}
+
+/// Joins shrink `key` through the lowest survivor `root`'s listener (this rank's `info` is
+/// its place in the shrunk communicator) and returns every survivor's.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn shrink_request(
+    comm: &str,
+    me: usize,
+    root: &PeerInfo,
+    secret: &Secret,
+    cfg: &Config,
+    key: &str,
+    expected: usize,
+    info: PeerInfo,
+) -> Result<Vec<PeerInfo>> {
+    let gone = |reason: String| Error::PeerFailed {
+        rank: root.rank,
+        host: root.host.hostname.clone(),
+        pid: root.pid,
+        reason,
+    };
+    let deadline = Instant::now() + cfg.init_timeout;
+    let mut s = bootstrap::connect_authenticated(
+        root.listen,
+        secret,
+        deadline,
+        cfg.handshake_timeout,
+        false,
+    )
+    .map_err(|e| {
+        gone(format!(
+            "the lowest survivor, which gathers the shrink, cannot be reached ({e})"
+        ))
+    })?;
+    bootstrap::send_msg(
+        &mut s,
+        &Msg::Connect {
+            comm: comm.to_string(),
+            from: me,
+            to: root.rank,
+            kind: ConnectKind::Shrink {
+                key: key.to_string(),
+                expected,
+                info,
+            },
+        },
+    )?;
+    s.set_read_timeout(Some(cfg.init_timeout + Duration::from_secs(5)))
+        .ok();
+    match bootstrap::recv_msg(&mut s) {
+        Ok(Msg::Table { peers }) if peers.len() == expected => Ok(peers),
+        Ok(Msg::Fail { reason, .. }) => Err(Error::Transport(format!("shrink {key}: {reason}"))),
+        Ok(Msg::Nack { reason }) => Err(Error::Transport(format!("shrink {key}: {reason}"))),
+        Ok(other) => Err(Error::Transport(format!(
+            "shrink {key}: unexpected answer {other:?}"
+        ))),
+        Err(e) => Err(gone(format!("it did not answer the shrink: {e}"))),
+    }
+}
+
+/// Asks `peer`'s listener what the rank is doing, waiting at most `limit`; the reason as a
+/// phrase ("does not answer: …") if it cannot say.
+pub(crate) fn query_status(
+    comm: &str,
+    me: usize,
+    peer: &PeerInfo,
+    secret: &Secret,
+    limit: Duration,
+) -> std::result::Result<Progress, String> {
+    let deadline = Instant::now() + limit;
+    let mut s = bootstrap::connect_authenticated(peer.listen, secret, deadline, limit, false)
+        .map_err(|e| format!("does not answer ({e})"))?;
+    bootstrap::send_msg(
+        &mut s,
+        &Msg::Connect {
+            comm: comm.to_string(),
+            from: me,
+            to: peer.rank,
+            kind: ConnectKind::Status,
+        },
+    )
+    .map_err(|e| format!("does not answer ({e})"))?;
+    s.set_read_timeout(Some(
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10)),
+    ))
+    .ok();
+    match bootstrap::recv_msg(&mut s) {
+        Ok(Msg::Status(p)) => Ok(p),
+        Ok(other) => Err(format!("answered a status query with {other:?}")),
+        Err(e) => Err(format!("does not answer ({e})")),
+    }
+}
+
 /// Checks that `peer`'s listener still answers for this communicator; `PeerFailed` if not.
 pub(crate) fn probe(
     comm: &str,
@@ -364,6 +603,7 @@ pub(crate) fn probe(
     let gone = |reason: String| Error::PeerFailed {
         rank: peer.rank,
         host: peer.host.hostname.clone(),
+        pid: peer.pid,
         reason,
     };
     let deadline = Instant::now() + cfg.handshake_timeout;
@@ -404,6 +644,7 @@ pub(crate) fn connect(
         bootstrap::connect_authenticated(peer.listen, secret, deadline, hs, false).map_err(|e| Error::PeerFailed {
             rank: peer.rank,
             host: peer.host.hostname.clone(),
+            pid: peer.pid,
             reason: format!("its listener at {} cannot be reached ({e}); it has exited or destroyed its communicator", peer.listen),
         })
     };

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// Everything a strata call can fail with. Variants are the ones a caller can act on.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum Error {
     /// A bad argument, caught before any traffic.
     #[error("invalid argument: {0}")]
@@ -12,27 +12,34 @@ pub enum Error {
     #[error("mismatched calls: {0}")]
     Mismatch(String),
     /// A peer died, closed its connection or reported a failure.
-    #[error("rank {rank} (host {host}) failed: {reason}")]
+    #[error("rank {rank} (host {host}, pid {pid}) failed: {reason}")]
     PeerFailed {
         /// The failed rank.
         rank: usize,
         /// Its host name.
         host: String,
+        /// Its process id.
+        pid: u32,
         /// What was seen.
         reason: String,
     },
     /// An operation overran its deadline.
     #[error(
-        "{op} timed out after {after_s:.1} s waiting on {}",
-        RankList(waiting_on)
+        "{op} timed out after {after_s:.1} s{}",
+        timeout_detail(waiting_on, diagnosis)
     )]
     Timeout {
         /// The operation, e.g. `all_reduce #12 (f32, 1024 elements)` or `init`.
         op: String,
-        /// Ranks that had not answered.
+        /// Its sequence number on this communicator (0 for init and point-to-point calls).
+        seq: u64,
+        /// The ranks this one waited on, or after a diagnosis the ones holding everyone up.
         waiting_on: Vec<usize>,
         /// Seconds waited.
         after_s: f64,
+        /// What the survivors found out by asking every rank what it was doing, e.g.
+        /// `rank 5 (host h3, pid 4242) is still in all_reduce #1233; ranks 0-4,6-7 wait on it`.
+        diagnosis: Option<String>,
     },
     /// The communicator was aborted (by `abort()` or an earlier fault).
     #[error("communicator aborted{}", .0.as_ref().map(|r| format!(": {r}")).unwrap_or_default())]
@@ -43,6 +50,13 @@ pub enum Error {
     /// Not supported by this build or host.
     #[error("unsupported: {0}")]
     Unsupported(String),
+}
+
+fn timeout_detail(waiting_on: &[usize], diagnosis: &Option<String>) -> String {
+    match diagnosis {
+        Some(d) => format!(": {d}"),
+        None => format!(" waiting on {}", RankList(waiting_on)),
+    }
 }
 
 /// `Result` with strata's error.
@@ -102,12 +116,26 @@ mod tests {
         assert_eq!(RankList(&[]).to_string(), "no rank");
         let e = Error::Timeout {
             op: "init".into(),
+            seq: 0,
             waiting_on: vec![3, 1],
             after_s: 2.0,
+            diagnosis: None,
         };
         assert_eq!(
             e.to_string(),
             "init timed out after 2.0 s waiting on ranks 1,3"
+        );
+        let e = Error::Timeout {
+            op: "all_reduce #9".into(),
+            seq: 9,
+            waiting_on: vec![2],
+            after_s: 3.0,
+            diagnosis: Some("rank 2 is idle after collective #8; ranks 0-1,3 wait on it".into()),
+        };
+        assert_eq!(
+            e.to_string(),
+            "all_reduce #9 timed out after 3.0 s: rank 2 is idle after collective #8; ranks \
+             0-1,3 wait on it"
         );
     }
 }

@@ -139,6 +139,7 @@ pub(crate) struct OpRun<'a> {
     pub timeout: Duration,
     /// (first sleep, deadline), set when the call first sleeps.
     pub clock: Option<(Instant, Instant)>,
+    /// Set when the call must stop: `Communicator::abort` or a fault the watchdog recorded.
     pub abort: &'a AtomicBool,
     /// Buffers kept from call to call so that a call allocates nothing.
     pub reuse: &'a mut ExecBuffers,
@@ -500,15 +501,20 @@ impl OpRun<'_> {
     }
 
     fn io_err(&self, peer: usize, e: std::io::Error) -> Error {
-        let host = self
+        self.peer_failed(peer, format!("connection lost during {}: {e}", self.desc()))
+    }
+
+    fn peer_failed(&self, peer: usize, reason: String) -> Error {
+        let (host, pid) = self
             .peers
             .get(peer)
-            .map(|p| p.host.hostname.clone())
+            .map(|p| (p.host.hostname.clone(), p.pid))
             .unwrap_or_default();
         Error::PeerFailed {
             rank: peer,
             host,
-            reason: format!("connection lost during {}: {e}", self.desc()),
+            pid,
+            reason,
         }
     }
 
@@ -636,8 +642,13 @@ impl OpRun<'_> {
             waiting_on.dedup();
             return Err(Error::Timeout {
                 op: self.desc(),
+                seq: match self.local.collective {
+                    Collective::Send | Collective::Recv => 0,
+                    _ => self.local.seq,
+                },
                 waiting_on,
                 after_s: (now - started).as_secs_f64(),
+                diagnosis: None,
             });
         }
         self.check_control(waits)?;
@@ -722,18 +733,13 @@ impl OpRun<'_> {
         match self.goodbye_seen {
             Some((at, since)) if at == self.progress_events => {
                 if since.elapsed() >= GOODBYE_GRACE {
-                    return Err(Error::PeerFailed {
-                        rank: peer,
-                        host: self
-                            .peers
-                            .get(peer)
-                            .map(|p| p.host.hostname.clone())
-                            .unwrap_or_default(),
-                        reason: format!(
+                    return Err(self.peer_failed(
+                        peer,
+                        format!(
                             "it destroyed its communicator while this rank waits on it in {}",
                             self.desc()
                         ),
-                    });
+                    ));
                 }
             }
             _ => self.goodbye_seen = Some((self.progress_events, Instant::now())),
@@ -749,20 +755,7 @@ pub(crate) fn check_control(conns: &mut [Option<Connection>], peers: &[PeerInfo]
         let info = &peers[c.peer];
         while let Some(frame) = c.poll_control(info)? {
             match frame {
-                ControlFrame::Poison {
-                    mismatch: true,
-                    message,
-                } => return Err(Error::Mismatch(message)),
-                ControlFrame::Poison {
-                    mismatch: false,
-                    message,
-                } => {
-                    return Err(Error::PeerFailed {
-                        rank: c.peer,
-                        host: info.host.hostname.clone(),
-                        reason: message,
-                    });
-                }
+                ControlFrame::Poison { error } => return Err(error),
                 ControlFrame::Goodbye => {}
             }
         }

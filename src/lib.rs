@@ -28,6 +28,7 @@ pub mod launcher;
 pub mod reduce;
 pub(crate) mod transport;
 pub mod tuning;
+pub mod watchdog;
 
 pub use bootstrap::{PeerInfo, UNIQUE_ID_BYTES, UniqueId};
 pub use comm::{CallSpec, Communicator, LayoutComms};
@@ -35,6 +36,7 @@ pub use config::{Config, RankOrder, TransportPolicy};
 pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};
 pub use error::{Error, Result};
 pub use strata_algorithms::{Algorithm, Collective};
+pub use watchdog::{FlightRecord, Progress};
 
 /// Host and fabric topology: discovery, NCCL XML, Slurm and strata topology files, tiers.
 pub use strata_topology as topology;

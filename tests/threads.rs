@@ -218,7 +218,19 @@ fn abort_unblocks_a_call_waiting_on_a_peer_within_one_second() {
 fn strangers_on_every_port_are_ignored() {
     use std::io::Write;
     let id = loopback_id();
-    let payloads: [&[u8]; 4] = [b"GET / HTTP/1.0\r\n\r\n", &[0xff; 64], b"STRATAHS", &[]];
+    // Garbage, a truncated hello, a length field of 4 GiB, and a complete hello answered
+    // with a proof made without the job's secret.
+    let mut wrong_secret = b"STRATAHS".to_vec();
+    wrong_secret.extend_from_slice(&[7; 16 + 32]);
+    let payloads: [&[u8]; 7] = [
+        b"GET / HTTP/1.0\r\n\r\n",
+        &[0xff; 64],
+        b"STRATAHS",
+        b"STRAT",
+        &[0xff, 0xff, 0xff, 0xff, b'{'],
+        &wrong_secret,
+        &[],
+    ];
     let poke = |addr: std::net::SocketAddr, keep: &mut Vec<std::net::TcpStream>| {
         for p in payloads {
             if let Ok(mut s) = std::net::TcpStream::connect(addr) {

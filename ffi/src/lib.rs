@@ -106,8 +106,10 @@ mod tests {
         assert_eq!(
             result_of(&strata::Error::Timeout {
                 op: "x".into(),
+                seq: 1,
                 waiting_on: vec![],
-                after_s: 1.0
+                after_s: 1.0,
+                diagnosis: None,
             }),
             NcclResult::Timeout
         );

@@ -69,3 +69,23 @@ pub(crate) trait Transport: Send {
     /// What to sleep on until the given direction can make progress.
     fn wait_for(&self, dir: Direction) -> Wait;
 }
+
+/// Sleeps until one of `fds` is readable (or closed) or `timeout` passes.
+pub(crate) fn wait_readable(fds: &[std::os::fd::RawFd], timeout: std::time::Duration) {
+    let mut polls: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: a valid array of pollfds that outlives the call; poll only writes `revents`.
+    unsafe {
+        libc::poll(
+            polls.as_mut_ptr(),
+            polls.len() as libc::nfds_t,
+            timeout.as_millis().clamp(1, i32::MAX as u128) as i32,
+        )
+    };
+}

@@ -1,0 +1,656 @@
+//! The watchdog: heartbeats over a ring of connections, failure detection, and an abort that
+//! travels the ring so that every survivor fails fast with the same precise error.
+//!
+//! Each rank holds two watchdog links: one it opened to its successor (`rank + 1`) and one its
+//! predecessor opened to it, so each rank watches both ring neighbours and no rank holds more
+//! than two links however large the communicator. A thread per communicator sends a
+//! heartbeat on both links every interval (`STRATA_HEARTBEAT_MS`, default 1000) carrying what
+//! the rank is doing, and declares a neighbour failed when
+//!
+//! * its link closes or resets without a goodbye (the process died: detected at once), or
+//! * no frame has arrived for `STRATA_HEARTBEAT_MISSES` intervals (default 3: the process is
+//!   stopped or its threads hung).
+//!
+//! A fault found here, or one a collective call on this rank ran into, is recorded in
+//! [`Health`] (which interrupts the call in progress) and sent to both neighbours as an abort;
+//! a rank that learns of a fault first from a neighbour records it and passes it on to its
+//! other neighbour. Every rank ends up failing with the error of the rank that saw it first.
+
+use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Largest watchdog frame; a longer length field is a protocol error, not an allocation.
+const MAX_FRAME: usize = 64 << 10;
+/// Operations the flight recorder keeps per communicator.
+const FLIGHT_RECORDS: usize = 256;
+
+/// What one rank last reported about its work.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Sequence number of the last collective started.
+    pub started: u64,
+    /// Sequence number of the last collective that finished successfully.
+    pub finished: u64,
+    /// The collective in progress, if any, e.g. `all_reduce #12 (float, sum, 1024 elements)`.
+    pub current: Option<String>,
+}
+
+impl Progress {
+    /// "in all_reduce #12 (...)" or "idle after #11".
+    pub fn describe(&self) -> String {
+        match &self.current {
+            Some(op) => format!("in {op}"),
+            None => format!("idle after collective #{}", self.finished),
+        }
+    }
+}
+
+/// One operation as the flight recorder keeps it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FlightRecord {
+    /// Sequence number (collectives; 0 for point-to-point).
+    pub seq: u64,
+    /// What the call was.
+    pub op: String,
+    /// Start, microseconds since the Unix epoch (comparable across hosts with synced clocks).
+    pub start_us: u64,
+    /// End, if it ended.
+    pub end_us: Option<u64>,
+    /// The error it ended with, if any.
+    pub error: Option<String>,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The health of one communicator, shared by its calls, its watchdog and other threads.
+#[derive(Default)]
+pub(crate) struct Health {
+    /// Set by `Communicator::abort` or by a recorded fault: waiting calls give up.
+    pub interrupt: AtomicBool,
+    /// `Communicator::abort` was called.
+    pub user_abort: AtomicBool,
+    /// Set once `fault` holds an error, so healthy calls skip the lock.
+    pub has_failed: AtomicBool,
+    fault: Mutex<Option<Error>>,
+    progress: Mutex<Progress>,
+    flight: Mutex<VecDeque<FlightRecord>>,
+}
+
+impl Health {
+    /// Records `e` as the fault that broke the communicator unless one is already recorded,
+    /// and interrupts the call in progress. True when `e` is the first.
+    pub fn record_fault(&self, e: &Error) -> bool {
+        let first = match self.fault.lock() {
+            Ok(mut f) if f.is_none() => {
+                *f = Some(e.clone());
+                true
+            }
+            _ => false,
+        };
+        self.has_failed.store(true, Ordering::Release);
+        self.interrupt.store(true, Ordering::Release);
+        first
+    }
+
+    /// The recorded fault, if any; never blocks for long.
+    pub fn fault(&self) -> Option<Error> {
+        if !self.has_failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.fault.lock().ok().and_then(|g| g.clone())
+    }
+
+    /// Stops the call in progress and every later one.
+    pub fn abort(&self) {
+        self.user_abort.store(true, Ordering::Release);
+        self.interrupt.store(true, Ordering::Release);
+    }
+
+    /// A collective (`seq` > 0) or point-to-point call (`seq` = 0) starts.
+    pub fn op_started(&self, seq: u64, op: &str) {
+        if let Ok(mut p) = self.progress.lock() {
+            if seq > 0 {
+                p.started = seq;
+            }
+            p.current = Some(op.to_string());
+        }
+        if let Ok(mut f) = self.flight.lock() {
+            if f.len() == FLIGHT_RECORDS {
+                f.pop_front();
+            }
+            f.push_back(FlightRecord {
+                seq,
+                op: op.to_string(),
+                start_us: now_us(),
+                end_us: None,
+                error: None,
+            });
+        }
+    }
+
+    /// The call that [`Health::op_started`] announced ended.
+    pub fn op_finished(&self, seq: u64, error: Option<&Error>) {
+        if let Ok(mut p) = self.progress.lock() {
+            if seq > 0 && error.is_none() {
+                p.finished = seq;
+            }
+            p.current = None;
+        }
+        if let Ok(mut f) = self.flight.lock() {
+            if let Some(last) = f.back_mut() {
+                last.end_us = Some(now_us());
+                last.error = error.map(|e| e.to_string());
+            }
+        }
+    }
+
+    /// What this rank is doing now.
+    pub fn progress(&self) -> Progress {
+        self.progress.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// The flight recorder's records, oldest first.
+    pub fn flight_records(&self) -> Vec<FlightRecord> {
+        self.flight
+            .lock()
+            .map(|f| f.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Writes this rank's flight record as JSON into `dir` (`STRATA_TRACE_DIR`) after a fault;
+/// returns the file written.
+pub(crate) fn write_trace(
+    dir: &std::path::Path,
+    comm_id: &str,
+    me: &PeerInfo,
+    health: &Health,
+) -> std::io::Result<std::path::PathBuf> {
+    #[derive(Serialize)]
+    struct Trace<'a> {
+        comm: &'a str,
+        rank: usize,
+        host: &'a str,
+        pid: u32,
+        written_us: u64,
+        fault: Option<String>,
+        progress: Progress,
+        operations: Vec<FlightRecord>,
+    }
+    let trace = Trace {
+        comm: comm_id,
+        rank: me.rank,
+        host: &me.host.hostname,
+        pid: me.pid,
+        written_us: now_us(),
+        fault: health.fault().map(|e| e.to_string()),
+        progress: health.progress(),
+        operations: health.flight_records(),
+    };
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("strata-{comm_id}-rank{}.json", me.rank));
+    let body = serde_json::to_vec_pretty(&trace).map_err(std::io::Error::other)?;
+    std::fs::write(&path, body)?;
+    Ok(path)
+}
+
+/// Frames on a watchdog link.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum Frame {
+    /// "I am alive, and this is what I am doing."
+    Heartbeat(Progress),
+    /// The communicator is broken; `origin` saw it first.
+    Abort { origin: usize, error: Error },
+    /// The sender is destroying its communicator; its link closing next is not a failure.
+    Goodbye,
+}
+
+/// One watchdog link to a ring neighbour.
+struct Link {
+    peer: usize,
+    stream: TcpStream,
+    inbox: Vec<u8>,
+    /// Bytes of frames not yet written (the socket is non-blocking).
+    outbox: Vec<u8>,
+    last_heard: Instant,
+    last_report: Progress,
+    /// The neighbour said goodbye (or the link already failed): no longer watched.
+    closed: bool,
+}
+
+impl Link {
+    fn new(peer: usize, stream: TcpStream) -> Result<Self> {
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("watchdog link", e))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Self {
+            peer,
+            stream,
+            inbox: Vec::new(),
+            outbox: Vec::new(),
+            last_heard: Instant::now(),
+            last_report: Progress::default(),
+            closed: false,
+        })
+    }
+
+    /// Queues one frame and writes what the socket takes now. A heartbeat is skipped while
+    /// earlier bytes still wait (the neighbour is not reading; the next one will do); an abort
+    /// or goodbye is written out in full, waiting up to a second.
+    fn send(&mut self, frame: &Frame) {
+        if self.closed {
+            return;
+        }
+        let urgent = !matches!(frame, Frame::Heartbeat(_));
+        if !urgent && !self.outbox.is_empty() {
+            self.flush();
+            return;
+        }
+        let Ok(body) = serde_json::to_vec(frame) else {
+            return;
+        };
+        self.outbox
+            .extend_from_slice(&(body.len() as u32).to_le_bytes());
+        self.outbox.extend_from_slice(&body);
+        if urgent {
+            let _ = self.stream.set_nonblocking(false);
+            let _ = self.stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = self.stream.write_all(&self.outbox);
+            self.outbox.clear();
+            let _ = self.stream.set_nonblocking(true);
+        } else {
+            self.flush();
+        }
+    }
+
+    /// Writes as much of the outbox as the socket takes without blocking.
+    fn flush(&mut self) {
+        while !self.outbox.is_empty() {
+            match self.stream.write(&self.outbox) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.outbox.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // WouldBlock: later. Anything else: the read side will report the broken link.
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Reads what has arrived: the frames, then `Err(reason)` if the link broke.
+    fn receive(&mut self, out: &mut Vec<Frame>) -> std::result::Result<(), String> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err("its watchdog link closed".into()),
+                Ok(n) => {
+                    self.inbox.extend_from_slice(&chunk[..n]);
+                    self.last_heard = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("its watchdog link failed: {e}")),
+            }
+            while self.inbox.len() >= 4 {
+                let len = u32::from_le_bytes([
+                    self.inbox[0],
+                    self.inbox[1],
+                    self.inbox[2],
+                    self.inbox[3],
+                ]) as usize;
+                if len > MAX_FRAME {
+                    return Err(format!("it sent a {len}-byte watchdog frame"));
+                }
+                if self.inbox.len() < 4 + len {
+                    break;
+                }
+                let frame = serde_json::from_slice(&self.inbox[4..4 + len])
+                    .map_err(|e| format!("it sent a malformed watchdog frame: {e}"))?;
+                self.inbox.drain(..4 + len);
+                out.push(frame);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the watchdog thread needs.
+pub(crate) struct WatchdogSetup {
+    pub comm_id: String,
+    pub rank: usize,
+    pub peers: Vec<PeerInfo>,
+    pub secret: Secret,
+    pub cfg: Config,
+    pub health: Arc<Health>,
+    /// Hands over the link the predecessor opened (from the communicator's listener).
+    pub incoming: Arc<Mutex<Option<TcpStream>>>,
+}
+
+/// A running watchdog; dropping it says goodbye to both neighbours and stops the thread.
+pub(crate) struct Watchdog {
+    wake: UnixStream,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts the watchdog of a communicator of two or more ranks (`None` when heartbeats are
+    /// off or the communicator has one rank).
+    pub fn start(setup: WatchdogSetup) -> Result<Option<Self>> {
+        if setup.peers.len() < 2 || setup.cfg.heartbeat_interval.is_zero() {
+            return Ok(None);
+        }
+        let (wake, wake_rx) = UnixStream::pair().map_err(|e| Error::io("watchdog wake", e))?;
+        wake_rx
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("watchdog wake", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("strata-watch-{}", setup.rank))
+            .spawn(move || Runner::new(setup, wake_rx, st).run())
+            .map_err(|e| Error::io("spawning the watchdog", e))?;
+        Ok(Some(Self {
+            wake,
+            stop,
+            thread: Some(thread),
+        }))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = (&self.wake).write(&[1]);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Runner {
+    s: WatchdogSetup,
+    wake: UnixStream,
+    stop: Arc<AtomicBool>,
+    /// Link to the successor (opened here) and from the predecessor (accepted).
+    links: Vec<Link>,
+    successor: usize,
+    predecessor: usize,
+    /// The abort this rank has sent its neighbours (also sent to a link that joins later).
+    announced: Option<Frame>,
+    started: Instant,
+    interval: Duration,
+    misses: u32,
+}
+
+impl Runner {
+    fn new(s: WatchdogSetup, wake: UnixStream, stop: Arc<AtomicBool>) -> Self {
+        let p = s.peers.len();
+        let interval = s.cfg.heartbeat_interval;
+        let misses = s.cfg.heartbeat_misses.max(1);
+        Self {
+            successor: (s.rank + 1) % p,
+            predecessor: (s.rank + p - 1) % p,
+            s,
+            wake,
+            stop,
+            links: Vec::new(),
+            announced: None,
+            started: Instant::now(),
+            interval,
+            misses,
+        }
+    }
+
+    fn peer_failed(&self, rank: usize, reason: String) -> Error {
+        let info = &self.s.peers[rank];
+        Error::PeerFailed {
+            rank,
+            host: info.host.hostname.clone(),
+            pid: info.pid,
+            reason,
+        }
+    }
+
+    /// Records a fault found here and announces it (once) to both neighbours.
+    fn fault(&mut self, e: Error) {
+        if self.s.health.record_fault(&e) {
+            tracing::error!(rank = self.s.rank, "watchdog: {e}");
+            self.dump_trace();
+        }
+        self.announce();
+    }
+
+    fn announce(&mut self) {
+        if self.announced.is_some() {
+            return;
+        }
+        let Some(error) = self.s.health.fault() else {
+            return;
+        };
+        let frame = Frame::Abort {
+            origin: self.s.rank,
+            error,
+        };
+        for l in &mut self.links {
+            l.send(&frame);
+        }
+        self.announced = Some(frame);
+    }
+
+    fn add_link(&mut self, peer: usize, stream: TcpStream) {
+        match Link::new(peer, stream) {
+            Ok(mut link) => {
+                if let Some(frame) = &self.announced {
+                    link.send(frame);
+                }
+                self.links.push(link);
+            }
+            Err(e) => self.fault(self.peer_failed(peer, e.to_string())),
+        }
+    }
+
+    fn dump_trace(&self) {
+        if let Some(dir) = &self.s.cfg.trace_dir {
+            let me = &self.s.peers[self.s.rank];
+            match write_trace(dir, &self.s.comm_id, me, &self.s.health) {
+                Ok(path) => tracing::info!(
+                    rank = me.rank,
+                    "flight record written to {}",
+                    path.display()
+                ),
+                Err(e) => tracing::warn!(rank = me.rank, "writing the flight record: {e}"),
+            }
+        }
+    }
+
+    fn connect_successor(&mut self) {
+        let peer = &self.s.peers[self.successor];
+        let hs = self.s.cfg.handshake_timeout;
+        let opened = bootstrap::connect_authenticated(
+            peer.listen,
+            &self.s.secret,
+            Instant::now() + hs,
+            hs,
+            false,
+        )
+        .and_then(|mut s| {
+            bootstrap::send_msg(
+                &mut s,
+                &Msg::Connect {
+                    comm: self.s.comm_id.clone(),
+                    from: self.s.rank,
+                    to: self.successor,
+                    kind: ConnectKind::Watchdog,
+                },
+            )?;
+            s.set_read_timeout(Some(hs)).ok();
+            match bootstrap::recv_msg(&mut s)? {
+                Msg::Ack => Ok(s),
+                other => Err(Error::Transport(format!("answered {other:?}"))),
+            }
+        });
+        match opened {
+            Ok(stream) => self.add_link(self.successor, stream),
+            Err(e) => {
+                let e = self.peer_failed(
+                    self.successor,
+                    format!("its listener refused the watchdog link ({e}); it has exited"),
+                );
+                self.fault(e);
+            }
+        }
+    }
+
+    fn run(mut self) {
+        self.connect_successor();
+        let mut next_beat = Instant::now();
+        let mut waiting_for_predecessor = true;
+        let mut frames = Vec::new();
+        while !self.stop.load(Ordering::Acquire) {
+            if waiting_for_predecessor {
+                let taken = self.s.incoming.lock().ok().and_then(|mut s| s.take());
+                if let Some(stream) = taken {
+                    waiting_for_predecessor = false;
+                    self.add_link(self.predecessor, stream);
+                } else if self.started.elapsed() > self.s.cfg.init_timeout {
+                    waiting_for_predecessor = false;
+                    let e = self.peer_failed(
+                        self.predecessor,
+                        format!(
+                            "it never opened its watchdog link in {:.0} s",
+                            self.s.cfg.init_timeout.as_secs_f64()
+                        ),
+                    );
+                    self.fault(e);
+                }
+            }
+            // A fault a call on this rank ran into goes to the neighbours too.
+            if self.announced.is_none() && self.s.health.has_failed.load(Ordering::Acquire) {
+                self.announce();
+            }
+            for l in &mut self.links {
+                l.flush();
+            }
+            let now = Instant::now();
+            if now >= next_beat {
+                let beat = Frame::Heartbeat(self.s.health.progress());
+                for l in &mut self.links {
+                    l.send(&beat);
+                }
+                next_beat = now + self.interval;
+            }
+            self.read_links(&mut frames);
+            self.check_silence();
+            let wait = next_beat
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(250))
+                .max(Duration::from_millis(1));
+            self.poll(wait);
+        }
+        for l in &mut self.links {
+            l.send(&Frame::Goodbye);
+        }
+    }
+
+    fn read_links(&mut self, frames: &mut Vec<Frame>) {
+        for i in 0..self.links.len() {
+            if self.links[i].closed {
+                continue;
+            }
+            frames.clear();
+            let res = self.links[i].receive(frames);
+            for f in frames.drain(..) {
+                match f {
+                    Frame::Heartbeat(p) => self.links[i].last_report = p,
+                    Frame::Goodbye => self.links[i].closed = true,
+                    Frame::Abort { origin, error } => {
+                        let from = self.links[i].peer;
+                        if self.s.health.record_fault(&error) {
+                            tracing::error!(
+                                rank = self.s.rank,
+                                "aborting: rank {origin} reported {error} (heard from rank {from})"
+                            );
+                            self.dump_trace();
+                            // Pass it on to the other neighbour; this rank need not announce
+                            // it again.
+                            let frame = Frame::Abort { origin, error };
+                            for (j, l) in self.links.iter_mut().enumerate() {
+                                if j != i {
+                                    l.send(&frame);
+                                }
+                            }
+                            self.announced = Some(frame);
+                        }
+                    }
+                }
+            }
+            if let Err(reason) = res {
+                let link = &mut self.links[i];
+                if link.closed {
+                    continue;
+                }
+                link.closed = true;
+                let peer = link.peer;
+                let last = link.last_report.describe();
+                let pid = self.s.peers[peer].pid;
+                let e = self.peer_failed(
+                    peer,
+                    format!("{reason} without a goodbye: process {pid} exited or was killed (last seen {last})"),
+                );
+                self.fault(e);
+            }
+        }
+    }
+
+    fn check_silence(&mut self) {
+        let limit = self.interval * self.misses;
+        for i in 0..self.links.len() {
+            let l = &self.links[i];
+            if l.closed || l.last_heard.elapsed() < limit {
+                continue;
+            }
+            let (peer, last) = (l.peer, l.last_report.describe());
+            self.links[i].closed = true;
+            let silent = self.links[i].last_heard.elapsed().as_secs_f64();
+            let e = self.peer_failed(
+                peer,
+                format!(
+                    "no heartbeat for {silent:.1} s ({} missed at {} ms): the process is stopped \
+                     or hung (last seen {last})",
+                    self.misses,
+                    self.interval.as_millis()
+                ),
+            );
+            self.fault(e);
+        }
+    }
+
+    /// Sleeps until a link has data, the wake pipe is written, or `wait` passes.
+    fn poll(&self, wait: Duration) {
+        let mut fds: Vec<std::os::fd::RawFd> = self
+            .links
+            .iter()
+            .filter(|l| !l.closed)
+            .map(|l| l.stream.as_raw_fd())
+            .collect();
+        fds.push(self.wake.as_raw_fd());
+        crate::transport::wait_readable(&fds, wait);
+    }
+}
