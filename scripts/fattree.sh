@@ -161,7 +161,8 @@ cpu_busy() { # prints "busy total" jiffies
 if [ -z "${FATTREE_SKIP_SINGLE:-}" ]; then
 echo
 echo "## 1. single flows (send_recv, 2 ranks)"
-echo "# through the shaped path, h0 (leaf 0) <-> h2 (leaf 1): expect ~62 MB/s (500 Mbit/s uplink)"
+echo "# through the shaped path, h0 (leaf 0) <-> h2 (leaf 1): each row is a send and its reply,"
+echo "# so algbw is half the one-way rate; expect ~0.03 GB/s, i.e. ~60 MB/s each way (500 Mbit/s)"
 run_job 120 st-h0 st-h2 -- --op send_recv -b 8 -e 16M -f 16 -n 10 -w 2 --no-in-place -c 0
 echo "# without shaping, st-x0 <-> st-x1: what two cores can push through veth"
 EXTRA_ENV=()

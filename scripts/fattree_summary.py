@@ -2,7 +2,9 @@
 """Summarises the JSON that `scripts/fattree.sh --out DIR` leaves behind.
 
 For each placement it prints, per size: the topology-blind ring's busbw, the best fixed
-algorithm's, strata's automatic choice and the ratios the issue's targets are about; then,
+algorithm's, strata's automatic choice and the ratios the issue's targets are about
+(`pick/best` times auto's algorithm in the same run as the fixed ones, which separates the
+choice from the noise between two runs of one schedule); then,
 for every fixed algorithm at sizes >= 1 MiB, the cost model's prediction against the
 measured time.
 
@@ -48,8 +50,12 @@ def summarise(directory, placement):
         return
     sizes = sorted({s for (_, s) in auto})
     print(f"\n## {placement} placement: busbw in MB/s (time-limited sizes first)")
-    print(f"{'size':>9} {'blind ring':>11} {'best fixed':>22} {'auto':>22} {'auto/best':>10} {'auto/blind':>11}")
+    print(
+        f"{'size':>9} {'blind ring':>11} {'best fixed':>22} {'auto':>22} {'auto/best':>10} "
+        f"{'pick/best':>10} {'auto/blind':>11}"
+    )
     worst = None
+    worst_pick = None
     for size in sizes:
         b = next((busbw(r) for (a, s), r in blind.items() if s == size), 0.0)
         candidates = [(busbw(r), a, time_us(r)) for (a, s), r in fixed.items() if s == size]
@@ -57,14 +63,26 @@ def summarise(directory, placement):
         (auto_algo, _), auto_row = next(((k, r) for k, r in auto.items() if k[1] == size))
         # Compare times: busbw is 0 at the smallest sizes once rounded.
         ratio = best_t / time_us(auto_row)
+        # The choice alone, free of run-to-run noise: the picked algorithm's time in the same
+        # fixed-algorithm run as the best one.
+        picked = fixed.get((auto_algo, size))
+        pick = best_t / time_us(picked) if picked else float("nan")
         vs_blind = busbw(auto_row) / b if b > 0 else float("nan")
         print(
             f"{human(size):>9} {b * 1e3:>11.2f} {best_algo:>12} {best_bw * 1e3:>9.2f} "
-            f"{auto_algo:>12} {busbw(auto_row) * 1e3:>9.2f} {ratio:>10.2f} {vs_blind:>11.2f}"
+            f"{auto_algo:>12} {busbw(auto_row) * 1e3:>9.2f} {ratio:>10.2f} {pick:>10.2f} "
+            f"{vs_blind:>11.2f}"
         )
         if worst is None or ratio < worst[0]:
             worst = (ratio, size)
+        if picked and (worst_pick is None or pick < worst_pick[0]):
+            worst_pick = (pick, size)
     print(f"# lowest auto/best (time of best fixed / time of auto): {worst[0]:.2f} at {human(worst[1])}")
+    if worst_pick:
+        print(
+            f"# lowest pick/best (the same, with auto's algorithm timed in the fixed run): "
+            f"{worst_pick[0]:.2f} at {human(worst_pick[1])}"
+        )
     print(f"\n## {placement} placement: cost model vs measured, sizes >= 1 MiB")
     print(f"{'algorithm':>16} {'worst error':>12} {'at':>9} {'mean |error|':>13}")
     by_algo = {}

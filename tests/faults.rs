@@ -467,6 +467,9 @@ fn a_rank_that_skips_a_collective_is_named_with_what_it_does() {
     for (r, (ok, out)) in res.iter().enumerate() {
         assert!(ok, "rank {r}:\n{out}");
     }
+    if let Some(line) = res[0].1.lines().find(|l| l.contains("timed out")) {
+        println!("{line}");
+    }
     // Every rank wrote its record: the two calls, the second one failed, the fault named.
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
