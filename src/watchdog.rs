@@ -88,6 +88,8 @@ pub(crate) struct Health {
     fault: Mutex<Option<Error>>,
     progress: Mutex<Progress>,
     flight: Mutex<VecDeque<FlightRecord>>,
+    /// Wakes the watchdog thread so that it announces a fault at once.
+    waker: Mutex<Option<UnixStream>>,
 }
 
 impl Health {
@@ -103,6 +105,11 @@ impl Health {
         };
         self.has_failed.store(true, Ordering::Release);
         self.interrupt.store(true, Ordering::Release);
+        if first {
+            if let Ok(Some(w)) = self.waker.lock().as_deref() {
+                let _ = (&*w).write(&[1]);
+            }
+        }
         first
     }
 
@@ -360,6 +367,15 @@ impl Watchdog {
         wake_rx
             .set_nonblocking(true)
             .map_err(|e| Error::io("watchdog wake", e))?;
+        let fault_waker = wake
+            .try_clone()
+            .map_err(|e| Error::io("watchdog wake", e))?;
+        fault_waker
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("watchdog wake", e))?;
+        if let Ok(mut w) = setup.health.waker.lock() {
+            *w = Some(fault_waker);
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
         let thread = std::thread::Builder::new()
@@ -556,6 +572,7 @@ impl Runner {
                 }
                 next_beat = now + self.interval;
             }
+            self.drain_wake();
             self.read_links(&mut frames);
             self.check_silence();
             let wait = next_beat
@@ -564,9 +581,18 @@ impl Runner {
                 .max(Duration::from_millis(1));
             self.poll(wait);
         }
+        // A fault recorded just before the communicator was dropped still goes out first.
+        if self.announced.is_none() && self.s.health.has_failed.load(Ordering::Acquire) {
+            self.announce();
+        }
         for l in &mut self.links {
             l.send(&Frame::Goodbye);
         }
+    }
+
+    fn drain_wake(&self) {
+        let mut buf = [0u8; 64];
+        while matches!((&self.wake).read(&mut buf), Ok(n) if n > 0) {}
     }
 
     fn read_links(&mut self, frames: &mut Vec<Frame>) {
