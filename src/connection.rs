@@ -512,38 +512,27 @@ pub(crate) fn shrink_request(
     expected: usize,
     info: PeerInfo,
 ) -> Result<Vec<PeerInfo>> {
-    let gone = |reason: String| Error::PeerFailed {
-        rank: root.rank,
-        host: root.host.hostname.clone(),
-        pid: root.pid,
-        reason,
-    };
+    let gone = |reason: String| peer_failed(root, reason);
     let deadline = Instant::now() + cfg.init_timeout;
-    let mut s = bootstrap::connect_authenticated(
-        root.listen,
+    let kind = ConnectKind::Shrink {
+        key: key.to_string(),
+        expected,
+        info,
+    };
+    let mut s = open_request(
+        comm,
+        me,
+        root,
         secret,
         deadline,
         cfg.handshake_timeout,
-        false,
+        kind,
     )
     .map_err(|e| {
         gone(format!(
             "the lowest survivor, which gathers the shrink, cannot be reached ({e})"
         ))
     })?;
-    bootstrap::send_msg(
-        &mut s,
-        &Msg::Connect {
-            comm: comm.to_string(),
-            from: me,
-            to: root.rank,
-            kind: ConnectKind::Shrink {
-                key: key.to_string(),
-                expected,
-                info,
-            },
-        },
-    )?;
     s.set_read_timeout(Some(cfg.init_timeout + Duration::from_secs(5)))
         .ok();
     match bootstrap::recv_msg(&mut s) {
@@ -557,6 +546,41 @@ pub(crate) fn shrink_request(
     }
 }
 
+/// `PeerFailed` naming `peer`.
+pub(crate) fn peer_failed(peer: &PeerInfo, reason: String) -> Error {
+    Error::PeerFailed {
+        rank: peer.rank,
+        host: peer.host.hostname.clone(),
+        pid: peer.pid,
+        reason,
+    }
+}
+
+/// Opens an authenticated connection to `peer`'s listener for communicator `comm` and asks
+/// it for `kind`; reading the answer is the caller's part.
+pub(crate) fn open_request(
+    comm: &str,
+    from: usize,
+    peer: &PeerInfo,
+    secret: &Secret,
+    deadline: Instant,
+    handshake_timeout: Duration,
+    kind: ConnectKind,
+) -> Result<TcpStream> {
+    let mut s =
+        bootstrap::connect_authenticated(peer.listen, secret, deadline, handshake_timeout, false)?;
+    bootstrap::send_msg(
+        &mut s,
+        &Msg::Connect {
+            comm: comm.to_string(),
+            from,
+            to: peer.rank,
+            kind,
+        },
+    )?;
+    Ok(s)
+}
+
 /// Asks `peer`'s listener what the rank is doing, waiting at most `limit`; the reason as a
 /// phrase ("does not answer: …") if it cannot say.
 pub(crate) fn query_status(
@@ -567,18 +591,8 @@ pub(crate) fn query_status(
     limit: Duration,
 ) -> std::result::Result<Progress, String> {
     let deadline = Instant::now() + limit;
-    let mut s = bootstrap::connect_authenticated(peer.listen, secret, deadline, limit, false)
+    let mut s = open_request(comm, me, peer, secret, deadline, limit, ConnectKind::Status)
         .map_err(|e| format!("does not answer ({e})"))?;
-    bootstrap::send_msg(
-        &mut s,
-        &Msg::Connect {
-            comm: comm.to_string(),
-            from: me,
-            to: peer.rank,
-            kind: ConnectKind::Status,
-        },
-    )
-    .map_err(|e| format!("does not answer ({e})"))?;
     s.set_read_timeout(Some(
         deadline
             .saturating_duration_since(Instant::now())
@@ -600,24 +614,25 @@ pub(crate) fn probe(
     secret: &Secret,
     cfg: &Config,
 ) -> Result<()> {
-    let gone = |reason: String| Error::PeerFailed {
-        rank: peer.rank,
-        host: peer.host.hostname.clone(),
-        pid: peer.pid,
-        reason,
-    };
+    let gone = |reason: String| peer_failed(peer, reason);
     let deadline = Instant::now() + cfg.handshake_timeout;
-    let mut s = bootstrap::connect_authenticated(peer.listen, secret, deadline, cfg.handshake_timeout, false)
-        .map_err(|e| gone(format!("its listener at {} cannot be reached ({e}); it has exited or destroyed its communicator", peer.listen)))?;
-    bootstrap::send_msg(
-        &mut s,
-        &Msg::Connect {
-            comm: comm.to_string(),
-            from: me.rank,
-            to: peer.rank,
-            kind: ConnectKind::Probe,
-        },
-    )?;
+    let hs = cfg.handshake_timeout;
+    let mut s = open_request(
+        comm,
+        me.rank,
+        peer,
+        secret,
+        deadline,
+        hs,
+        ConnectKind::Probe,
+    )
+    .map_err(|e| {
+        gone(format!(
+            "its listener at {} cannot be reached ({e}); it has exited or destroyed its \
+                 communicator",
+            peer.listen
+        ))
+    })?;
     s.set_read_timeout(Some(cfg.handshake_timeout)).ok();
     match bootstrap::recv_msg(&mut s) {
         Ok(Msg::Ack) => Ok(()),

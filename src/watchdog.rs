@@ -18,6 +18,7 @@
 
 use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret};
 use crate::config::Config;
+use crate::connection;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -435,13 +436,7 @@ impl Runner {
     }
 
     fn peer_failed(&self, rank: usize, reason: String) -> Error {
-        let info = &self.s.peers[rank];
-        Error::PeerFailed {
-            rank,
-            host: info.host.hostname.clone(),
-            pid: info.pid,
-            reason,
-        }
+        connection::peer_failed(&self.s.peers[rank], reason)
     }
 
     /// Records a fault found here and announces it (once) to both neighbours.
@@ -499,23 +494,16 @@ impl Runner {
     fn connect_successor(&mut self) {
         let peer = &self.s.peers[self.successor];
         let hs = self.s.cfg.handshake_timeout;
-        let opened = bootstrap::connect_authenticated(
-            peer.listen,
+        let opened = connection::open_request(
+            &self.s.comm_id,
+            self.s.rank,
+            peer,
             &self.s.secret,
             Instant::now() + hs,
             hs,
-            false,
+            ConnectKind::Watchdog,
         )
         .and_then(|mut s| {
-            bootstrap::send_msg(
-                &mut s,
-                &Msg::Connect {
-                    comm: self.s.comm_id.clone(),
-                    from: self.s.rank,
-                    to: self.successor,
-                    kind: ConnectKind::Watchdog,
-                },
-            )?;
             s.set_read_timeout(Some(hs)).ok();
             match bootstrap::recv_msg(&mut s)? {
                 Msg::Ack => Ok(s),
