@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -90,7 +90,7 @@ pub(crate) struct Health {
     progress: Mutex<Progress>,
     flight: Mutex<VecDeque<FlightRecord>>,
     /// Wakes the watchdog thread so that it announces a fault at once.
-    waker: Mutex<Option<UnixStream>>,
+    waker: Mutex<Option<UnixDatagram>>,
 }
 
 impl Health {
@@ -108,7 +108,7 @@ impl Health {
         self.interrupt.store(true, Ordering::Release);
         if first {
             if let Ok(Some(w)) = self.waker.lock().as_deref() {
-                let _ = (&*w).write(&[1]);
+                let _ = w.send(&[1]);
             }
         }
         first
@@ -352,7 +352,7 @@ pub(crate) struct WatchdogSetup {
 
 /// A running watchdog; dropping it says goodbye to both neighbours and stops the thread.
 pub(crate) struct Watchdog {
-    wake: UnixStream,
+    wake: UnixDatagram,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -364,7 +364,9 @@ impl Watchdog {
         if setup.peers.len() < 2 || setup.cfg.heartbeat_interval.is_zero() {
             return Ok(None);
         }
-        let (wake, wake_rx) = UnixStream::pair().map_err(|e| Error::io("watchdog wake", e))?;
+        // Datagrams: a send whose reader is gone fails with an error, never with SIGPIPE (this
+        // code also runs inside C programs that keep SIGPIPE's default).
+        let (wake, wake_rx) = UnixDatagram::pair().map_err(|e| Error::io("watchdog wake", e))?;
         wake_rx
             .set_nonblocking(true)
             .map_err(|e| Error::io("watchdog wake", e))?;
@@ -394,7 +396,7 @@ impl Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        let _ = (&self.wake).write(&[1]);
+        let _ = self.wake.send(&[1]);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -403,7 +405,7 @@ impl Drop for Watchdog {
 
 struct Runner {
     s: WatchdogSetup,
-    wake: UnixStream,
+    wake: UnixDatagram,
     stop: Arc<AtomicBool>,
     /// Link to the successor (opened here) and from the predecessor (accepted).
     links: Vec<Link>,
@@ -417,7 +419,7 @@ struct Runner {
 }
 
 impl Runner {
-    fn new(s: WatchdogSetup, wake: UnixStream, stop: Arc<AtomicBool>) -> Self {
+    fn new(s: WatchdogSetup, wake: UnixDatagram, stop: Arc<AtomicBool>) -> Self {
         let p = s.peers.len();
         let interval = s.cfg.heartbeat_interval;
         let misses = s.cfg.heartbeat_misses.max(1);
@@ -580,7 +582,7 @@ impl Runner {
 
     fn drain_wake(&self) {
         let mut buf = [0u8; 64];
-        while matches!((&self.wake).read(&mut buf), Ok(n) if n > 0) {}
+        while matches!(self.wake.recv(&mut buf), Ok(n) if n > 0) {}
     }
 
     fn read_links(&mut self, frames: &mut Vec<Frame>) {
