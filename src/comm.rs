@@ -1613,17 +1613,12 @@ impl Communicator {
         if !inner.health.record_fault(e) {
             return inner.health.fault();
         }
-        if let Some(dir) = &inner.cfg.trace_dir {
-            let me = &inner.peers[inner.rank];
-            match watchdog::write_trace(dir, &inner.comm_id, me, &inner.health) {
-                Ok(path) => tracing::info!(
-                    rank = me.rank,
-                    "flight record written to {}",
-                    path.display()
-                ),
-                Err(err) => tracing::warn!(rank = me.rank, "writing the flight record: {err}"),
-            }
-        }
+        watchdog::dump_trace(
+            inner.cfg.trace_dir.as_deref(),
+            &inner.comm_id,
+            &inner.peers[inner.rank],
+            &inner.health,
+        );
         let blamed = executor::blamed(e);
         tracing::error!(rank = inner.rank, op = desc, blamed = %blamed, "{e}");
         let frame = ControlFrame::Poison { error: e.clone() };

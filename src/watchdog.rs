@@ -180,9 +180,27 @@ impl Health {
     }
 }
 
-/// Writes this rank's flight record as JSON into `dir` (`STRATA_TRACE_DIR`) after a fault;
-/// returns the file written.
-pub(crate) fn write_trace(
+/// After a fault, writes this rank's flight record as JSON into `dir` (`STRATA_TRACE_DIR`;
+/// nothing when unset) and logs where, or why it could not.
+pub(crate) fn dump_trace(
+    dir: Option<&std::path::Path>,
+    comm_id: &str,
+    me: &PeerInfo,
+    health: &Health,
+) {
+    let Some(dir) = dir else { return };
+    match write_trace(dir, comm_id, me, health) {
+        Ok(path) => tracing::info!(
+            rank = me.rank,
+            "flight record written to {}",
+            path.display()
+        ),
+        Err(e) => tracing::warn!(rank = me.rank, "writing the flight record: {e}"),
+    }
+}
+
+/// Writes the JSON file and returns its path.
+fn write_trace(
     dir: &std::path::Path,
     comm_id: &str,
     me: &PeerInfo,
@@ -480,17 +498,13 @@ impl Runner {
     }
 
     fn dump_trace(&self) {
-        if let Some(dir) = &self.s.cfg.trace_dir {
-            let me = &self.s.peers[self.s.rank];
-            match write_trace(dir, &self.s.comm_id, me, &self.s.health) {
-                Ok(path) => tracing::info!(
-                    rank = me.rank,
-                    "flight record written to {}",
-                    path.display()
-                ),
-                Err(e) => tracing::warn!(rank = me.rank, "writing the flight record: {e}"),
-            }
-        }
+        let me = &self.s.peers[self.s.rank];
+        dump_trace(
+            self.s.cfg.trace_dir.as_deref(),
+            &self.s.comm_id,
+            me,
+            &self.s.health,
+        );
     }
 
     fn connect_successor(&mut self) {

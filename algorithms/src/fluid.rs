@@ -18,42 +18,17 @@
 //! A receive that reduces finishes `bytes × γ` after its data has arrived, and a rank's
 //! reductions run one at a time.
 
-use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use crate::cost::{Network, Uplink};
 use crate::schedule::{Op, RankSchedule};
+use crate::sim::Earliest;
 
 /// Relative slack when comparing times and remaining bytes.
 const EPS: f64 = 1e-12;
 
-/// A point in time when one operation of one rank completes.
-#[derive(Clone, Copy, Debug)]
-struct Done {
-    at: f64,
-    rank: usize,
-    op: usize,
-}
-
-impl PartialEq for Done {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Done {}
-impl PartialOrd for Done {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Done {
-    // Reversed: BinaryHeap is a max-heap and the earliest completion must come first.
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.at.total_cmp(&self.at)
-            .then(o.rank.cmp(&self.rank))
-            .then(o.op.cmp(&self.op))
-    }
-}
+/// When operation `key.1` of rank `key.0` completes.
+type Done = Earliest<(usize, usize)>;
 
 /// A message between matching operations of two ranks.
 struct Flow {
@@ -280,15 +255,16 @@ impl Engine<'_> {
         for res in &mut self.resources {
             res.users = 0;
         }
-        let mut port_cap: HashMap<usize, f64> = HashMap::new();
         for f in &self.active {
             for &u in &f.uses[..2] {
-                let c = port_cap.entry(u).or_insert(0.0);
-                *c = c.max(f.cap);
+                self.resources[u].capacity = 0.0;
             }
         }
-        for (u, c) in &port_cap {
-            self.resources[*u].capacity = *c;
+        for f in &self.active {
+            for &u in &f.uses[..2] {
+                let res = &mut self.resources[u];
+                res.capacity = res.capacity.max(f.cap);
+            }
         }
         for f in &mut self.active {
             f.rate = 0.0;
@@ -426,8 +402,7 @@ impl Engine<'_> {
     fn finish(&mut self, f: Flow) {
         self.done.push(Done {
             at: self.now,
-            rank: f.from,
-            op: f.send_op,
+            key: (f.from, f.send_op),
         });
         let mut at = self.now;
         if f.reduces {
@@ -438,18 +413,18 @@ impl Engine<'_> {
         }
         self.done.push(Done {
             at,
-            rank: f.to,
-            op: f.recv_op,
+            key: (f.to, f.recv_op),
         });
     }
 
     fn complete(&mut self, d: Done) {
-        let st = &mut self.ranks[d.rank];
+        let rank = d.key.0;
+        let st = &mut self.ranks[rank];
         st.pending -= 1;
         st.end = st.end.max(d.at);
         if st.pending == 0 {
             st.step += 1;
-            self.enter(d.rank, d.at);
+            self.enter(rank, d.at);
         }
     }
 }

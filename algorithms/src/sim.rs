@@ -63,33 +63,34 @@ struct RankState {
     finished: bool,
 }
 
-/// A send/receive pair that can be matched, keyed by its earliest start time.
+/// A heap entry that pops earliest first: `at`, then `key`, both smallest first. The timing
+/// engines keep their pending events in `BinaryHeap<Earliest<_>>` (a max-heap, hence the
+/// reversed order).
 #[derive(Clone, Copy, Debug)]
-struct Candidate {
-    at: f64,
-    from: usize,
-    to: usize,
+pub(crate) struct Earliest<K> {
+    pub at: f64,
+    pub key: K,
 }
 
-impl PartialEq for Candidate {
+impl<K: Ord> PartialEq for Earliest<K> {
     fn eq(&self, o: &Self) -> bool {
         self.cmp(o) == Ordering::Equal
     }
 }
-impl Eq for Candidate {}
-impl PartialOrd for Candidate {
+impl<K: Ord> Eq for Earliest<K> {}
+impl<K: Ord> PartialOrd for Earliest<K> {
     fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
         Some(self.cmp(o))
     }
 }
-impl Ord for Candidate {
-    // Reversed: BinaryHeap is a max-heap and the earliest candidate must come first.
+impl<K: Ord> Ord for Earliest<K> {
     fn cmp(&self, o: &Self) -> Ordering {
-        o.at.total_cmp(&self.at)
-            .then(o.from.cmp(&self.from))
-            .then(o.to.cmp(&self.to))
+        o.at.total_cmp(&self.at).then(o.key.cmp(&self.key))
     }
 }
+
+/// A send/receive pair that can be matched, keyed (sender, receiver) by its earliest start.
+type Candidate = Earliest<(usize, usize)>;
 
 struct Engine<'a> {
     scheds: &'a [RankSchedule],
@@ -142,7 +143,10 @@ impl Engine<'_> {
         }
         self.queued.insert((from, to));
         let at = self.earliest(from, to);
-        self.heap.push(Candidate { at, from, to });
+        self.heap.push(Candidate {
+            at,
+            key: (from, to),
+        });
     }
 
     /// Starts rank `r`'s current step (skipping steps with no transfers).
@@ -203,25 +207,21 @@ impl Engine<'_> {
             self.enter(r, fx);
         }
         while let Some(c) = self.heap.pop() {
-            let at = self.earliest(c.from, c.to);
+            let (from, to) = c.key;
+            let at = self.earliest(from, to);
             if at > c.at {
-                self.heap.push(Candidate { at, ..c });
+                self.heap.push(Candidate { at, key: c.key });
                 continue;
             }
-            self.queued.remove(&(c.from, c.to));
-            let (Some(i), Some(j)) = (
-                self.pending_send(c.from, c.to),
-                self.pending_recv(c.to, c.from),
-            ) else {
-                return Err(format!(
-                    "internal: transfer {} -> {} vanished",
-                    c.from, c.to
-                ));
+            self.queued.remove(&(from, to));
+            let (Some(i), Some(j)) = (self.pending_send(from, to), self.pending_recv(to, from))
+            else {
+                return Err(format!("internal: transfer {} -> {} vanished", from, to));
             };
-            let Op::Send { src, .. } = self.ops(c.from)[i] else {
+            let Op::Send { src, .. } = self.ops(from)[i] else {
                 unreachable!("pending_send returns sends")
             };
-            let recv = self.ops(c.to)[j].clone();
+            let recv = self.ops(to)[j].clone();
             let (dst, reduces) = match &recv {
                 Op::RecvReduce { dst, .. } => (*dst, true),
                 Op::Recv { dst, .. } => (*dst, false),
@@ -230,18 +230,18 @@ impl Engine<'_> {
             if dst.len != src.len {
                 return Err(format!(
                     "rank {} sends {} elements to rank {}, which expects {} (its step {})",
-                    c.from, src.len, c.to, dst.len, self.ranks[c.to].step
+                    from, src.len, to, dst.len, self.ranks[to].step
                 ));
             }
-            fx.transfer(c.from, &src, c.to, &recv);
+            fx.transfer(from, &src, to, &recv);
             let (finish, recv_end) = match self.net {
                 Some((net, elem_bytes)) => {
-                    let link = net.link(c.from, c.to);
+                    let link = net.link(from, to);
                     let bytes = src.len as f64 * elem_bytes;
                     let mut beta = link.beta;
                     if !self.sharing.is_empty() {
-                        let step = self.ranks[c.from].step;
-                        net.uplinks(c.from, c.to, &mut self.uplinks);
+                        let step = self.ranks[from].step;
+                        net.uplinks(from, to, &mut self.uplinks);
                         for up in &self.uplinks {
                             let k = self.sharing.get(&(step, up.id)).copied().unwrap_or(1);
                             beta = beta.max(up.shared_beta(k));
@@ -253,15 +253,15 @@ impl Engine<'_> {
                 }
                 None => (0.0, 0.0),
             };
-            self.ranks[c.from].send_free = finish;
-            self.ranks[c.to].recv_free = recv_end;
+            self.ranks[from].send_free = finish;
+            self.ranks[to].recv_free = recv_end;
             // Both ends are marked before either moves on, so that a rank entering its next
             // step never matches the other end's operation that just completed.
-            self.mark_done(c.from, i, finish);
-            self.mark_done(c.to, j, recv_end);
-            self.advance_if_done(c.from, fx);
-            self.advance_if_done(c.to, fx);
-            self.try_match(c.from, c.to);
+            self.mark_done(from, i, finish);
+            self.mark_done(to, j, recv_end);
+            self.advance_if_done(from, fx);
+            self.advance_if_done(to, fx);
+            self.try_match(from, to);
         }
         if let Some(stuck) = self.ranks.iter().position(|s| !s.finished) {
             return Err(self.explain_stall(stuck));
