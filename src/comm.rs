@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_algorithms::layout::{GroupKind, Layout};
+use strata_algorithms::schedule::{Buf, Op, Region, Step};
 use strata_algorithms::tuner::{Explanation, Tuner};
 use strata_algorithms::{Algorithm, Collective, Hierarchy, Plan, RankSchedule, valid_names};
 use strata_topology::{HostIdentity, RankPlace, Tier, TierCosts, TierMatrix};
@@ -143,6 +144,54 @@ pub struct LayoutComms {
     pub pp: Communicator,
     /// Its data-parallel group.
     pub dp: Communicator,
+}
+
+/// One point-to-point transfer of a [`Communicator::send_recv`] batch.
+pub enum Transfer<'a> {
+    /// Send `data` (elements of `dtype`) to `peer`.
+    Send {
+        /// The receiving rank.
+        peer: usize,
+        /// Element type, checked against the receiver's.
+        dtype: DataType,
+        /// What to send.
+        data: &'a [u8],
+    },
+    /// Receive `data.len()` bytes (elements of `dtype`) from `peer`.
+    Recv {
+        /// The sending rank.
+        peer: usize,
+        /// Element type, checked against the sender's.
+        dtype: DataType,
+        /// Where the data lands.
+        data: &'a mut [u8],
+    },
+}
+
+impl Transfer<'_> {
+    /// (peer, element type, bytes).
+    fn parts(&self) -> (usize, DataType, usize) {
+        match self {
+            Transfer::Send { peer, dtype, data } => (*peer, *dtype, data.len()),
+            Transfer::Recv { peer, dtype, data } => (*peer, *dtype, data.len()),
+        }
+    }
+
+    fn is_send(&self) -> bool {
+        matches!(self, Transfer::Send { .. })
+    }
+
+    fn verb(&self) -> &'static str {
+        if self.is_send() { "send" } else { "recv" }
+    }
+
+    /// The buffer's address (a send's is only ever read).
+    fn ptr(&mut self) -> *mut u8 {
+        match self {
+            Transfer::Send { data, .. } => data.as_ptr() as *mut u8,
+            Transfer::Recv { data, .. } => data.as_mut_ptr(),
+        }
+    }
 }
 
 /// A group of ranks that run collectives together.
@@ -806,27 +855,103 @@ impl Communicator {
 
     /// Sends `buf` to `peer`, which must call [`Communicator::recv`] with the same length.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
-        self.p2p(
-            Collective::Send,
-            T::DTYPE,
-            buf.len(),
+        self.send_recv(&mut [Transfer::Send {
             peer,
-            bytemuck::cast_slice(buf).as_ptr(),
-            std::ptr::null_mut(),
-        )
+            dtype: T::DTYPE,
+            data: bytemuck::cast_slice(buf),
+        }])
     }
 
     /// Receives `buf.len()` elements from `peer`.
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        self.p2p(
-            Collective::Recv,
-            T::DTYPE,
-            bytes.len() / T::DTYPE.size(),
+        self.send_recv(&mut [Transfer::Recv {
             peer,
-            std::ptr::null(),
-            bytes.as_mut_ptr(),
-        )
+            dtype: T::DTYPE,
+            data: bytemuck::cast_slice_mut(buf),
+        }])
+    }
+
+    /// Runs a batch of point-to-point transfers as one (NCCL's sends and receives between
+    /// `ncclGroupStart` and `ncclGroupEnd`): they progress together, so a rank may send to its
+    /// successor and receive from its predecessor in one batch without deadlock.
+    ///
+    /// Transfers between a pair of ranks match in order in each direction, and each must have
+    /// the same element type and count at both ends (a mismatch fails with an error naming
+    /// both). The batch runs in rounds: round k holds every peer's k-th transfer in each
+    /// direction, so round k of one rank meets round k of its peers. A transfer to this rank
+    /// itself pairs with the receive from itself of the same position in the batch.
+    pub fn send_recv(&self, transfers: &mut [Transfer<'_>]) -> Result<()> {
+        let (p, me) = (self.size(), self.rank());
+        for t in transfers.iter() {
+            let (peer, dtype, len) = t.parts();
+            if peer >= p {
+                return Err(Error::InvalidArgument(format!(
+                    "{} peer {peer} is out of range for {p} ranks",
+                    t.verb()
+                )));
+            }
+            if len % dtype.size() != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{} buffer of {len} bytes is not a whole number of {dtype} elements",
+                    t.verb()
+                )));
+            }
+        }
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let to_self = |want_send: bool| -> Vec<usize> {
+            (0..transfers.len())
+                .filter(|&i| transfers[i].parts().0 == me && transfers[i].is_send() == want_send)
+                .collect()
+        };
+        let (sends, recvs) = (to_self(true), to_self(false));
+        if sends.len() != recvs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {me} sends itself {} message(s) but receives {} from itself; a transfer \
+                 to self needs its partner in the same group",
+                sends.len(),
+                recvs.len()
+            )));
+        }
+        for (&si, &ri) in sends.iter().zip(&recvs) {
+            let ((_, sd, sl), (_, rd, rl)) = (transfers[si].parts(), transfers[ri].parts());
+            if (sd, sl) != (rd, rl) {
+                return Err(Error::Mismatch(format!(
+                    "rank {me} sends itself {} {sd} elements but receives {} {rd} elements",
+                    sl / sd.size(),
+                    rl / rd.size()
+                )));
+            }
+        }
+        for (&si, &ri) in sends.iter().zip(&recvs) {
+            let src = transfers[si].ptr() as *const u8;
+            let dst = transfers[ri].ptr();
+            // SAFETY: both buffers hold `len` bytes (checked above) and live for the call;
+            // `copy` allows them to overlap.
+            unsafe { std::ptr::copy(src, dst, transfers[si].parts().2) };
+        }
+        // Round k: the k-th transfer with each peer in each direction.
+        let mut seen: HashMap<(bool, usize), usize> = HashMap::new();
+        let round: Vec<Option<usize>> = transfers
+            .iter()
+            .map(|t| {
+                let peer = t.parts().0;
+                (peer != me).then(|| {
+                    let k = seen.entry((t.is_send(), peer)).or_insert(0);
+                    *k += 1;
+                    *k - 1
+                })
+            })
+            .collect();
+        let rounds = round.iter().flatten().max().map_or(0, |m| m + 1);
+        for k in 0..rounds {
+            let members: Vec<usize> = (0..transfers.len())
+                .filter(|&i| round[i] == Some(k))
+                .collect();
+            self.run_round(transfers, &members)?;
+        }
+        Ok(())
     }
 
     /// Splits into communicators of the ranks with the same `color`, ordered by `(key, rank)`.
@@ -1108,7 +1233,7 @@ impl Communicator {
                 }
             };
         // SAFETY: the spans are bounds-checked views of `send`/`recv`, which outlive the call.
-        unsafe { self.run(spec, input, input_bytes, output, output_bytes, None) }
+        unsafe { self.run(spec, input, input_bytes, output, output_bytes) }
     }
 
     fn call_typed<T: Element>(
@@ -1134,40 +1259,6 @@ impl Communicator {
         Ok(len / self.size())
     }
 
-    fn p2p(
-        &self,
-        kind: Collective,
-        dtype: DataType,
-        count: usize,
-        peer: usize,
-        input: *const u8,
-        output: *mut u8,
-    ) -> Result<()> {
-        if peer >= self.size() {
-            return Err(Error::InvalidArgument(format!(
-                "peer {peer} is out of range for {} ranks",
-                self.size()
-            )));
-        }
-        if peer == self.rank() {
-            return Err(Error::InvalidArgument(format!(
-                "rank {peer} cannot {kind} to itself"
-            )));
-        }
-        let bytes = count * dtype.size();
-        let spec = CallSpec {
-            root: peer,
-            ..CallSpec::new(kind, dtype, count)
-        };
-        let (in_bytes, out_bytes) = if kind == Collective::Send {
-            (bytes, 0)
-        } else {
-            (0, bytes)
-        };
-        // SAFETY: input/output come from slices of `bytes` bytes that outlive the call.
-        unsafe { self.run(spec, input, in_bytes, output, out_bytes, Some(peer)) }
-    }
-
     fn lock_state(&self) -> Result<std::sync::MutexGuard<'_, State>> {
         self.inner
             .state
@@ -1187,7 +1278,6 @@ impl Communicator {
         input_bytes: usize,
         output: *mut u8,
         output_bytes: usize,
-        p2p_peer: Option<usize>,
     ) -> Result<()> {
         let inner = &*self.inner;
         if let Some(e) = self.async_error() {
@@ -1239,76 +1329,28 @@ impl Communicator {
                 c
             }
         };
-        // The header this rank sends and expects. Point-to-point transfers are numbered per
-        // (direction, peer) and both ends describe the transfer as the sender's `send`.
-        let p2p_only = [p2p_peer.unwrap_or(0)];
-        let (local, wire_out, wire_in, hdr_out, hdr_in): (
-            Header,
-            Header,
-            Header,
-            &[usize],
-            &[usize],
-        ) = match p2p_peer {
-            Some(peer) => {
-                let sending = spec.collective == Collective::Send;
-                let counters = if sending {
-                    &mut st.p2p_sent
-                } else {
-                    &mut st.p2p_received
-                };
-                let seq = counters.entry(peer).or_insert(0);
-                *seq += 1;
-                let local = Header {
-                    collective: spec.collective,
-                    seq: *seq,
-                    dtype: spec.dtype,
-                    count: spec.count as u64,
-                    op: 0,
-                    root: peer as u64,
-                    algorithm: Algorithm::Direct,
-                };
-                let wire = Header {
-                    collective: Collective::Send,
-                    root: if sending { peer } else { rank } as u64,
-                    ..local
-                };
-                if sending {
-                    (local, wire, wire, &p2p_only, &[])
-                } else {
-                    (local, wire, wire, &[], &p2p_only)
-                }
-            }
-            None => {
-                st.seq += 1;
-                let h = Header {
-                    collective: spec.collective,
-                    seq: st.seq,
-                    dtype: spec.dtype,
-                    count: spec.count as u64,
-                    op: if spec.collective.reduces() {
-                        spec.op.code()
-                    } else {
-                        0
-                    },
-                    root: if spec.collective.rooted() {
-                        spec.root as u64
-                    } else {
-                        0
-                    },
-                    algorithm,
-                };
-                (h, h, h, &cached.exchange, &cached.exchange)
-            }
+        st.seq += 1;
+        let local = Header {
+            collective: spec.collective,
+            seq: st.seq,
+            dtype: spec.dtype,
+            count: spec.count as u64,
+            op: if spec.collective.reduces() {
+                spec.op.code()
+            } else {
+                0
+            },
+            root: if spec.collective.rooted() {
+                spec.root as u64
+            } else {
+                0
+            },
+            algorithm,
         };
-        let needed: &[usize] = if p2p_peer.is_some() {
-            if hdr_out.is_empty() { hdr_in } else { hdr_out }
-        } else {
-            &cached.exchange
-        };
-        let seq = if p2p_peer.is_some() { 0 } else { local.seq };
+        let seq = local.seq;
         inner.health.op_started(seq, &local.describe());
         let result = (|| {
-            self.ensure_connections(st, needed, &local)?;
+            self.ensure_connections(st, &cached.exchange, &local)?;
             // Inputs the schedule must not read from the caller's memory.
             let mut input = input;
             let premul = match spec.op {
@@ -1339,6 +1381,8 @@ impl Communicator {
                 output_bytes,
                 scratch: st.scratch.as_mut_ptr() as *mut u8,
                 scratch_bytes,
+                input_parts: Vec::new(),
+                output_parts: Vec::new(),
             };
             let (combine, divide_by) = match spec.op {
                 _ if !spec.collective.reduces() => (Combine::Sum, None),
@@ -1359,10 +1403,11 @@ impl Communicator {
                 },
                 combine,
                 divide_by,
-                hdr_out,
-                hdr_in,
-                wire_out,
-                wire_in,
+                hdr_out: &cached.exchange,
+                hdr_in: &cached.exchange,
+                wire_out: local,
+                wire_in: local,
+                per_peer: &[],
                 local,
                 timeout: self.timeout(),
                 clock: None,
@@ -1374,13 +1419,146 @@ impl Communicator {
             }
             .run(&cached.sched, &bufs)
         })();
-        // A call interrupted by a fault reports that fault.
+        self.conclude(st, &local, result)
+    }
+
+    /// Runs one round of a [`Communicator::send_recv`] batch: at most one send to and one
+    /// receive from each peer, all progressing together, each with its own header.
+    fn run_round(&self, transfers: &mut [Transfer<'_>], members: &[usize]) -> Result<()> {
+        let inner = &*self.inner;
+        let rank = inner.rank;
+        let mut guard = self.lock_state()?;
+        let st = &mut *guard;
+        let mut ops = Vec::with_capacity(members.len());
+        let (mut input_parts, mut output_parts) = (Vec::new(), Vec::new());
+        let (mut in_end, mut out_end) = (0usize, 0usize);
+        let mut headers: Vec<(usize, Option<Header>, Option<Header>)> = Vec::new();
+        let mut needed = Vec::with_capacity(members.len());
+        let mut first = None;
+        for &i in members {
+            let (peer, dtype, len) = transfers[i].parts();
+            let sending = transfers[i].is_send();
+            let counters = if sending {
+                &mut st.p2p_sent
+            } else {
+                &mut st.p2p_received
+            };
+            let seq = counters.entry(peer).or_insert(0);
+            *seq += 1;
+            // Both ends describe a transfer as the sender's `send` to the receiver.
+            let local = Header {
+                collective: if sending {
+                    Collective::Send
+                } else {
+                    Collective::Recv
+                },
+                seq: *seq,
+                dtype,
+                count: (len / dtype.size()) as u64,
+                op: 0,
+                root: peer as u64,
+                algorithm: Algorithm::Direct,
+            };
+            let wire = Header {
+                collective: Collective::Send,
+                root: if sending { peer } else { rank } as u64,
+                ..local
+            };
+            let entry = match headers.iter().position(|h| h.0 == peer) {
+                Some(j) => &mut headers[j],
+                None => {
+                    headers.push((peer, None, None));
+                    headers
+                        .last_mut()
+                        .ok_or_else(|| Error::Transport("internal: lost a batch header".into()))?
+                }
+            };
+            let ptr = transfers[i].ptr();
+            if sending {
+                entry.1 = Some(wire);
+                if len > 0 {
+                    input_parts.push((in_end, ptr, len));
+                    ops.push(Op::Send {
+                        peer,
+                        src: Region::new(Buf::Input, in_end, len),
+                    });
+                    in_end += len;
+                }
+            } else {
+                entry.2 = Some(wire);
+                if len > 0 {
+                    output_parts.push((out_end, ptr, len));
+                    ops.push(Op::Recv {
+                        peer,
+                        dst: Region::new(Buf::Output, out_end, len),
+                    });
+                    out_end += len;
+                }
+            }
+            needed.push(peer);
+            first.get_or_insert(local);
+        }
+        let Some(local) = first else { return Ok(()) };
+        let sched = RankSchedule {
+            steps: if ops.is_empty() {
+                Vec::new()
+            } else {
+                vec![Step { ops }]
+            },
+            scratch_elems: 0,
+        };
+        inner.health.op_started(0, &local.describe());
+        let result = (|| {
+            self.ensure_connections(st, &needed, &local)?;
+            let bufs = Buffers {
+                input: std::ptr::null(),
+                input_bytes: 0,
+                output: std::ptr::null_mut(),
+                output_bytes: 0,
+                scratch: std::ptr::null_mut(),
+                scratch_bytes: 0,
+                input_parts,
+                output_parts,
+            };
+            OpRun {
+                rank,
+                peers: &inner.peers,
+                conns: &mut st.conns,
+                dtype: DataType::Uint8,
+                combine: Combine::Sum,
+                divide_by: None,
+                hdr_out: &[],
+                hdr_in: &[],
+                wire_out: local,
+                wire_in: local,
+                per_peer: &headers,
+                local,
+                timeout: self.timeout(),
+                clock: None,
+                abort: &inner.health.interrupt,
+                reuse: &mut st.exec,
+                progress_events: 0,
+                goodbye_seen: None,
+                spin: inner.spin,
+            }
+            .run(&sched, &bufs)
+        })();
+        self.conclude(st, &local, result)
+    }
+
+    /// Ends a call: an interruption reports the fault behind it, a collective's timeout is
+    /// diagnosed, and a failure breaks the communicator and is told to the peers.
+    fn conclude(&self, st: &mut State, local: &Header, result: Result<()>) -> Result<()> {
+        let seq = match local.collective {
+            Collective::Send | Collective::Recv => 0,
+            _ => local.seq,
+        };
         let result = result.map_err(|e| match e {
             Error::Aborted(None) => self.async_error().unwrap_or(Error::Aborted(None)),
             e @ Error::Timeout { .. } if seq > 0 => self.diagnose(e),
             e => e,
         });
-        inner.health.op_finished(seq, result.as_ref().err());
+        self.inner.health.op_finished(seq, result.as_ref().err());
         if let Err(e) = &result {
             if let Some(earlier) = self.fail(st, e, &local.describe()) {
                 // Another error broke the communicator first (this one is likely its echo):

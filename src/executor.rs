@@ -97,10 +97,34 @@ pub(crate) struct Buffers {
     pub output_bytes: usize,
     pub scratch: *mut u8,
     pub scratch_bytes: usize,
+    /// For a batch of point-to-point transfers, the caller's separate buffers laid end to end
+    /// as (start in the concatenation, pointer, bytes): `Input` regions address the sends and
+    /// `Output` regions the receives. Empty for a collective, which uses `input`/`output`.
+    pub input_parts: Vec<(usize, *mut u8, usize)>,
+    /// The receive buffers of a batch, as `input_parts`.
+    pub output_parts: Vec<(usize, *mut u8, usize)>,
 }
 
 impl Buffers {
     fn span(&self, r: &Region, es: usize) -> Result<(*mut u8, usize)> {
+        let parts = match r.buf {
+            Buf::Input => &self.input_parts,
+            Buf::Output => &self.output_parts,
+            Buf::Scratch => &Vec::new(),
+        };
+        if !parts.is_empty() {
+            let (off, len) = (r.offset * es, r.len * es);
+            let i = parts.partition_point(|part| part.0 <= off);
+            return match i.checked_sub(1).map(|i| parts[i]) {
+                Some((start, base, cap)) if off - start + len <= cap => {
+                    // SAFETY: off - start + len ≤ cap, the size of the buffer base points to.
+                    Ok((unsafe { base.add(off - start) }, len))
+                }
+                _ => Err(Error::Transport(format!(
+                    "internal: batch region {r:?} does not lie inside one buffer"
+                ))),
+            };
+        }
         let (base, cap) = match r.buf {
             Buf::Input => (self.input as *mut u8, self.input_bytes),
             Buf::Output => (self.output, self.output_bytes),
@@ -132,6 +156,9 @@ pub(crate) struct OpRun<'a> {
     pub hdr_in: &'a [usize],
     pub wire_out: Header,
     pub wire_in: Header,
+    /// Headers that differ per peer (a batch of point-to-point transfers): (peer, header to
+    /// send it, header expected from it), besides `hdr_out` and `hdr_in`.
+    pub per_peer: &'a [(usize, Option<Header>, Option<Header>)],
     /// This rank's own view of the call, for messages.
     pub local: Header,
     /// The call's deadline, counted from the first time it has to sleep (reading the clock on
@@ -230,12 +257,16 @@ impl OpRun<'_> {
         let mut states = std::mem::take(&mut self.reuse.states);
         states.clear();
         let out = self.wire_out.encode();
-        for (&peer, is_out) in self
+        let shared = self
             .hdr_out
             .iter()
-            .map(|p| (p, true))
-            .chain(self.hdr_in.iter().map(|p| (p, false)))
-        {
+            .map(|&p| (p, Some(out), None))
+            .chain(self.hdr_in.iter().map(|&p| (p, None, Some(self.wire_in))));
+        let own = self
+            .per_peer
+            .iter()
+            .map(|&(p, o, i)| (p, o.map(|h| h.encode()), i));
+        for (peer, out, expect) in shared.chain(own) {
             let i = match states.iter().position(|s| s.peer == peer) {
                 Some(i) => i,
                 None => {
@@ -249,10 +280,11 @@ impl OpRun<'_> {
                     states.len() - 1
                 }
             };
-            if is_out {
-                states[i].out = Some(out);
-            } else {
-                states[i].expect = Some(self.wire_in);
+            if out.is_some() {
+                states[i].out = out;
+            }
+            if expect.is_some() {
+                states[i].expect = expect;
                 states[i].in_done = false;
             }
         }

@@ -31,7 +31,7 @@ pub mod tuning;
 pub mod watchdog;
 
 pub use bootstrap::{PeerInfo, UNIQUE_ID_BYTES, UniqueId};
-pub use comm::{CallSpec, Communicator, LayoutComms};
+pub use comm::{CallSpec, Communicator, LayoutComms, Transfer};
 pub use config::{Config, RankOrder, TransportPolicy};
 pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};
 pub use error::{Error, Result};

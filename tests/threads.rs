@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use strata::check;
 use strata::{
-    CallSpec, Collective, Communicator, Config, DataType, Error, ReduceOp, TransportPolicy,
-    UniqueId,
+    CallSpec, Collective, Communicator, Config, DataType, Error, ReduceOp, Transfer,
+    TransportPolicy, UniqueId,
 };
 
 fn cfg(transport: TransportPolicy) -> Config {
@@ -367,4 +367,135 @@ fn the_tuner_explains_its_choice_and_tuning_rules_override_it() {
         recv[1023]
     });
     assert_eq!(sums, vec![2.0, 2.0]);
+}
+
+/// A ring shift of 4 MiB per rank (far more than a transport buffers), two messages to the
+/// same peer, a transfer to self and a zero-length one, all in one batch on every rank; then
+/// a mismatched batch fails with an error naming both sides.
+fn batch_exchange(transport: TransportPolicy) {
+    let comms = init_threads(3, transport);
+    let out = on_all(&comms, |c| {
+        let (r, p) = (c.rank(), c.size());
+        let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+        let big: Vec<u8> = (0..4 << 20).map(|i| (i * 7 + r) as u8).collect();
+        let small = [r as u32 * 10, r as u32 * 10 + 1];
+        let mine = [r as f64; 3];
+        let (mut got_big, mut got_small, mut got_self) = (vec![0u8; 4 << 20], [0u32; 2], [0f64; 3]);
+        let mut got_second = [0u32; 2];
+        c.send_recv(&mut [
+            Transfer::Recv {
+                peer: prev,
+                dtype: DataType::Uint8,
+                data: &mut got_big,
+            },
+            Transfer::Send {
+                peer: next,
+                dtype: DataType::Uint8,
+                data: &big,
+            },
+            Transfer::Send {
+                peer: next,
+                dtype: DataType::Uint32,
+                data: bytemuck::cast_slice(&small),
+            },
+            Transfer::Recv {
+                peer: prev,
+                dtype: DataType::Uint32,
+                data: bytemuck::cast_slice_mut(&mut got_small),
+            },
+            Transfer::Send {
+                peer: r,
+                dtype: DataType::Float64,
+                data: bytemuck::cast_slice(&mine),
+            },
+            Transfer::Recv {
+                peer: r,
+                dtype: DataType::Float64,
+                data: bytemuck::cast_slice_mut(&mut got_self),
+            },
+            Transfer::Send {
+                peer: next,
+                dtype: DataType::Uint32,
+                data: &[],
+            },
+            Transfer::Recv {
+                peer: prev,
+                dtype: DataType::Uint32,
+                data: &mut [],
+            },
+        ])
+        .unwrap();
+        // A second exchange the other way round, unbatched on even ranks.
+        if r % 2 == 0 {
+            c.send(&small, prev).unwrap();
+            c.recv(&mut got_second, next).unwrap();
+        } else {
+            c.send_recv(&mut [
+                Transfer::Recv {
+                    peer: next,
+                    dtype: DataType::Uint32,
+                    data: bytemuck::cast_slice_mut(&mut got_second),
+                },
+                Transfer::Send {
+                    peer: prev,
+                    dtype: DataType::Uint32,
+                    data: bytemuck::cast_slice(&small),
+                },
+            ])
+            .unwrap();
+        }
+        let want_big: Vec<u8> = (0..4 << 20).map(|i| (i * 7 + prev) as u8).collect();
+        assert!(
+            got_big == want_big,
+            "rank {r}: the 4 MiB message from rank {prev} is wrong"
+        );
+        assert_eq!(got_small, [prev as u32 * 10, prev as u32 * 10 + 1]);
+        assert_eq!(got_self, mine);
+        assert_eq!(got_second, [next as u32 * 10, next as u32 * 10 + 1]);
+        // Rank 0 receives f32 where rank 2 sends i32: both fail, naming both calls.
+        let send = [1i32; 4];
+        let mut recv = [0f32; 4];
+        c.send_recv(&mut [
+            Transfer::Send {
+                peer: next,
+                dtype: DataType::Int32,
+                data: bytemuck::cast_slice(&send),
+            },
+            Transfer::Recv {
+                peer: prev,
+                dtype: if r == 0 {
+                    DataType::Float32
+                } else {
+                    DataType::Int32
+                },
+                data: bytemuck::cast_slice_mut(&mut recv),
+            },
+        ])
+        .err()
+        .map(|e| e.to_string())
+    });
+    assert!(
+        out[0]
+            .as_deref()
+            .is_some_and(|e| e.contains("int32") && e.contains("float")),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn batched_send_recv_in_process() {
+    batch_exchange(TransportPolicy::Auto);
+}
+
+#[test]
+fn batched_send_recv_over_tcp() {
+    batch_exchange(TransportPolicy::Tcp);
+}
+
+#[test]
+fn a_lone_send_to_self_is_an_error_not_a_hang() {
+    let comms = init_threads(1, TransportPolicy::Auto);
+    let e = comms[0].send(&[1u8], 0).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("receives 0"), "{e}");
 }
