@@ -1,0 +1,232 @@
+//! One queued NCCL call, and running a group of them on a communicator.
+
+use crate::device;
+use crate::handle::UserOp;
+use strata::{CallSpec, Collective, Communicator, DataType, Error, ReduceOp, Scalar, Transfer};
+
+/// A collective call as the C caller made it.
+pub(crate) struct Coll {
+    /// Collective, type, count (NCCL's meaning), operator (built-in) and root.
+    pub spec: CallSpec,
+    /// A `ncclRedOpCreatePreMulSum` operator: its index in the communicator's table.
+    pub user_op: Option<usize>,
+    /// `sendbuff` (may be NULL where this rank reads no input).
+    pub send: *const u8,
+    /// `recvbuff` (may be NULL where this rank writes no output).
+    pub recv: *mut u8,
+}
+
+/// One call queued in a group or for a non-blocking communicator.
+pub(crate) enum Call {
+    /// A collective.
+    Coll(Coll),
+    /// `ncclSend` (`send`) or `ncclRecv`.
+    P2p {
+        /// Whether this is a send.
+        send: bool,
+        /// The other rank.
+        peer: usize,
+        /// Element type.
+        dtype: DataType,
+        /// Elements.
+        count: usize,
+        /// The buffer.
+        ptr: *mut u8,
+    },
+}
+
+// SAFETY: the pointers are the caller's buffers, which NCCL's contract keeps valid until the
+// operation completes; a queued call is run by exactly one thread.
+unsafe impl Send for Call {}
+
+/// Bytes of input and output `spec` needs on `rank` of `p`, or why the shape is impossible.
+pub(crate) fn buffer_bytes(
+    spec: &CallSpec,
+    rank: usize,
+    p: usize,
+) -> Result<(usize, usize), String> {
+    if spec.collective.rooted() && spec.root >= p {
+        return Err(format!(
+            "root {} is out of range for {p} ranks",
+            spec.root
+        ));
+    }
+    let es = spec.dtype.size();
+    if spec
+        .count
+        .checked_mul(p)
+        .and_then(|n| n.checked_mul(es))
+        .is_none_or(|n| n > isize::MAX as usize)
+    {
+        return Err(format!(
+            "count {} of {} overflows for {p} ranks",
+            spec.count, spec.dtype
+        ));
+    }
+    let (i, o) = spec.collective.buffer_elems(spec.count, p, rank, spec.root);
+    Ok((i * es, o * es))
+}
+
+/// The checks of a collective that need this rank's place: root in range, no overflow, no
+/// NULL buffer that the call must read or write.
+pub(crate) fn check_coll(c: &Coll, rank: usize, p: usize) -> Result<(), String> {
+    let (ib, ob) = buffer_bytes(&c.spec, rank, p)?;
+    if ib > 0 && c.send.is_null() {
+        return Err(format!(
+            "sendbuff is NULL but {} on rank {rank} reads {ib} bytes from it",
+            c.spec.collective
+        ));
+    }
+    if ob > 0 && c.recv.is_null() {
+        return Err(format!(
+            "recvbuff is NULL but {} on rank {rank} writes {ob} bytes to it",
+            c.spec.collective
+        ));
+    }
+    Ok(())
+}
+
+/// The operator of `c`, reading a deferred scalar now.
+fn resolve_op(c: &Coll, ops: &[Option<UserOp>]) -> strata::Result<ReduceOp> {
+    let Some(i) = c.user_op else {
+        return Ok(c.spec.op);
+    };
+    match ops.get(i).copied().flatten() {
+        Some(UserOp::Immediate(s)) => Ok(ReduceOp::PreMulSum(s)),
+        Some(UserOp::Deferred(addr, dtype)) => {
+            device::check_host(addr as *const u8, "the premulsum scalar")
+                .map_err(Error::InvalidArgument)?;
+            let mut bytes = [0u8; 8];
+            // SAFETY: the caller made the operator with a pointer to one element of `dtype`
+            // and keeps it valid while the operator exists (NCCL's contract); it is host memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(addr as *const u8, bytes.as_mut_ptr(), dtype.size())
+            };
+            Ok(ReduceOp::PreMulSum(Scalar { dtype, bytes }))
+        }
+        None => Err(Error::InvalidArgument(format!(
+            "reduction operator {} was destroyed",
+            i + crate::FIRST_USER_OP
+        ))),
+    }
+}
+
+/// Runs one collective, in place when the buffers follow NCCL's in-place rules.
+fn run_coll(comm: &Communicator, ops: &[Option<UserOp>], c: &Coll) -> strata::Result<()> {
+    let (rank, p) = (comm.rank(), comm.size());
+    check_coll(c, rank, p).map_err(Error::InvalidArgument)?;
+    let spec = CallSpec {
+        op: resolve_op(c, ops)?,
+        ..c.spec
+    };
+    let (ib, ob) = buffer_bytes(&spec, rank, p).map_err(Error::InvalidArgument)?;
+    let (in_off, out_off) = spec.in_place_offsets(rank);
+    let (send, recv) = (c.send as usize, c.recv as usize);
+    if ib > 0 && ob > 0 && send.wrapping_sub(in_off) == recv.wrapping_sub(out_off) {
+        let len = (in_off + ib).max(out_off + ob);
+        // SAFETY: in place, the caller's buffer starts `out_off` bytes before recvbuff and
+        // holds `len` bytes (NCCL's in-place layout for this collective).
+        let buf = unsafe { std::slice::from_raw_parts_mut(c.recv.sub(out_off), len) };
+        return comm.call_bytes(spec, None, buf);
+    }
+    if ib > 0 && ob > 0 && send < recv + ob && recv < send + ib {
+        return Err(Error::InvalidArgument(format!(
+            "{}: sendbuff and recvbuff overlap without following NCCL's in-place layout",
+            spec.collective
+        )));
+    }
+    // SAFETY: non-NULL (checked) buffers of the sizes this collective reads and writes, which
+    // the caller keeps valid until the call completes; empty slices for unused buffers.
+    let (input, output) = unsafe {
+        (
+            if ib > 0 {
+                std::slice::from_raw_parts(c.send, ib)
+            } else {
+                &[][..]
+            },
+            if ob > 0 {
+                std::slice::from_raw_parts_mut(c.recv, ob)
+            } else {
+                &mut [][..]
+            },
+        )
+    };
+    comm.call_bytes(spec, Some(input), output)
+}
+
+/// Runs the calls of one group on `comm`: collectives in the order made, then every send and
+/// receive as one batch, so that transfers in both directions progress together.
+pub(crate) fn run_group(
+    comm: &Communicator,
+    ops: &[Option<UserOp>],
+    calls: Vec<Call>,
+) -> strata::Result<()> {
+    let mut transfers = Vec::new();
+    for call in &calls {
+        match call {
+            Call::Coll(c) => run_coll(comm, ops, c)?,
+            &Call::P2p {
+                send,
+                peer,
+                dtype,
+                count,
+                ptr,
+            } => {
+                let bytes = count
+                    .checked_mul(dtype.size())
+                    .ok_or_else(|| Error::InvalidArgument(format!("count {count} overflows")))?;
+                if bytes > 0 && ptr.is_null() {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} buffer is NULL with count {count}",
+                        if send { "send" } else { "recv" }
+                    )));
+                }
+                // SAFETY: a non-NULL buffer of `bytes` bytes that the caller keeps valid until
+                // the group completes; empty slices need no buffer.
+                transfers.push(unsafe {
+                    if send {
+                        Transfer::Send {
+                            peer,
+                            dtype,
+                            data: if bytes > 0 {
+                                std::slice::from_raw_parts(ptr, bytes)
+                            } else {
+                                &[]
+                            },
+                        }
+                    } else {
+                        Transfer::Recv {
+                            peer,
+                            dtype,
+                            data: if bytes > 0 {
+                                std::slice::from_raw_parts_mut(ptr, bytes)
+                            } else {
+                                &mut []
+                            },
+                        }
+                    }
+                });
+            }
+        }
+    }
+    if transfers.is_empty() {
+        return Ok(());
+    }
+    comm.send_recv(&mut transfers)
+}
+
+/// The cost model's estimate of `calls` on `comm`, in microseconds.
+pub(crate) fn estimate_us(comm: &Communicator, calls: &[Call]) -> f64 {
+    let mut seconds = 0.0;
+    for call in calls {
+        let (collective, bytes) = match call {
+            Call::Coll(c) => (c.spec.collective, c.spec.count * c.spec.dtype.size()),
+            Call::P2p { dtype, count, .. } => (Collective::Send, count * dtype.size()),
+        };
+        let algorithm = comm.algorithm_for(collective, bytes);
+        if let Ok(s) = comm.predict(collective, algorithm, bytes) {
+            seconds += s;
+        }
+    }
+    seconds * 1e6
+}
