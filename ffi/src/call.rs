@@ -46,10 +46,7 @@ pub(crate) fn buffer_bytes(
     p: usize,
 ) -> Result<(usize, usize), String> {
     if spec.collective.rooted() && spec.root >= p {
-        return Err(format!(
-            "root {} is out of range for {p} ranks",
-            spec.root
-        ));
+        return Err(format!("root {} is out of range for {p} ranks", spec.root));
     }
     let es = spec.dtype.size();
     if spec

@@ -24,10 +24,7 @@ fn driver() -> Option<PointerGetAttribute> {
     // SAFETY: dlopen with RTLD_NOLOAD only looks the library up; dlsym on the handle it
     // returns; the symbol has the driver API's documented signature.
     unsafe {
-        let lib = libc::dlopen(
-            c"libcuda.so.1".as_ptr(),
-            libc::RTLD_NOW | libc::RTLD_NOLOAD,
-        );
+        let lib = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
         if lib.is_null() {
             return None;
         }

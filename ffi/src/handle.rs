@@ -227,7 +227,9 @@ impl CommHandle {
             q.busy = true;
             drop(q);
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
-                .unwrap_or_else(|_| Err(Error::Transport("internal: a queued call panicked".into())));
+                .unwrap_or_else(|_| {
+                    Err(Error::Transport("internal: a queued call panicked".into()))
+                });
             q = lock(&self.queue);
             q.busy = false;
             if let Err(e) = result {

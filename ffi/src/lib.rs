@@ -291,7 +291,10 @@ struct Settings {
 ///
 /// # Safety
 /// `config` must be NULL or point to at least `config->size` readable bytes.
-unsafe fn settings_of(config: *const NcclConfig, default_blocking: bool) -> Result<Settings, NcclResult> {
+unsafe fn settings_of(
+    config: *const NcclConfig,
+    default_blocking: bool,
+) -> Result<Settings, NcclResult> {
     let mut s = Settings {
         blocking: default_blocking,
     };
@@ -397,7 +400,14 @@ fn collective(
 }
 
 /// Checks and submits a send or receive.
-fn p2p(send: bool, buf: *mut c_void, count: usize, datatype: c_int, peer: c_int, comm: NcclComm) -> NcclResult {
+fn p2p(
+    send: bool,
+    buf: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: NcclComm,
+) -> NcclResult {
     guarded(|| {
         let h = comm_of(comm)?;
         live(&h)?;
@@ -405,7 +415,9 @@ fn p2p(send: bool, buf: *mut c_void, count: usize, datatype: c_int, peer: c_int,
         let peer = usize_of(peer, "peer")?;
         if let Some((_, p)) = h.shape.get().copied() {
             if peer >= p {
-                return Err(invalid(format!("peer {peer} is out of range for {p} ranks")));
+                return Err(invalid(format!(
+                    "peer {peer} is out of range for {p} ranks"
+                )));
             }
         }
         let bytes = count
@@ -451,7 +463,9 @@ unsafe fn init_rank(
     let n = usize_of(nranks, "nranks")?;
     let r = usize_of(rank, "rank")?;
     if n == 0 || r >= n {
-        return Err(invalid(format!("rank {rank} is out of range for {nranks} ranks")));
+        return Err(invalid(format!(
+            "rank {rank} is out of range for {nranks} ranks"
+        )));
     }
     // SAFETY: per the contract.
     let settings = unsafe { settings_of(config, env_blocking())? };

@@ -384,7 +384,7 @@ int main(void) {
   NCCL_OK(ncclGroupStart());
   NCCL_OK(ncclAllReduce(big, big, 4096, ncclFloat32, ncclSum, comm, NULL));
   NCCL_OK(ncclGroupSimulateEnd(&sim));
-  CHECK(sim.estimatedTime > 0, "estimated time %g", sim.estimatedTime);
+  CHECK(nranks_ == 1 || sim.estimatedTime > 0, "estimated time %g", sim.estimatedTime);
 
   NCCL_OK(ncclCommFinalize(comm));
   NCCL_OK(ncclCommDestroy(comm));

@@ -1,0 +1,1 @@
+/* Stand-in for CUDA's cuda_fp8.h: nccl.h includes it but uses nothing from it. */

@@ -1,0 +1,462 @@
+//! The C ABI from the outside: C, C++ and Python programs built against `include/nccl.h` (and
+//! against NVIDIA's own header and library) run as several processes on `libnccl.so.2`.
+//!
+//! NVIDIA's NCCL comes from the PyPI wheel `nvidia-nccl-cu12` that `.ci/run` unpacks and names
+//! in `STRATA_NVIDIA_NCCL_DIR` (the folder holding `include/nccl.h` and `lib/libnccl.so.2`);
+//! the tests that need it skip with one line on stderr when it is not set.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The 34 functions PyTorch 2.9 imports from libnccl.so.2 (REFERENCE.md).
+const PYTORCH_IMPORTS: [&str; 34] = [
+    "AllGather",
+    "AllReduce",
+    "Bcast",
+    "Broadcast",
+    "CommAbort",
+    "CommCount",
+    "CommDeregister",
+    "CommDestroy",
+    "CommFinalize",
+    "CommGetAsyncError",
+    "CommInitAll",
+    "CommInitRank",
+    "CommInitRankConfig",
+    "CommInitRankScalable",
+    "CommRegister",
+    "CommSplit",
+    "CommUserRank",
+    "CommWindowRegister",
+    "CommWindowDeregister",
+    "GetErrorString",
+    "GetLastError",
+    "GetUniqueId",
+    "GetVersion",
+    "GroupStart",
+    "GroupEnd",
+    "GroupSimulateEnd",
+    "MemAlloc",
+    "MemFree",
+    "Send",
+    "Recv",
+    "RedOpCreatePreMulSum",
+    "RedOpDestroy",
+    "Reduce",
+    "ReduceScatter",
+];
+
+/// Newer functions strata also exports, and the rest of NCCL 2.28's header.
+const OTHERS: [&str; 7] = [
+    "AlltoAll",
+    "Gather",
+    "Scatter",
+    "CommShrink",
+    "CommRevoke",
+    "CommCuDevice",
+    "ResetDebugInit",
+];
+
+/// A line on stderr that `cargo test` does not capture.
+fn skip(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
+/// `target/<profile>`, from this test binary's path (`target/<profile>/deps/c_abi-…`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// A folder holding the built library as `libnccl.so.2`, with `libstrata.so` and
+/// `libnccl.so` naming it too.
+fn library_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let built = profile_dir().join("libstrata_ffi.so");
+        assert!(built.exists(), "{} was not built", built.display());
+        let dir = profile_dir().join("strata-nccl-test");
+        std::fs::create_dir_all(&dir).unwrap();
+        let lib = dir.join("libnccl.so.2");
+        let tmp = dir.join(format!("libnccl.so.2.{}", std::process::id()));
+        std::fs::copy(&built, &tmp).unwrap();
+        std::fs::rename(&tmp, &lib).unwrap();
+        for alias in ["libstrata.so", "libnccl.so"] {
+            let link = dir.join(alias);
+            let _ = std::fs::remove_file(&link);
+            let _ = std::os::unix::fs::symlink("libnccl.so.2", &link);
+        }
+        dir
+    })
+}
+
+fn source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = profile_dir().join("strata-nccl-test").join("work");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{name}-{}", std::process::id()))
+}
+
+/// Runs a compiler or tool, failing the test with its output if it fails.
+fn tool(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Compiles `src` into `out` against `include` and links it to the library in `lib_dir`.
+fn compile_c(src: &str, out: &Path, include: &[&Path], lib_dir: &Path, extra: &[&str]) {
+    let mut cmd = Command::new("cc");
+    cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-o"])
+        .arg(out)
+        .arg(source(src));
+    for dir in include {
+        cmd.arg("-I").arg(dir);
+    }
+    cmd.args(extra)
+        .arg("-L")
+        .arg(lib_dir)
+        .arg("-lnccl")
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()));
+    tool(&mut cmd);
+}
+
+/// Runs `program` as `n` ranks (RANK, WORLD_SIZE, a fresh NCCL_TEST_ID_FILE) and returns each
+/// rank's output; a rank still running after two minutes is killed and fails the test.
+fn run_ranks(n: usize, program: &[&Path], env: &[(&str, &Path)]) -> Vec<String> {
+    let id_file = scratch(&format!("id-{n}-{}", rand_suffix()));
+    let _ = std::fs::remove_file(&id_file);
+    let children: Vec<_> = (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(program[0]);
+            cmd.args(&program[1..])
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("NCCL_TEST_ID_FILE", &id_file)
+                .env("STRATA_SOCKET_IFNAME", "=lo")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            cmd.spawn().expect("spawn a rank")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut outputs = Vec::new();
+    for (r, mut child) in children.into_iter().enumerate() {
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "rank {r} of {n} failed ({:?}):\n{text}",
+            out.status
+        );
+        assert!(text.contains("all checks passed"), "rank {r}:\n{text}");
+        outputs.push(text);
+    }
+    let _ = std::fs::remove_file(&id_file);
+    outputs
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
+}
+
+/// NVIDIA's NCCL from the `nvidia-nccl-cu12` wheel, if `.ci/run` unpacked it.
+fn nvidia_nccl(test: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("STRATA_NVIDIA_NCCL_DIR").map(PathBuf::from);
+    match dir {
+        Some(d) if d.join("include/nccl.h").exists() && d.join("lib/libnccl.so.2").exists() => {
+            Some(d)
+        }
+        Some(d) => {
+            skip(
+                test,
+                &format!(
+                    "STRATA_NVIDIA_NCCL_DIR={} lacks include/nccl.h or lib/libnccl.so.2",
+                    d.display()
+                ),
+            );
+            None
+        }
+        None => {
+            skip(
+                test,
+                "STRATA_NVIDIA_NCCL_DIR is not set (.ci/run unpacks the nvidia-nccl-cu12 wheel there)",
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn a_c_program_checks_every_collective_on_4_and_3_processes() {
+    let lib = library_dir();
+    let exe = scratch("collectives");
+    compile_c(
+        "c/collectives.c",
+        &exe,
+        &[&Path::new(env!("CARGO_MANIFEST_DIR")).join("include")],
+        lib,
+        &[],
+    );
+    let out = run_ranks(4, &[&exe], &[]);
+    assert!(
+        out[0].contains(&format!(
+            "ncclAllReduce comes from {}",
+            lib.join("libnccl.so.2").display()
+        )),
+        "{}",
+        out[0]
+    );
+    run_ranks(3, &[&exe], &[]);
+}
+
+#[test]
+fn the_header_compiles_as_cpp_and_as_strict_c99() {
+    let lib = library_dir();
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
+    let exe = scratch("header-cpp");
+    tool(
+        Command::new("c++")
+            .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(source("c/header.cpp"))
+            .arg("-I")
+            .arg(&include)
+            .arg("-L")
+            .arg(lib)
+            .arg("-lnccl")
+            .arg(format!("-Wl,-rpath,{}", lib.display())),
+    );
+    let out = tool(&mut Command::new(&exe));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("C++ sees NCCL 22809"));
+    let probe = scratch("strict.c");
+    std::fs::write(
+        &probe,
+        "#include \"nccl.h\"\nint main(void) { return ncclSuccess; }\n",
+    )
+    .unwrap();
+    tool(
+        Command::new("cc")
+            .args([
+                "-std=c99",
+                "-pedantic-errors",
+                "-Wall",
+                "-Werror",
+                "-fsyntax-only",
+            ])
+            .arg("-I")
+            .arg(&include)
+            .arg(&probe),
+    );
+}
+
+#[test]
+fn exports_are_exactly_the_nccl_api_and_the_soname_is_libnccl_so_2() {
+    let lib = library_dir().join("libnccl.so.2");
+    let out = tool(Command::new("nm").args(["-D", "--defined-only"]).arg(&lib));
+    let mut exported: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .collect();
+    exported.sort();
+    let mut want: Vec<String> = PYTORCH_IMPORTS
+        .iter()
+        .chain(&OTHERS)
+        .flat_map(|f| [format!("nccl{f}"), format!("pnccl{f}")])
+        .collect();
+    want.sort();
+    assert_eq!(
+        exported, want,
+        "the exported symbols differ from NCCL's API"
+    );
+    let dynamic = tool(Command::new("readelf").arg("-d").arg(&lib));
+    assert!(
+        String::from_utf8_lossy(&dynamic.stdout).contains("Library soname: [libnccl.so.2]"),
+        "{}",
+        String::from_utf8_lossy(&dynamic.stdout)
+    );
+}
+
+#[test]
+fn a_gpu_pointer_is_an_invalid_argument_with_a_reason() {
+    let lib = library_dir();
+    let fake = profile_dir().join("strata-nccl-test").join("fake-cuda");
+    std::fs::create_dir_all(&fake).unwrap();
+    tool(
+        Command::new("cc")
+            .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
+            .arg(fake.join("libcuda.so.1"))
+            .arg(source("c/fake_cuda.c")),
+    );
+    let exe = scratch("device-pointer");
+    compile_c(
+        "c/device_pointer.c",
+        &exe,
+        &[&Path::new(env!("CARGO_MANIFEST_DIR")).join("include")],
+        lib,
+        &[
+            &format!("-L{}", fake.display()),
+            "-l:libcuda.so.1",
+            &format!("-Wl,-rpath,{}", fake.display()),
+        ],
+    );
+    let out = Command::new(&exe)
+        .env("STRATA_SOCKET_IFNAME", "=lo")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("is GPU memory"), "{text}");
+}
+
+#[test]
+fn python_through_ctypes_and_numpy_on_4_processes() {
+    let test = "python_through_ctypes_and_numpy_on_4_processes";
+    let numpy = Command::new("python3")
+        .args(["-c", "import numpy"])
+        .output();
+    if !numpy.is_ok_and(|o| o.status.success()) {
+        skip(
+            test,
+            "python3 with numpy is not installed (.ci/run installs it)",
+        );
+        return;
+    }
+    let lib = library_dir().join("libnccl.so.2");
+    let script = source("python/nccl_ctypes.py");
+    run_ranks(
+        4,
+        &[Path::new("python3"), &script],
+        &[("STRATA_NCCL_LIB", &lib)],
+    );
+}
+
+/// Runs abi.c compiled against `include` (plus `extra` include folders) and returns its output.
+fn abi_facts(name: &str, include: &[&Path]) -> String {
+    let exe = scratch(name);
+    let mut cmd = Command::new("cc");
+    cmd.args(["-std=c11", "-O1", "-o"])
+        .arg(&exe)
+        .arg(source("c/abi.c"));
+    for dir in include {
+        cmd.arg("-I").arg(dir);
+    }
+    tool(&mut cmd);
+    String::from_utf8_lossy(&tool(&mut Command::new(&exe)).stdout).into_owned()
+}
+
+#[test]
+fn config_layout_and_enum_values_match_nvidia_nccl() {
+    let ours = abi_facts(
+        "abi-strata",
+        &[&Path::new(env!("CARGO_MANIFEST_DIR")).join("include")],
+    );
+    // The Rust side of the ABI agrees with strata's header.
+    let offset = |field: &str| -> usize {
+        ours.lines()
+            .find_map(|l| l.strip_prefix(&format!("ncclConfig_t.{field} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no offset for {field} in:\n{ours}"))
+    };
+    use strata_ffi::{NcclConfig, NcclSimInfo};
+    assert_eq!(
+        offset("blocking"),
+        std::mem::offset_of!(NcclConfig, blocking)
+    );
+    assert_eq!(
+        offset("netName"),
+        std::mem::offset_of!(NcclConfig, net_name)
+    );
+    assert_eq!(
+        offset("commName"),
+        std::mem::offset_of!(NcclConfig, comm_name)
+    );
+    assert_eq!(
+        offset("nvlinkCentricSched"),
+        std::mem::offset_of!(NcclConfig, nvlink_centric_sched)
+    );
+    assert!(ours.contains(&format!(
+        "sizeof(ncclConfig_t) {}",
+        std::mem::size_of::<NcclConfig>()
+    )));
+    assert!(ours.contains(&format!(
+        "ncclSimInfo_t.estimatedTime {}",
+        std::mem::offset_of!(NcclSimInfo, estimated_time)
+    )));
+    let Some(nv) = nvidia_nccl("config_layout_and_enum_values_match_nvidia_nccl") else {
+        return;
+    };
+    let theirs = abi_facts(
+        "abi-nvidia",
+        &[&nv.join("include"), &source("c/cuda-standin")],
+    );
+    assert_eq!(ours, theirs, "strata's nccl.h differs from NVIDIA's");
+}
+
+#[test]
+fn a_binary_built_against_nvidia_nccl_runs_on_strata_by_ld_preload() {
+    let Some(nv) = nvidia_nccl("a_binary_built_against_nvidia_nccl_runs_on_strata_by_ld_preload")
+    else {
+        return;
+    };
+    // Link against NVIDIA's own library, through a folder that also names it libnccl.so.
+    let nv_lib = profile_dir().join("strata-nccl-test").join("nvidia-lib");
+    std::fs::create_dir_all(&nv_lib).unwrap();
+    let link = nv_lib.join("libnccl.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(nv.join("lib/libnccl.so.2"), &link).unwrap();
+    let exe = scratch("collectives-nvidia");
+    compile_c(
+        "c/collectives.c",
+        &exe,
+        &[&nv.join("include"), &source("c/cuda-standin")],
+        &nv_lib,
+        &[],
+    );
+    let needed = tool(Command::new("readelf").arg("-d").arg(&exe));
+    assert!(String::from_utf8_lossy(&needed.stdout).contains("[libnccl.so.2]"));
+    let ours = library_dir().join("libnccl.so.2");
+    let out = run_ranks(4, &[&exe], &[("LD_PRELOAD", &ours)]);
+    assert!(
+        out[0].contains(&format!("ncclAllReduce comes from {}", ours.display())),
+        "{}",
+        out[0]
+    );
+}
