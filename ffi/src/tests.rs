@@ -1,1 +1,470 @@
+//! The C entry points called in process: fault codes, abort from another thread, groups over
+//! several communicators of one thread, init inside a group, shrink, and an argument fuzz.
 
+use super::*;
+use std::ptr::{null, null_mut};
+use std::time::Instant;
+
+fn lo() {
+    // SAFETY: every test of this binary sets the same value before reading it.
+    unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
+}
+
+/// `n` ranks as communicators of this process (ncclCommInitAll).
+fn init_all(n: usize) -> Vec<NcclComm> {
+    lo();
+    let mut comms = vec![null_mut(); n];
+    // SAFETY: an array of n handles.
+    let r = unsafe { ncclCommInitAll(comms.as_mut_ptr(), n as c_int, null()) };
+    assert_eq!(r, NcclResult::Success, "{}", last_error_text());
+    comms
+}
+
+fn comm(c: NcclComm) -> Arc<Communicator> {
+    CommHandle::lookup(c).unwrap().ready().unwrap()
+}
+
+fn destroy(comms: &[NcclComm]) {
+    for &c in comms {
+        // SAFETY: a live handle (or one already gone, which is only an error code).
+        unsafe { ncclCommDestroy(c) };
+    }
+}
+
+fn last_error(c: NcclComm) -> String {
+    // SAFETY: the returned pointer is a valid C string until this thread's next error.
+    unsafe { std::ffi::CStr::from_ptr(ncclGetLastError(c)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn version_and_error_strings() {
+    let mut v = 0;
+    // SAFETY: valid pointer / null.
+    assert_eq!(unsafe { ncclGetVersion(&mut v) }, NcclResult::Success);
+    assert_eq!(v, 22809);
+    // SAFETY: null is handled.
+    assert_eq!(
+        unsafe { ncclGetVersion(null_mut()) },
+        NcclResult::InvalidArgument
+    );
+    // SAFETY: the returned pointers are static C strings.
+    let s = unsafe { std::ffi::CStr::from_ptr(ncclGetErrorString(6)) };
+    assert!(s.to_str().unwrap().contains("remote process"));
+    // SAFETY: as above.
+    let s = unsafe { std::ffi::CStr::from_ptr(ncclGetErrorString(-5)) };
+    assert_eq!(s.to_str().unwrap(), "unknown result code");
+}
+
+#[test]
+fn a_config_is_read_by_its_size_and_a_bad_magic_is_rejected() {
+    let mut full = NcclConfig {
+        size: std::mem::size_of::<NcclConfig>(),
+        magic: CONFIG_MAGIC,
+        version: 22809,
+        blocking: 0,
+        cga_cluster_size: c_int::MIN,
+        min_ctas: c_int::MIN,
+        max_ctas: c_int::MIN,
+        net_name: null(),
+        split_share: c_int::MIN,
+        traffic_class: c_int::MIN,
+        comm_name: null(),
+        collnet_enable: c_int::MIN,
+        cta_policy: c_int::MIN,
+        shrink_share: c_int::MIN,
+        nvls_ctas: c_int::MIN,
+        n_channels_per_net_peer: c_int::MIN,
+        nvlink_centric_sched: c_int::MIN,
+    };
+    // SAFETY: a whole config.
+    assert!(!unsafe { settings_of(&full, true) }.unwrap().blocking);
+    // A caller whose struct ends before `blocking` gets the default.
+    full.size = 16;
+    // SAFETY: the first 16 bytes are read.
+    assert!(unsafe { settings_of(&full, true) }.unwrap().blocking);
+    full.size = std::mem::size_of::<NcclConfig>();
+    full.blocking = 7;
+    // SAFETY: a whole config.
+    assert!(unsafe { settings_of(&full, true) }.is_err());
+    full.magic = 0;
+    // SAFETY: a whole config.
+    assert_eq!(
+        unsafe { settings_of(&full, true) }.err(),
+        Some(NcclResult::InvalidArgument)
+    );
+    assert!(last_error_text().contains("NCCL_CONFIG_INITIALIZER"));
+}
+
+#[test]
+fn abort_from_another_thread_unblocks_a_hung_receive() {
+    let comms = init_all(2);
+    let c0 = comms[0] as usize;
+    let started = Instant::now();
+    let waiter = std::thread::spawn(move || {
+        let mut buf = [0f32; 16];
+        // SAFETY: a valid buffer of 16 floats; rank 1 never sends.
+        unsafe {
+            ncclRecv(
+                buf.as_mut_ptr().cast(),
+                16,
+                7,
+                1,
+                c0 as NcclComm,
+                null_mut(),
+            )
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: a live handle.
+    assert_eq!(unsafe { ncclCommAbort(comms[0]) }, NcclResult::Success);
+    let code = waiter.join().unwrap();
+    assert_ne!(code, NcclResult::Success);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // The aborted handle is dead; rank 1's is not.
+    let mut n = 0;
+    // SAFETY: valid out-pointer.
+    assert_eq!(
+        unsafe { ncclCommCount(comms[0], &mut n) },
+        NcclResult::InvalidArgument
+    );
+    destroy(&comms[1..]);
+}
+
+#[test]
+fn a_timeout_is_nccl_timeout_and_a_departed_peer_is_nccl_remote_error() {
+    let comms = init_all(2);
+    comm(comms[0])
+        .set_timeout(Duration::from_millis(1500))
+        .unwrap();
+    let mut x = [1f32; 4];
+    // SAFETY: a valid buffer; rank 1 never joins, so the call times out.
+    let code = unsafe {
+        ncclAllReduce(
+            x.as_ptr().cast(),
+            x.as_mut_ptr().cast(),
+            4,
+            7,
+            0,
+            comms[0],
+            null_mut(),
+        )
+    };
+    assert_eq!(code, NcclResult::Timeout, "{}", last_error_text());
+    let text = last_error(comms[0]);
+    assert!(
+        text.contains("all_reduce") && text.contains("rank 1"),
+        "{text}"
+    );
+    let mut state = NcclResult::Success;
+    // SAFETY: valid out-pointer.
+    unsafe { ncclCommGetAsyncError(comms[0], &mut state) };
+    assert_eq!(state, NcclResult::Timeout);
+    destroy(&comms);
+
+    // Rank 1 leaves while rank 0 waits for its message.
+    let comms = init_all(2);
+    let c0 = comms[0] as usize;
+    let waiter = std::thread::spawn(move || {
+        let mut buf = [0f32; 16];
+        // SAFETY: a valid buffer of 16 floats.
+        let code = unsafe {
+            ncclRecv(
+                buf.as_mut_ptr().cast(),
+                16,
+                7,
+                1,
+                c0 as NcclComm,
+                null_mut(),
+            )
+        };
+        (code, last_error_text())
+    });
+    // Connect first, so rank 0 waits on an open connection.
+    std::thread::sleep(Duration::from_millis(300));
+    destroy(&comms[1..]);
+    let (code, text) = waiter.join().unwrap();
+    assert_eq!(code, NcclResult::RemoteError, "{text}");
+    assert!(text.contains("rank 1"), "{text}");
+    destroy(&comms[..1]);
+}
+
+#[test]
+fn one_thread_drives_two_ranks_through_a_group() {
+    let comms = init_all(2);
+    let mut bufs = [[1f32, 2.0, 3.0], [10f32, 20.0, 30.0]];
+    let mut got = [[0f32; 3]; 2];
+    assert_eq!(group::start(), NcclResult::Success);
+    for r in 0..2 {
+        let (b, g) = (bufs[r].as_mut_ptr(), got[r].as_mut_ptr());
+        // SAFETY: valid buffers of 3 floats that outlive the group.
+        unsafe {
+            assert_eq!(
+                ncclAllReduce(b.cast(), b.cast(), 3, 7, 0, comms[r], null_mut()),
+                NcclResult::Success
+            );
+            assert_eq!(
+                ncclSend(b.cast(), 3, 7, 1 - r as c_int, comms[r], null_mut()),
+                NcclResult::Success
+            );
+            assert_eq!(
+                ncclRecv(g.cast(), 3, 7, 1 - r as c_int, comms[r], null_mut()),
+                NcclResult::Success
+            );
+        }
+    }
+    // SAFETY: no arguments.
+    assert_eq!(
+        unsafe { ncclGroupEnd() },
+        NcclResult::Success,
+        "{}",
+        last_error_text()
+    );
+    assert_eq!(bufs, [[11.0, 22.0, 33.0]; 2]);
+    assert_eq!(got, [[11.0, 22.0, 33.0]; 2]);
+    destroy(&comms);
+}
+
+#[test]
+fn communicators_initialised_inside_a_group_are_built_at_its_end() {
+    lo();
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::Success);
+    let mut comms = [null_mut(); 3];
+    // SAFETY: valid out-pointers; a 3-rank communicator from one thread.
+    unsafe {
+        assert_eq!(ncclGroupStart(), NcclResult::Success);
+        for (r, c) in comms.iter_mut().enumerate() {
+            assert_eq!(ncclCommInitRank(c, 3, id, r as c_int), NcclResult::Success);
+        }
+        assert_eq!(ncclGroupEnd(), NcclResult::Success, "{}", last_error_text());
+    }
+    for (r, &c) in comms.iter().enumerate() {
+        assert_eq!(comm(c).rank(), r);
+        assert_eq!(comm(c).size(), 3);
+    }
+    // Shrink without rank 2, called by the survivors only.
+    let mut shrunk = [null_mut(); 2];
+    std::thread::scope(|s| {
+        for (r, out) in shrunk.iter_mut().enumerate() {
+            let c = comms[r] as usize;
+            let out = out as *mut NcclComm as usize;
+            s.spawn(move || {
+                let mut exclude = [2 as c_int];
+                // SAFETY: valid pointers that outlive the call.
+                let code = unsafe {
+                    ncclCommShrink(
+                        c as NcclComm,
+                        exclude.as_mut_ptr(),
+                        1,
+                        out as *mut NcclComm,
+                        null_mut(),
+                        0,
+                    )
+                };
+                assert_eq!(code, NcclResult::Success, "{}", last_error_text());
+            });
+        }
+    });
+    assert_eq!(comm(shrunk[0]).size(), 2);
+    assert_eq!(comm(shrunk[1]).rank(), 1);
+    destroy(&shrunk);
+    destroy(&comms);
+}
+
+/// A small deterministic generator for the fuzz.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+}
+
+#[test]
+fn an_argument_fuzz_of_every_entry_point_gets_codes_never_crashes() {
+    let world = init_all(1);
+    let mut live = world[0];
+    let mut destroyed = init_all(1)[0];
+    destroy(&[destroyed]);
+    let mut rng = Rng(0x5eed_cafe_f00d_1234);
+    const CAP: usize = 1 << 20;
+    let mut buf = vec![0u64; CAP / 8];
+    let b = buf.as_mut_ptr() as *mut c_void;
+    let ints: Vec<c_int> = (-3..16).chain([c_int::MIN, c_int::MAX, 1000]).collect();
+    // Counts that fit the buffer at any element size, or overflow outright.
+    let counts = [0, 1, 7, 1000, CAP / 8, usize::MAX, isize::MAX as usize + 1];
+    let mut codes = [0usize; 9];
+    for i in 0..4000 {
+        let comm = match rng.next() % 6 {
+            0 => null_mut(),
+            1 => destroyed,
+            2 => rng.next() as usize as NcclComm,
+            _ => live,
+        };
+        let ptr = if rng.next() % 4 == 0 { null_mut() } else { b };
+        let (count, dt, op, root) = (
+            rng.pick(&counts),
+            rng.pick(&ints),
+            rng.pick(&ints),
+            rng.pick(&ints),
+        );
+        let stream = rng.next() as usize as *mut c_void;
+        let mut out_int: c_int = 0;
+        let mut out_ptr: *mut c_void = null_mut();
+        let mut out_comm: NcclComm = null_mut();
+        let mut state = NcclResult::Success;
+        let which = rng.next() % 30;
+        // SAFETY: every pointer is NULL or points into `buf` (1 MiB) or a local, and every
+        // count either fits `buf` for any element size or overflows, which must be caught.
+        let code = unsafe {
+            match which {
+                0 => ncclAllReduce(ptr, ptr, count, dt, op, comm, stream),
+                1 => ncclBroadcast(ptr, b, count, dt, root, comm, stream),
+                2 => ncclBcast(ptr, count, dt, root, comm, stream),
+                3 => ncclReduce(b, ptr, count, dt, op, root, comm, stream),
+                4 => ncclAllGather(ptr, b, count, dt, comm, stream),
+                5 => ncclReduceScatter(b, ptr, count, dt, op, comm, stream),
+                6 => ncclAlltoAll(ptr, b, count, dt, comm, stream),
+                7 => ncclGather(b, ptr, count, dt, root, comm, stream),
+                8 => ncclScatter(ptr, b, count, dt, root, comm, stream),
+                9 => ncclSend(ptr, count, dt, root, comm, stream),
+                10 => ncclRecv(ptr, count, dt, root, comm, stream),
+                11 => ncclGroupStart(),
+                12 => ncclGroupEnd(),
+                13 => ncclCommCount(
+                    comm,
+                    if ptr.is_null() {
+                        null_mut()
+                    } else {
+                        &mut out_int
+                    },
+                ),
+                14 => ncclCommUserRank(
+                    comm,
+                    if ptr.is_null() {
+                        null_mut()
+                    } else {
+                        &mut out_int
+                    },
+                ),
+                15 => ncclCommGetAsyncError(
+                    comm,
+                    if ptr.is_null() {
+                        null_mut()
+                    } else {
+                        &mut state
+                    },
+                ),
+                16 => ncclCommRegister(comm, ptr, count.min(CAP), &mut out_ptr),
+                17 => ncclCommDeregister(comm, rng.pick(&[out_ptr, ptr, stream])),
+                18 => ncclCommWindowRegister(comm, ptr, count.min(CAP), &mut out_ptr, op),
+                19 => ncclCommWindowDeregister(comm, rng.pick(&[out_ptr, stream])),
+                20 => ncclMemAlloc(
+                    if ptr.is_null() {
+                        null_mut()
+                    } else {
+                        &mut out_ptr
+                    },
+                    count.min(CAP),
+                ),
+                21 => ncclMemFree(rng.pick(&[ptr, stream])),
+                22 => ncclRedOpCreatePreMulSum(&mut out_int, ptr, dt, op, comm),
+                23 => ncclRedOpDestroy(op, comm),
+                24 => {
+                    let mut id = NcclUniqueId { internal: [0; 128] };
+                    id.internal[..8].copy_from_slice(&rng.next().to_le_bytes());
+                    ncclCommInitRank(&mut out_comm, root, id, op)
+                }
+                25 => ncclCommSplit(
+                    comm,
+                    rng.pick(&[-2, -1, 0, 1, c_int::MAX]),
+                    op,
+                    if ptr.is_null() {
+                        null_mut()
+                    } else {
+                        &mut out_comm
+                    },
+                    null_mut(),
+                ),
+                26 => ncclCommRevoke(rng.pick(&[null_mut(), destroyed, stream]), op),
+                27 => ncclCommFinalize(rng.pick(&[null_mut(), destroyed, stream])),
+                28 => {
+                    let mut sim = NcclSimInfo {
+                        size: 24,
+                        magic: rng.pick(&[0, SIM_INFO_MAGIC]),
+                        version: 0,
+                        estimated_time: 0.0,
+                    };
+                    ncclGroupSimulateEnd(if ptr.is_null() { null_mut() } else { &mut sim })
+                }
+                _ => {
+                    // Destroy or abort the live communicator, then make a new one.
+                    let code = if rng.next() % 2 == 0 {
+                        ncclCommDestroy(live)
+                    } else {
+                        ncclCommAbort(live)
+                    };
+                    destroyed = live;
+                    live = init_all(1)[0];
+                    code
+                }
+            }
+        };
+        assert!(
+            !matches!(code, NcclResult::InternalError),
+            "call {which} (iteration {i}) hit an internal error: {}",
+            last_error_text()
+        );
+        codes[code as usize] += 1;
+        // Clean up what succeeded so the fuzz does not accumulate state.
+        // SAFETY: handles the library just returned, or NULL.
+        unsafe {
+            if which == 20 && code == NcclResult::Success {
+                assert_eq!(ncclMemFree(out_ptr), NcclResult::Success);
+            }
+            if which == 25 && !out_comm.is_null() {
+                ncclCommDestroy(out_comm);
+            }
+            if which == 22 && code == NcclResult::Success {
+                assert_eq!(ncclRedOpDestroy(out_int, live), NcclResult::Success);
+            }
+        }
+        // SAFETY: any handle value is accepted.
+        let _ = unsafe { ncclGetLastError(comm) };
+    }
+    // Leave no group open on this thread.
+    // SAFETY: no arguments.
+    while unsafe { ncclGroupEnd() } != NcclResult::InvalidUsage {}
+    assert!(codes[0] > 100 && codes[4] > 100, "codes seen: {codes:?}");
+    // The live communicator still works after all that.
+    let mut x = [3f32; 8];
+    // SAFETY: valid buffer.
+    let code = unsafe {
+        ncclAllReduce(
+            x.as_ptr().cast(),
+            x.as_mut_ptr().cast(),
+            8,
+            7,
+            0,
+            live,
+            null_mut(),
+        )
+    };
+    assert_eq!(code, NcclResult::Success, "{}", last_error_text());
+    assert_eq!(x, [3.0; 8]);
+    destroy(&[live]);
+}
