@@ -585,6 +585,14 @@ impl Runner {
                 .max(Duration::from_millis(1));
             self.poll(wait);
         }
+        // A predecessor's link that arrived after the last look still gets its goodbye (a
+        // communicator destroyed within a few hundred milliseconds of init would otherwise close
+        // it unread, which its owner sees as this process dying).
+        if waiting_for_predecessor {
+            if let Some(stream) = self.s.incoming.lock().ok().and_then(|mut s| s.take()) {
+                self.add_link(self.predecessor, stream);
+            }
+        }
         // A fault recorded just before the communicator was dropped still goes out first.
         if self.announced.is_none() && self.s.health.has_failed.load(Ordering::Acquire) {
             self.announce();
