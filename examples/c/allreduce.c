@@ -1,6 +1,7 @@
 /*
  * A complete NCCL program: N ranks (processes forked here) average a 64 MiB gradient with
- * ncclAllReduce, then pass a token around a ring with grouped ncclSend/ncclRecv.
+ * ncclAllReduce, time 1000 all-reduces of 8 bytes, then pass a token around a ring with
+ * grouped ncclSend/ncclRecv.
  *
  *   scripts/build-libnccl.sh
  *   cc examples/c/allreduce.c -I target/strata-nccl/include -L target/strata-nccl/lib -lnccl \
@@ -67,13 +68,20 @@ int main(int argc, char** argv) {
   CHECK(ncclAllReduce(grad, grad, count, ncclFloat, ncclAvg, comm, NULL));
   t = now() - t;
   float want = (float)(nranks - 1) / 2.0f;
+  /* Latency: 1000 all-reduces of one double, after 100 to warm up. */
+  double one = 1.0;
+  for (int i = 0; i < 100; i++) CHECK(ncclAllReduce(&one, &one, 1, ncclDouble, ncclMax, comm, NULL));
+  double small = now();
+  for (int i = 0; i < 1000; i++) CHECK(ncclAllReduce(&one, &one, 1, ncclDouble, ncclMax, comm, NULL));
+  small = (now() - small) / 1000;
   int token = rank * 100, got = -1;
   CHECK(ncclGroupStart());
   CHECK(ncclSend(&token, 1, ncclInt32, (rank + 1) % nranks, comm, NULL));
   CHECK(ncclRecv(&got, 1, ncclInt32, (rank + nranks - 1) % nranks, comm, NULL));
   CHECK(ncclGroupEnd());
-  printf("rank %d: average %g (want %g), %.1f ms for 64 MiB; token %d from rank %d\n", rank,
-         grad[count - 1], want, t * 1e3, got, (rank + nranks - 1) % nranks);
+  printf("rank %d: average %g (want %g), %.1f ms for 64 MiB, %.1f us per 8 B all-reduce; "
+         "token %d from rank %d\n",
+         rank, grad[count - 1], want, t * 1e3, small * 1e6, got, (rank + nranks - 1) % nranks);
   int ok = grad[0] == want && grad[count - 1] == want && got == ((rank + nranks - 1) % nranks) * 100;
   CHECK(ncclCommDestroy(comm));
   free(grad);

@@ -7,6 +7,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr)`.
 type PointerGetAttribute = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
@@ -15,12 +16,51 @@ const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
 const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
 const CU_MEMORYTYPE_DEVICE: c_uint = 2;
 
+/// How many shared objects this process has loaded so far (glibc's `dlpi_adds`): the driver
+/// is looked up again only when this changes, since a `dlopen` per call would cost ~10 µs.
+fn objects_loaded() -> u64 {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        let needed = std::mem::offset_of!(libc::dl_phdr_info, dlpi_adds) + 8;
+        if size >= needed {
+            // SAFETY: glibc passes a valid info of `size` bytes, which covers dlpi_adds, and
+            // `data` is the u64 below.
+            unsafe { *(data as *mut u64) = (*info).dlpi_adds };
+        }
+        1 // the first object is enough
+    }
+    let mut adds: u64 = u64::MAX;
+    // SAFETY: the callback only reads the info it is given and writes `adds`.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&mut adds as *mut u64).cast()) };
+    adds
+}
+
 /// The driver's `cuPointerGetAttribute`, once the process has loaded `libcuda.so.1`.
 fn driver() -> Option<PointerGetAttribute> {
     static FOUND: OnceLock<PointerGetAttribute> = OnceLock::new();
+    static LOOKED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
     if let Some(f) = FOUND.get() {
         return Some(*f);
     }
+    let loaded = objects_loaded();
+    if loaded != u64::MAX && LOOKED_AT.load(Ordering::Acquire) == loaded {
+        return None; // nothing loaded since the last look found no driver
+    }
+    let found = lookup();
+    match found {
+        Some(f) => Some(*FOUND.get_or_init(|| f)),
+        None => {
+            LOOKED_AT.store(loaded, Ordering::Release);
+            None
+        }
+    }
+}
+
+/// `dlopen(RTLD_NOLOAD)` of the driver and its `cuPointerGetAttribute`.
+fn lookup() -> Option<PointerGetAttribute> {
     // SAFETY: dlopen with RTLD_NOLOAD only looks the library up; dlsym on the handle it
     // returns; the symbol has the driver API's documented signature.
     unsafe {
@@ -32,8 +72,7 @@ fn driver() -> Option<PointerGetAttribute> {
         if sym.is_null() {
             return None;
         }
-        let f: PointerGetAttribute = std::mem::transmute(sym);
-        Some(*FOUND.get_or_init(|| f))
+        Some(std::mem::transmute::<*mut c_void, PointerGetAttribute>(sym))
     }
 }
 

@@ -1,27 +1,38 @@
 /*
  * A GPU pointer passed to this host-memory build is ncclInvalidArgument with a message that
  * says why, never a crash; host buffers on the same communicator keep working. Runs as one
- * rank with the fake driver (fake_cuda.c) loaded, which marks one buffer as device memory.
+ * rank. The fake driver (fake_cuda.c, path in argv[1]) is loaded only after the first calls,
+ * as PyTorch loads CUDA lazily, and marks one buffer as device memory.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "nccl.h"
 
-void fake_cuda_mark_device(void* ptr, size_t len);
-
-int main(void) {
+int main(int argc, char** argv) {
   static float host[1024], gpu[1024];
   int failures = 0;
-  fake_cuda_mark_device(gpu, sizeof gpu);
   ncclComm_t comm;
   int dev = 0;
-  if (ncclCommInitAll(&comm, 1, &dev) != ncclSuccess) {
-    fprintf(stderr, "init failed: %s\n", ncclGetLastError(NULL));
+  if (argc < 2 || ncclCommInitAll(&comm, 1, &dev) != ncclSuccess) {
+    fprintf(stderr, "usage: device_pointer FAKE_LIBCUDA (or init failed: %s)\n", ncclGetLastError(NULL));
     return 2;
   }
+  /* Calls before the driver is loaded: no pointer can be GPU memory yet. */
+  if (ncclAllReduce(gpu, gpu, 1024, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess) {
+    fprintf(stderr, "FAILED: a host all_reduce before the driver was loaded\n");
+    failures++;
+  }
+  void* driver = dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL);
+  void (*mark)(void*, size_t) = driver ? (void (*)(void*, size_t))dlsym(driver, "fake_cuda_mark_device") : NULL;
+  if (!mark) {
+    fprintf(stderr, "cannot load %s: %s\n", argv[1], dlerror());
+    return 2;
+  }
+  mark(gpu, sizeof gpu);
   ncclResult_t r = ncclAllReduce(gpu, host, 1024, ncclFloat32, ncclSum, comm, NULL);
   /* The text is valid until this thread's next error: keep a copy. */
   char* why = strdup(ncclGetLastError(comm));
