@@ -1474,26 +1474,21 @@ impl Communicator {
                 }
             };
             let ptr = transfers[i].ptr();
-            if sending {
-                entry.1 = Some(wire);
-                if len > 0 {
-                    input_parts.push((in_end, ptr, len));
-                    ops.push(Op::Send {
-                        peer,
-                        src: Region::new(Buf::Input, in_end, len),
-                    });
-                    in_end += len;
-                }
+            let (header, parts, end, buf) = if sending {
+                (&mut entry.1, &mut input_parts, &mut in_end, Buf::Input)
             } else {
-                entry.2 = Some(wire);
-                if len > 0 {
-                    output_parts.push((out_end, ptr, len));
-                    ops.push(Op::Recv {
-                        peer,
-                        dst: Region::new(Buf::Output, out_end, len),
-                    });
-                    out_end += len;
-                }
+                (&mut entry.2, &mut output_parts, &mut out_end, Buf::Output)
+            };
+            *header = Some(wire);
+            if len > 0 {
+                parts.push((*end, ptr, len));
+                let region = Region::new(buf, *end, len);
+                ops.push(if sending {
+                    Op::Send { peer, src: region }
+                } else {
+                    Op::Recv { peer, dst: region }
+                });
+                *end += len;
             }
             needed.push(peer);
             first.get_or_insert(local);

@@ -111,6 +111,31 @@ pub struct NcclConfig {
     pub nvlink_centric_sched: c_int,
 }
 
+impl NcclConfig {
+    /// `NCCL_CONFIG_INITIALIZER`: this API level's size, magic and version, every setting unset.
+    pub fn initializer() -> Self {
+        Self {
+            size: std::mem::size_of::<NcclConfig>(),
+            magic: CONFIG_MAGIC,
+            version: NCCL_VERSION_CODE as u32,
+            blocking: c_int::MIN,
+            cga_cluster_size: c_int::MIN,
+            min_ctas: c_int::MIN,
+            max_ctas: c_int::MIN,
+            net_name: std::ptr::null(),
+            split_share: c_int::MIN,
+            traffic_class: c_int::MIN,
+            comm_name: std::ptr::null(),
+            collnet_enable: c_int::MIN,
+            cta_policy: c_int::MIN,
+            shrink_share: c_int::MIN,
+            nvls_ctas: c_int::MIN,
+            n_channels_per_net_peer: c_int::MIN,
+            nvlink_centric_sched: c_int::MIN,
+        }
+    }
+}
+
 /// `ncclSimInfo_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -317,25 +342,7 @@ unsafe fn settings_of(
     if size < 16 {
         return Err(invalid(format!("config size {size} is too small")));
     }
-    let mut c = NcclConfig {
-        size: std::mem::size_of::<NcclConfig>(),
-        magic: CONFIG_MAGIC,
-        version: NCCL_VERSION_CODE as u32,
-        blocking: c_int::MIN,
-        cga_cluster_size: c_int::MIN,
-        min_ctas: c_int::MIN,
-        max_ctas: c_int::MIN,
-        net_name: std::ptr::null(),
-        split_share: c_int::MIN,
-        traffic_class: c_int::MIN,
-        comm_name: std::ptr::null(),
-        collnet_enable: c_int::MIN,
-        cta_policy: c_int::MIN,
-        shrink_share: c_int::MIN,
-        nvls_ctas: c_int::MIN,
-        n_channels_per_net_peer: c_int::MIN,
-        nvlink_centric_sched: c_int::MIN,
-    };
+    let mut c = NcclConfig::initializer();
     let n = size.min(std::mem::size_of::<NcclConfig>());
     // SAFETY: the caller's struct holds `size` bytes; fields past `n` keep their defaults.
     unsafe {

@@ -60,23 +60,8 @@ fn version_and_error_strings() {
 #[test]
 fn a_config_is_read_by_its_size_and_a_bad_magic_is_rejected() {
     let mut full = NcclConfig {
-        size: std::mem::size_of::<NcclConfig>(),
-        magic: CONFIG_MAGIC,
-        version: 22809,
         blocking: 0,
-        cga_cluster_size: c_int::MIN,
-        min_ctas: c_int::MIN,
-        max_ctas: c_int::MIN,
-        net_name: null(),
-        split_share: c_int::MIN,
-        traffic_class: c_int::MIN,
-        comm_name: null(),
-        collnet_enable: c_int::MIN,
-        cta_policy: c_int::MIN,
-        shrink_share: c_int::MIN,
-        nvls_ctas: c_int::MIN,
-        n_channels_per_net_peer: c_int::MIN,
-        nvlink_centric_sched: c_int::MIN,
+        ..NcclConfig::initializer()
     };
     // SAFETY: a whole config.
     assert!(!unsafe { settings_of(&full, true) }.unwrap().blocking);
