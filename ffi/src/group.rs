@@ -129,9 +129,11 @@ fn leave() -> Result<Option<Group>, NcclResult> {
     })
 }
 
-/// Builds the communicators initialised inside the group, concurrently; the first error.
-fn run_inits(inits: Vec<DeferredInit>) -> Option<Error> {
+/// Builds the communicators initialised inside the group, concurrently (non-blocking ones on
+/// their workers): the first error, and whether any init was left to a worker.
+fn run_inits(inits: Vec<DeferredInit>) -> (Option<Error>, bool) {
     let (blocking, queued): (Vec<_>, Vec<_>) = inits.into_iter().partition(|i| i.handle.blocking);
+    let any_queued = !queued.is_empty();
     let mut first = None;
     for init in queued {
         let h = init.handle.clone();
@@ -156,7 +158,7 @@ fn run_inits(inits: Vec<DeferredInit>) -> Option<Error> {
             first.get_or_insert(e);
         }
     }
-    first
+    (first, any_queued)
 }
 
 /// The queued calls, in order, per communicator.
@@ -178,9 +180,8 @@ pub(crate) fn end() -> NcclResult {
         Ok(None) => return NcclResult::Success,
         Ok(Some(g)) => g,
     };
-    let init_error = run_inits(g.inits);
+    let (init_error, mut any_queued) = run_inits(g.inits);
     let shares = by_comm(g.calls);
-    let mut any_queued = false;
     let results: Vec<NcclResult> = std::thread::scope(|s| {
         let mut results = Vec::new();
         let mut running = Vec::new();
@@ -239,7 +240,7 @@ pub(crate) fn simulate_end() -> Result<f64, NcclResult> {
         None => return Ok(0.0),
         Some(g) => g,
     };
-    if let Some(e) = run_inits(g.inits) {
+    if let (Some(e), _) = run_inits(g.inits) {
         return Err(report(&e));
     }
     let mut us = 0.0;

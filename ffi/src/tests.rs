@@ -263,6 +263,44 @@ fn communicators_initialised_inside_a_group_are_built_at_its_end() {
     destroy(&comms);
 }
 
+#[test]
+fn non_blocking_inits_in_a_group_return_in_progress_then_succeed() {
+    lo();
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::Success);
+    let mut cfg = NcclConfig {
+        blocking: 0,
+        ..NcclConfig::initializer()
+    };
+    let mut comms = [null_mut(); 2];
+    // SAFETY: valid pointers.
+    unsafe {
+        assert_eq!(ncclGroupStart(), NcclResult::Success);
+        for (r, c) in comms.iter_mut().enumerate() {
+            assert_eq!(
+                ncclCommInitRankConfig(c, 2, id, r as c_int, &mut cfg),
+                NcclResult::Success
+            );
+        }
+        assert_eq!(ncclGroupEnd(), NcclResult::InProgress);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for &c in &comms {
+        let mut state = NcclResult::InProgress;
+        while state == NcclResult::InProgress && Instant::now() < deadline {
+            // SAFETY: valid out-pointer.
+            assert_eq!(
+                unsafe { ncclCommGetAsyncError(c, &mut state) },
+                NcclResult::Success
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(state, NcclResult::Success, "{}", last_error(c));
+    }
+    destroy(&comms);
+}
+
 /// A small deterministic generator for the fuzz.
 struct Rng(u64);
 
