@@ -1745,9 +1745,10 @@ impl Communicator {
             })
             .collect();
         let diagnosis = format!(
-            "{}; {} wait on {}",
+            "{}; {} {} on {}",
             named.join("; "),
             RankList(&waiters),
+            if waiters.len() == 1 { "waits" } else { "wait" },
             if laggards.len() == 1 { "it" } else { "them" }
         );
         Error::Timeout {
