@@ -79,8 +79,12 @@ fn profile_dir() -> PathBuf {
 fn library_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let built = profile_dir().join("libstrata_ffi.so");
-        assert!(built.exists(), "{} was not built", built.display());
+        // `cargo test` leaves the cdylib in deps/; `cargo build` also copies it up a level.
+        let built = [profile_dir().join("deps"), profile_dir()]
+            .into_iter()
+            .map(|d| d.join("libstrata_ffi.so"))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("libstrata_ffi.so is not in {}", profile_dir().display()));
         let dir = profile_dir().join("strata-nccl-test");
         std::fs::create_dir_all(&dir).unwrap();
         let lib = dir.join("libnccl.so.2");
