@@ -1810,6 +1810,11 @@ impl Drop for Inner {
                 c.send_control(&ControlFrame::Goodbye);
             }
         }
+        // A peer that connected but that no call of this rank used yet hears it too, instead
+        // of seeing its connection close as if this process had died.
+        for mut c in self.listener.take_all() {
+            c.send_control(&ControlFrame::Goodbye);
+        }
     }
 }
 

@@ -244,6 +244,15 @@ impl CommListener {
         self.shared.ready.lock().ok()?.remove(&peer)
     }
 
+    /// Every accepted connection no call has taken yet.
+    pub fn take_all(&self) -> Vec<Connection> {
+        self.shared
+            .ready
+            .lock()
+            .map(|mut ready| ready.drain().map(|(_, c)| c).collect())
+            .unwrap_or_default()
+    }
+
     /// Joins shrink `key` as its lowest survivor: adds `info` and waits until `expected`
     /// survivors have (each through its own connection to this listener), or `deadline`.
     pub fn shrink_join(

@@ -175,7 +175,10 @@ fn a_timeout_is_nccl_timeout_and_a_departed_peer_is_nccl_remote_error() {
     destroy(&comms[1..]);
     let (code, text) = waiter.join().unwrap();
     assert_eq!(code, NcclResult::RemoteError, "{text}");
-    assert!(text.contains("rank 1"), "{text}");
+    assert!(
+        text.contains("rank 1") && text.contains("destroyed its communicator"),
+        "{text}"
+    );
     destroy(&comms[..1]);
 }
 
