@@ -114,11 +114,15 @@ impl CommHandle {
         if comm.is_null() {
             return Err("the communicator is NULL".into());
         }
-        lock(registry()).get(&(comm as usize)).cloned().ok_or_else(|| {
-            format!(
-                "{comm:p} is not a live communicator (it was destroyed or aborted, or never created)"
-            )
-        })
+        lock(registry())
+            .get(&(comm as usize))
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "{comm:p} is not a live communicator (it was destroyed or aborted, or never \
+                 created)"
+                )
+            })
     }
 
     /// Removes the handle from the registry; later lookups fail.

@@ -587,7 +587,11 @@ nccl_api! {
     /// `ncclGetVersion`: the NCCL API level strata implements (22809).
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> NcclResult {
         // SAFETY: per the contract.
-        guarded(|| unsafe { put(version, NCCL_VERSION_CODE, "version") }.map(|()| NcclResult::Success))
+        guarded(|| {
+            // SAFETY: per the contract.
+            unsafe { put(version, NCCL_VERSION_CODE, "version")? };
+            Ok(NcclResult::Success)
+        })
     }
 
     /// `ncclGetErrorString`: a fixed description of a result code.
@@ -628,7 +632,15 @@ nccl_api! {
         guarded(|| {
             let id = strata::UniqueId::new().map_err(|e| report(&e))?;
             // SAFETY: per the contract.
-            unsafe { put(unique_id, NcclUniqueId { internal: *id.as_bytes() }, "uniqueId")? };
+            unsafe {
+                put(
+                    unique_id,
+                    NcclUniqueId {
+                        internal: *id.as_bytes(),
+                    },
+                    "uniqueId",
+                )?
+            };
             Ok(NcclResult::Success)
         })
     }
@@ -667,7 +679,9 @@ nccl_api! {
     ) -> NcclResult {
         guarded(|| {
             if n_id < 1 || comm_ids.is_null() {
-                return Err(invalid(format!("nId is {n_id} and commIds is {comm_ids:p}; need at least one id")));
+                return Err(invalid(format!(
+                    "nId is {n_id} and commIds is {comm_ids:p}; need at least one id"
+                )));
             }
             // SAFETY: non-NULL, and the caller passes nId ≥ 1 ids.
             let id = unsafe { comm_ids.read_unaligned() };
@@ -678,7 +692,11 @@ nccl_api! {
 
     /// `ncclCommInitAll`: `ndev` ranks as threads of this process (the device list is not
     /// used: this build moves host memory).
-    fn ncclCommInitAll / pncclCommInitAll(comms: *mut NcclComm, ndev: c_int, devlist: *const c_int) -> NcclResult {
+    fn ncclCommInitAll / pncclCommInitAll(
+        comms: *mut NcclComm,
+        ndev: c_int,
+        devlist: *const c_int,
+    ) -> NcclResult {
         let _ = devlist;
         guarded(|| {
             if comms.is_null() {
@@ -699,7 +717,11 @@ nccl_api! {
                     })
                     .collect();
                 hs.into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err(Error::Transport("internal: init panicked".into()))))
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::Transport("internal: init panicked".into()))
+                        })
+                    })
                     .collect()
             });
             if let Some(Err(e)) = built.iter().find(|r| r.is_err()) {
@@ -730,7 +752,9 @@ nccl_api! {
             // SAFETY: per the contract.
             unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
             if color < -1 {
-                return Err(invalid(format!("color {color} is negative (NCCL_SPLIT_NOCOLOR is -1)")));
+                return Err(invalid(format!(
+                    "color {color} is negative (NCCL_SPLIT_NOCOLOR is -1)"
+                )));
             }
             // SAFETY: per the contract.
             let settings = unsafe { settings_of(config, h.blocking)? };
@@ -764,7 +788,10 @@ nccl_api! {
             // SAFETY: per the contract.
             unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
             if !matches!(shrink_flags, 0 | 1) {
-                return Err(invalid(format!("shrinkFlags {shrink_flags}: use NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)")));
+                return Err(invalid(format!(
+                    "shrinkFlags {shrink_flags}: use NCCL_SHRINK_DEFAULT (0) or \
+                     NCCL_SHRINK_ABORT (1)"
+                )));
             }
             let n = usize_of(exclude_ranks_count, "excludeRanksCount")?;
             if n > 0 && exclude_ranks_list.is_null() {
@@ -801,7 +828,9 @@ nccl_api! {
         guarded(|| {
             let h = comm_of(comm)?;
             if revoke_flags != 0 {
-                return Err(invalid(format!("revokeFlags {revoke_flags}: must be NCCL_REVOKE_DEFAULT (0)")));
+                return Err(invalid(format!(
+                    "revokeFlags {revoke_flags}: must be NCCL_REVOKE_DEFAULT (0)"
+                )));
             }
             h.wait_ready(init_limit()).map_err(|e| report(&e))?.revoke();
             Ok(NcclResult::Success)
@@ -813,7 +842,11 @@ nccl_api! {
         guarded(|| {
             let h = comm_of(comm)?;
             h.finalized.store(true, Ordering::Release);
-            Ok(if h.has_pending_work() { NcclResult::InProgress } else { NcclResult::Success })
+            Ok(if h.has_pending_work() {
+                NcclResult::InProgress
+            } else {
+                NcclResult::Success
+            })
         })
     }
 
@@ -844,7 +877,10 @@ nccl_api! {
 
     /// `ncclCommGetAsyncError`: `ncclInProgress` while init or queued work runs, else the
     /// communicator's first error (the fault that broke it) or `ncclSuccess`.
-    fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: NcclComm, async_error: *mut NcclResult) -> NcclResult {
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(
+        comm: NcclComm,
+        async_error: *mut NcclResult,
+    ) -> NcclResult {
         guarded(|| {
             let h = comm_of(comm)?;
             let state = match h.status() {
@@ -889,14 +925,22 @@ nccl_api! {
             comm_of(comm)?;
             // SAFETY: per the contract.
             unsafe { put(device, -1, "device")? };
-            Err(fail(NcclResult::InvalidUsage, "this strata build drives no CUDA device (host memory only)"))
+            Err(fail(
+                NcclResult::InvalidUsage,
+                "this strata build drives no CUDA device (host memory only)",
+            ))
         })
     }
 
     /// `ncclCommRegister`: records the buffer in the communicator's registration table (strata's
     /// shared-memory and TCP transports copy through their own buffers, so the record is all a
     /// registration needs).
-    fn ncclCommRegister / pncclCommRegister(comm: NcclComm, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> NcclResult {
+    fn ncclCommRegister / pncclCommRegister(
+        comm: NcclComm,
+        buff: *mut c_void,
+        size: usize,
+        handle: *mut *mut c_void,
+    ) -> NcclResult {
         guarded(|| {
             let h = comm_of(comm)?;
             if buff.is_null() || size == 0 {
@@ -912,26 +956,41 @@ nccl_api! {
     }
 
     /// `ncclCommDeregister`: removes a registration; an unknown handle is an error.
-    fn ncclCommDeregister / pncclCommDeregister(comm: NcclComm, handle: *mut c_void) -> NcclResult {
+    fn ncclCommDeregister / pncclCommDeregister(
+        comm: NcclComm,
+        handle: *mut c_void,
+    ) -> NcclResult {
         guarded(|| {
             let h = comm_of(comm)?;
             match lock(&h.registrations).remove(&(handle as usize)) {
                 Some(_) => Ok(NcclResult::Success),
-                None => Err(invalid(format!("{handle:p} is not a registration of this communicator"))),
+                None => Err(invalid(format!(
+                    "{handle:p} is not a registration of this communicator"
+                ))),
             }
         })
     }
 
     /// `ncclCommWindowRegister`: records a window (flags `NCCL_WIN_DEFAULT`,
     /// `NCCL_WIN_COLL_SYMMETRIC`) in the communicator's table, as a registration.
-    fn ncclCommWindowRegister / pncclCommWindowRegister(comm: NcclComm, buff: *mut c_void, size: usize, win: *mut *mut c_void, win_flags: c_int) -> NcclResult {
+    fn ncclCommWindowRegister / pncclCommWindowRegister(
+        comm: NcclComm,
+        buff: *mut c_void,
+        size: usize,
+        win: *mut *mut c_void,
+        win_flags: c_int,
+    ) -> NcclResult {
         guarded(|| {
             let h = comm_of(comm)?;
             if buff.is_null() || size == 0 {
-                return Err(invalid(format!("cannot register a window of {size} bytes at {buff:p}")));
+                return Err(invalid(format!(
+                    "cannot register a window of {size} bytes at {buff:p}"
+                )));
             }
             if win_flags & !0x3 != 0 {
-                return Err(invalid(format!("window flags {win_flags:#x} are not NCCL_WIN_* flags")));
+                return Err(invalid(format!(
+                    "window flags {win_flags:#x} are not NCCL_WIN_* flags"
+                )));
             }
             device::check_host(buff as *const u8, "the window").map_err(invalid)?;
             let token = next_token();
@@ -943,12 +1002,17 @@ nccl_api! {
     }
 
     /// `ncclCommWindowDeregister`.
-    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: NcclComm, win: *mut c_void) -> NcclResult {
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(
+        comm: NcclComm,
+        win: *mut c_void,
+    ) -> NcclResult {
         guarded(|| {
             let h = comm_of(comm)?;
             match lock(&h.windows).remove(&(win as usize)) {
                 Some(_) => Ok(NcclResult::Success),
-                None => Err(invalid(format!("{win:p} is not a window of this communicator"))),
+                None => Err(invalid(format!(
+                    "{win:p} is not a window of this communicator"
+                ))),
             }
         })
     }
@@ -967,7 +1031,10 @@ nccl_api! {
             // SAFETY: the layout has a non-zero size.
             let p = unsafe { std::alloc::alloc_zeroed(layout) };
             if p.is_null() {
-                return Err(fail(NcclResult::SystemError, format!("out of memory allocating {size} bytes")));
+                return Err(fail(
+                    NcclResult::SystemError,
+                    format!("out of memory allocating {size} bytes"),
+                ));
             }
             lock(allocations()).insert(p as usize, layout);
             // SAFETY: checked non-NULL above.
@@ -984,7 +1051,9 @@ nccl_api! {
                 return Ok(NcclResult::Success);
             }
             let layout = lock(allocations()).remove(&(ptr as usize)).ok_or_else(|| {
-                invalid(format!("{ptr:p} was not allocated by ncclMemAlloc (or was freed already)"))
+                invalid(format!(
+                    "{ptr:p} was not allocated by ncclMemAlloc (or was freed already)"
+                ))
             })?;
             // SAFETY: allocated by alloc_zeroed with this layout and not yet freed.
             unsafe { std::alloc::dealloc(ptr.cast(), layout) };
@@ -1013,11 +1082,22 @@ nccl_api! {
                 1 => {
                     let mut bytes = [0u8; 8];
                     // SAFETY: the scalar points to one element of `dtype`.
-                    unsafe { std::ptr::copy_nonoverlapping(scalar as *const u8, bytes.as_mut_ptr(), dtype.size()) };
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            scalar as *const u8,
+                            bytes.as_mut_ptr(),
+                            dtype.size(),
+                        )
+                    };
                     UserOp::Immediate(Scalar { dtype, bytes })
                 }
                 0 => UserOp::Deferred(scalar as usize, dtype),
-                r => return Err(invalid(format!("residence {r} is neither ncclScalarDevice (0) nor ncclScalarHostImmediate (1)"))),
+                r => {
+                    return Err(invalid(format!(
+                        "residence {r} is neither ncclScalarDevice (0) nor \
+                         ncclScalarHostImmediate (1)"
+                    )));
+                }
             };
             let mut ops = lock(&h.ops);
             let index = match ops.iter().position(Option::is_none) {
@@ -1040,14 +1120,19 @@ nccl_api! {
     fn ncclRedOpDestroy / pncclRedOpDestroy(op: c_int, comm: NcclComm) -> NcclResult {
         guarded(|| {
             let h = comm_of(comm)?;
-            let index = usize::try_from(op).ok().and_then(|o| o.checked_sub(FIRST_USER_OP));
+            let index = usize::try_from(op)
+                .ok()
+                .and_then(|o| o.checked_sub(FIRST_USER_OP));
             let mut ops = lock(&h.ops);
             match index.and_then(|i| ops.get_mut(i)) {
                 Some(slot @ Some(_)) => {
                     *slot = None;
                     Ok(NcclResult::Success)
                 }
-                _ => Err(invalid(format!("reduction operator {op} was not made by ncclRedOpCreatePreMulSum on this communicator (built-ins cannot be destroyed)"))),
+                _ => Err(invalid(format!(
+                    "reduction operator {op} was not made by ncclRedOpCreatePreMulSum on this \
+                     communicator (built-ins cannot be destroyed)"
+                ))),
             }
         })
     }
@@ -1063,7 +1148,16 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = stream;
-        collective(Collective::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), None, comm)
+        collective(
+            Collective::AllReduce,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            Some(op),
+            None,
+            comm,
+        )
     }
 
     /// `ncclBroadcast`.
@@ -1077,7 +1171,16 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = stream;
-        collective(Collective::Broadcast, sendbuff, recvbuff, count, datatype, None, Some(root), comm)
+        collective(
+            Collective::Broadcast,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            None,
+            Some(root),
+            comm,
+        )
     }
 
     /// `ncclBcast`: the in-place broadcast.
@@ -1090,7 +1193,16 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = stream;
-        collective(Collective::Broadcast, buff, buff, count, datatype, None, Some(root), comm)
+        collective(
+            Collective::Broadcast,
+            buff,
+            buff,
+            count,
+            datatype,
+            None,
+            Some(root),
+            comm,
+        )
     }
 
     /// `ncclReduce`.
@@ -1105,7 +1217,16 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = stream;
-        collective(Collective::Reduce, sendbuff, recvbuff, count, datatype, Some(op), Some(root), comm)
+        collective(
+            Collective::Reduce,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            Some(op),
+            Some(root),
+            comm,
+        )
     }
 
     /// `ncclAllGather`: `sendcount` elements per rank.
@@ -1118,7 +1239,16 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = stream;
-        collective(Collective::AllGather, sendbuff, recvbuff, sendcount, datatype, None, None, comm)
+        collective(
+            Collective::AllGather,
+            sendbuff,
+            recvbuff,
+            sendcount,
+            datatype,
+            None,
+            None,
+            comm,
+        )
     }
 
     /// `ncclReduceScatter`: `recvcount` elements per rank.
@@ -1132,7 +1262,16 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = stream;
-        collective(Collective::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), None, comm)
+        collective(
+            Collective::ReduceScatter,
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
+            Some(op),
+            None,
+            comm,
+        )
     }
 
     /// `ncclAlltoAll`: `count` elements to and from each rank.
@@ -1145,7 +1284,16 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = stream;
-        collective(Collective::AllToAll, sendbuff, recvbuff, count, datatype, None, None, comm)
+        collective(
+            Collective::AllToAll,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            None,
+            None,
+            comm,
+        )
     }
 
     /// `ncclGather`: `count` elements from each rank to the root.
@@ -1159,7 +1307,16 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = stream;
-        collective(Collective::Gather, sendbuff, recvbuff, count, datatype, None, Some(root), comm)
+        collective(
+            Collective::Gather,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            None,
+            Some(root),
+            comm,
+        )
     }
 
     /// `ncclScatter`: `count` elements from the root to each rank.
@@ -1173,7 +1330,16 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = stream;
-        collective(Collective::Scatter, sendbuff, recvbuff, count, datatype, None, Some(root), comm)
+        collective(
+            Collective::Scatter,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            None,
+            Some(root),
+            comm,
+        )
     }
 
     /// `ncclSend`: inside a group it progresses with the group's other transfers.
@@ -1220,13 +1386,25 @@ nccl_api! {
                 return Err(invalid("simInfo is NULL"));
             }
             // SAFETY: non-NULL; every version's ncclSimInfo_t starts with size and magic.
-            let magic = unsafe { (sim_info as *const u8).add(8).cast::<u32>().read_unaligned() };
+            let magic = unsafe {
+                (sim_info as *const u8)
+                    .add(8)
+                    .cast::<u32>()
+                    .read_unaligned()
+            };
             if magic != SIM_INFO_MAGIC {
-                return Err(invalid(format!("simInfo magic is {magic:#x}: initialise it with NCCL_SIM_INFO_INITIALIZER")));
+                return Err(invalid(format!(
+                    "simInfo magic is {magic:#x}: initialise it with NCCL_SIM_INFO_INITIALIZER"
+                )));
             }
             let us = group::simulate_end()?;
             // SAFETY: non-NULL, and estimatedTime is at offset 16 in every version.
-            unsafe { (sim_info as *mut u8).add(16).cast::<f32>().write_unaligned(us as f32) };
+            unsafe {
+                (sim_info as *mut u8)
+                    .add(16)
+                    .cast::<f32>()
+                    .write_unaligned(us as f32)
+            };
             Ok(NcclResult::Success)
         })
     }
