@@ -1843,6 +1843,51 @@ fn need(have: usize, want: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+impl UniqueId {
+    /// The id `NCCL_COMM_ID=<host>:<port>` names, if that variable is set (NCCL's way to fix the
+    /// rendezvous root instead of shipping ids): every rank computes the same id, whose secret
+    /// is `STRATA_SECRET`, else derived from the launcher's job ids and the address (as for
+    /// [`Communicator::from_env`]). Rank 0 must serve it ([`UniqueId::serve_nccl_comm_id`]).
+    pub fn from_nccl_comm_id() -> Result<Option<Self>> {
+        let Some(spec) = std::env::var("NCCL_COMM_ID")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        else {
+            return Ok(None);
+        };
+        let root = spec
+            .trim()
+            .to_socket_addrs()
+            .map_err(|e| Error::InvalidArgument(format!("NCCL_COMM_ID={spec}: {e}")))?
+            .next()
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("NCCL_COMM_ID={spec} names no address"))
+            })?;
+        Ok(Some(UniqueId::from_parts(root, &secret_from_env(&root)?)))
+    }
+
+    /// Starts, in this process, the rendezvous root that `NCCL_COMM_ID` names (on its port, on
+    /// every interface), for one communicator. Returns `false` when the variable is unset.
+    pub fn serve_nccl_comm_id() -> Result<bool> {
+        let Some(id) = Self::from_nccl_comm_id()? else {
+            return Ok(false);
+        };
+        let root = id.root_addr();
+        let any = if root.is_ipv4() {
+            IpAddr::from([0, 0, 0, 0])
+        } else {
+            IpAddr::from([0u16; 8])
+        };
+        let cfg = Config::from_env()?;
+        UniqueId::serve(
+            SocketAddr::new(any, root.port()),
+            id.secret(),
+            cfg.init_timeout,
+        )?;
+        Ok(true)
+    }
+}
+
 fn root_from_env() -> Result<SocketAddr> {
     let resolve = |s: &str| -> Result<SocketAddr> {
         s.to_socket_addrs()

@@ -478,6 +478,13 @@ unsafe fn init_rank(
     let settings = unsafe { settings_of(config, env_blocking())? };
     let id = strata::UniqueId::from_bytes(&id.internal).map_err(|e| report(&e))?;
     let cfg = Config::from_env().map_err(|e| report(&e))?;
+    // With NCCL_COMM_ID, nobody's ncclGetUniqueId started the root: rank 0 serves it.
+    if r == 0 {
+        let fixed = strata::UniqueId::from_nccl_comm_id().map_err(|e| report(&e))?;
+        if fixed.is_some_and(|f| f.as_bytes() == id.as_bytes()) {
+            strata::UniqueId::serve_nccl_comm_id().map_err(|e| report(&e))?;
+        }
+    }
     let h = CommHandle::create(settings.blocking, Some((r, n)));
     // SAFETY: checked writable above.
     unsafe { *out = h.id as NcclComm };
@@ -627,10 +634,15 @@ nccl_api! {
         LAST_ERROR.with(|l| l.borrow().as_ptr())
     }
 
-    /// `ncclGetUniqueId`: starts the rendezvous root in this process and describes it.
+    /// `ncclGetUniqueId`: starts the rendezvous root in this process and describes it; with
+    /// `NCCL_COMM_ID=<host>:<port>` set, the id naming that address instead (every rank gets
+    /// the same one, and rank 0's init serves it).
     fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut NcclUniqueId) -> NcclResult {
         guarded(|| {
-            let id = strata::UniqueId::new().map_err(|e| report(&e))?;
+            let id = match strata::UniqueId::from_nccl_comm_id().map_err(|e| report(&e))? {
+                Some(fixed) => fixed,
+                None => strata::UniqueId::new().map_err(|e| report(&e))?,
+            };
             // SAFETY: per the contract.
             unsafe {
                 put(

@@ -248,6 +248,25 @@ fn a_c_program_checks_every_collective_on_4_and_3_processes() {
 }
 
 #[test]
+fn nccl_comm_id_fixes_the_root_and_every_rank_asks_for_the_id_itself() {
+    let lib = library_dir();
+    let exe = scratch("collectives-comm-id");
+    compile_c(
+        "c/collectives.c",
+        &exe,
+        &[&Path::new(env!("CARGO_MANIFEST_DIR")).join("include")],
+        lib,
+        &[],
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let comm_id = PathBuf::from(format!("127.0.0.1:{port}"));
+    run_ranks(3, &[&exe], &[("NCCL_COMM_ID", &comm_id)]);
+}
+
+#[test]
 fn the_header_compiles_as_cpp_and_as_strict_c99() {
     let lib = library_dir();
     let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");

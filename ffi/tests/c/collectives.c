@@ -45,9 +45,14 @@ static void sleep_ms(int ms) {
   nanosleep(&t, NULL);
 }
 
-/* Rank 0 publishes the id through a file (written aside, then renamed); the others wait. */
+/* Rank 0 publishes the id through a file (written aside, then renamed); the others wait.
+ * With NCCL_COMM_ID set, every rank asks for the id itself, as NCCL programs do then. */
 static ncclUniqueId share_id(const char* path) {
   ncclUniqueId id;
+  if (getenv("NCCL_COMM_ID")) {
+    NCCL_OK(ncclGetUniqueId(&id));
+    return id;
+  }
   if (rank_ == 0) {
     char tmp[4096];
     NCCL_OK(ncclGetUniqueId(&id));
