@@ -1348,7 +1348,7 @@ impl Communicator {
             algorithm,
         };
         let seq = local.seq;
-        inner.health.op_started(seq, &local.describe());
+        inner.health.op_started(seq, &local);
         let result = (|| {
             self.ensure_connections(st, &cached.exchange, &local)?;
             // Inputs the schedule must not read from the caller's memory.
@@ -1502,7 +1502,7 @@ impl Communicator {
             },
             scratch_elems: 0,
         };
-        inner.health.op_started(0, &local.describe());
+        inner.health.op_started(0, &local);
         let result = (|| {
             self.ensure_connections(st, &needed, &local)?;
             let bufs = Buffers {

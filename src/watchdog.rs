@@ -20,6 +20,7 @@ use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret};
 use crate::config::Config;
 use crate::connection;
 use crate::error::{Error, Result};
+use crate::executor::Header;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -77,6 +78,24 @@ fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// What a rank is doing, as kept: the call's header is formatted only when someone asks.
+#[derive(Default)]
+struct Now {
+    started: u64,
+    finished: u64,
+    current: Option<Header>,
+}
+
+/// A flight record as kept (formatted into a [`FlightRecord`] when read), so that a call
+/// allocates and formats nothing to be recorded.
+struct Kept {
+    seq: u64,
+    op: Header,
+    start_us: u64,
+    end_us: Option<u64>,
+    error: Option<String>,
+}
+
 /// The health of one communicator, shared by its calls, its watchdog and other threads.
 #[derive(Default)]
 pub(crate) struct Health {
@@ -87,8 +106,8 @@ pub(crate) struct Health {
     /// Set once `fault` holds an error, so healthy calls skip the lock.
     pub has_failed: AtomicBool,
     fault: Mutex<Option<Error>>,
-    progress: Mutex<Progress>,
-    flight: Mutex<VecDeque<FlightRecord>>,
+    progress: Mutex<Now>,
+    flight: Mutex<VecDeque<Kept>>,
     /// Wakes the watchdog thread so that it announces a fault at once.
     waker: Mutex<Option<UnixDatagram>>,
 }
@@ -129,20 +148,20 @@ impl Health {
     }
 
     /// A collective (`seq` > 0) or point-to-point call (`seq` = 0) starts.
-    pub fn op_started(&self, seq: u64, op: &str) {
+    pub fn op_started(&self, seq: u64, op: &Header) {
         if let Ok(mut p) = self.progress.lock() {
             if seq > 0 {
                 p.started = seq;
             }
-            p.current = Some(op.to_string());
+            p.current = Some(*op);
         }
         if let Ok(mut f) = self.flight.lock() {
             if f.len() == FLIGHT_RECORDS {
                 f.pop_front();
             }
-            f.push_back(FlightRecord {
+            f.push_back(Kept {
                 seq,
-                op: op.to_string(),
+                op: *op,
                 start_us: now_us(),
                 end_us: None,
                 error: None,
@@ -168,14 +187,31 @@ impl Health {
 
     /// What this rank is doing now.
     pub fn progress(&self) -> Progress {
-        self.progress.lock().map(|p| p.clone()).unwrap_or_default()
+        self.progress
+            .lock()
+            .map(|p| Progress {
+                started: p.started,
+                finished: p.finished,
+                current: p.current.map(|h| h.describe()),
+            })
+            .unwrap_or_default()
     }
 
     /// The flight recorder's records, oldest first.
     pub fn flight_records(&self) -> Vec<FlightRecord> {
         self.flight
             .lock()
-            .map(|f| f.iter().cloned().collect())
+            .map(|f| {
+                f.iter()
+                    .map(|k| FlightRecord {
+                        seq: k.seq,
+                        op: k.op.describe(),
+                        start_us: k.start_us,
+                        end_us: k.end_us,
+                        error: k.error.clone(),
+                    })
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
