@@ -1392,32 +1392,14 @@ impl Communicator {
                 ReduceOp::Max => (Combine::Max, None),
                 ReduceOp::Avg => (Combine::Sum, Some(p)),
             };
-            OpRun {
-                rank,
-                peers: &inner.peers,
-                conns: &mut st.conns,
-                dtype: if spec.collective == Collective::Barrier {
-                    DataType::Uint8
-                } else {
-                    spec.dtype
-                },
-                combine,
-                divide_by,
-                hdr_out: &cached.exchange,
-                hdr_in: &cached.exchange,
-                wire_out: local,
-                wire_in: local,
-                per_peer: &[],
-                local,
-                timeout: self.timeout(),
-                clock: None,
-                abort: &inner.health.interrupt,
-                reuse: &mut st.exec,
-                progress_events: 0,
-                goodbye_seen: None,
-                spin: inner.spin,
-            }
-            .run(&cached.sched, &bufs)
+            let dtype = if spec.collective == Collective::Barrier {
+                DataType::Uint8
+            } else {
+                spec.dtype
+            };
+            self.op_run(st, local, dtype, (combine, divide_by))
+                .with_headers(&cached.exchange, &cached.exchange, &[])
+                .run(&cached.sched, &bufs)
         })();
         self.conclude(st, &local, result)
     }
@@ -1515,30 +1497,43 @@ impl Communicator {
                 input_parts,
                 output_parts,
             };
-            OpRun {
-                rank,
-                peers: &inner.peers,
-                conns: &mut st.conns,
-                dtype: DataType::Uint8,
-                combine: Combine::Sum,
-                divide_by: None,
-                hdr_out: &[],
-                hdr_in: &[],
-                wire_out: local,
-                wire_in: local,
-                per_peer: &headers,
-                local,
-                timeout: self.timeout(),
-                clock: None,
-                abort: &inner.health.interrupt,
-                reuse: &mut st.exec,
-                progress_events: 0,
-                goodbye_seen: None,
-                spin: inner.spin,
-            }
-            .run(&sched, &bufs)
+            self.op_run(st, local, DataType::Uint8, (Combine::Sum, None))
+                .with_headers(&[], &[], &headers)
+                .run(&sched, &bufs)
         })();
         self.conclude(st, &local, result)
+    }
+
+    /// The executor's context for one call described by `local`, with no headers yet.
+    fn op_run<'a>(
+        &'a self,
+        st: &'a mut State,
+        local: Header,
+        dtype: DataType,
+        (combine, divide_by): (Combine, Option<usize>),
+    ) -> OpRun<'a> {
+        let inner = &*self.inner;
+        OpRun {
+            rank: inner.rank,
+            peers: &inner.peers,
+            conns: &mut st.conns,
+            dtype,
+            combine,
+            divide_by,
+            hdr_out: &[],
+            hdr_in: &[],
+            wire_out: local,
+            wire_in: local,
+            per_peer: &[],
+            local,
+            timeout: self.timeout(),
+            clock: None,
+            abort: &inner.health.interrupt,
+            reuse: &mut st.exec,
+            progress_events: 0,
+            goodbye_seen: None,
+            spin: inner.spin,
+        }
     }
 
     /// Ends a call: an interruption reports the fault behind it, a collective's timeout is

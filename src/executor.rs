@@ -239,6 +239,22 @@ struct PeerState {
     in_done: bool,
 }
 
+impl<'a> OpRun<'a> {
+    /// Sets the headers: `wire_out` goes to every peer of `out_to` and `wire_in` is expected
+    /// from every peer of `in_from`; `per_peer` lists headers that differ by peer.
+    pub fn with_headers(
+        mut self,
+        out_to: &'a [usize],
+        in_from: &'a [usize],
+        per_peer: &'a [(usize, Option<Header>, Option<Header>)],
+    ) -> Self {
+        self.hdr_out = out_to;
+        self.hdr_in = in_from;
+        self.per_peer = per_peer;
+        self
+    }
+}
+
 impl OpRun<'_> {
     fn conn(&mut self, peer: usize) -> Result<&mut Connection> {
         self.conns

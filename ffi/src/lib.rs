@@ -558,6 +558,23 @@ fn derive(
     }
 }
 
+/// Writes `value(communicator)` to `out`, waiting for a pending init.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+unsafe fn query(
+    comm: NcclComm,
+    out: *mut c_int,
+    what: &str,
+    value: impl FnOnce(&Communicator) -> usize,
+) -> Ffi {
+    let h = comm_of(comm)?;
+    let c = h.wait_ready(init_limit()).map_err(|e| report(&e))?;
+    // SAFETY: per the contract.
+    unsafe { put(out, value(&c) as c_int, what)? };
+    Ok(NcclResult::Success)
+}
+
 /// Host memory handed out by `ncclMemAlloc`: address → layout.
 fn allocations() -> &'static Mutex<HashMap<usize, std::alloc::Layout>> {
     static ALLOCS: OnceLock<Mutex<HashMap<usize, std::alloc::Layout>>> = OnceLock::new();
@@ -911,24 +928,14 @@ nccl_api! {
 
     /// `ncclCommCount`: the number of ranks.
     fn ncclCommCount / pncclCommCount(comm: NcclComm, count: *mut c_int) -> NcclResult {
-        guarded(|| {
-            let h = comm_of(comm)?;
-            let c = h.wait_ready(init_limit()).map_err(|e| report(&e))?;
-            // SAFETY: per the contract.
-            unsafe { put(count, c.size() as c_int, "count")? };
-            Ok(NcclResult::Success)
-        })
+        // SAFETY: per the contract.
+        guarded(|| unsafe { query(comm, count, "count", |c| c.size()) })
     }
 
     /// `ncclCommUserRank`: this rank.
     fn ncclCommUserRank / pncclCommUserRank(comm: NcclComm, rank: *mut c_int) -> NcclResult {
-        guarded(|| {
-            let h = comm_of(comm)?;
-            let c = h.wait_ready(init_limit()).map_err(|e| report(&e))?;
-            // SAFETY: per the contract.
-            unsafe { put(rank, c.rank() as c_int, "rank")? };
-            Ok(NcclResult::Success)
-        })
+        // SAFETY: per the contract.
+        guarded(|| unsafe { query(comm, rank, "rank", |c| c.rank()) })
     }
 
     /// `ncclCommCuDevice`: this build drives no CUDA device, so `ncclInvalidUsage`.

@@ -224,18 +224,27 @@ fn nvidia_nccl(test: &str) -> Option<PathBuf> {
     }
 }
 
+/// `tests/c/collectives.c` built against strata's header and library (once).
+fn collectives_program() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let exe = scratch("collectives");
+        compile_c(
+            "c/collectives.c",
+            &exe,
+            &[&Path::new(env!("CARGO_MANIFEST_DIR")).join("include")],
+            library_dir(),
+            &[],
+        );
+        exe
+    })
+}
+
 #[test]
 fn a_c_program_checks_every_collective_on_4_and_3_processes() {
     let lib = library_dir();
-    let exe = scratch("collectives");
-    compile_c(
-        "c/collectives.c",
-        &exe,
-        &[&Path::new(env!("CARGO_MANIFEST_DIR")).join("include")],
-        lib,
-        &[],
-    );
-    let out = run_ranks(4, &[&exe], &[]);
+    let exe = collectives_program();
+    let out = run_ranks(4, &[exe], &[]);
     assert!(
         out[0].contains(&format!(
             "ncclAllReduce comes from {}",
@@ -244,26 +253,18 @@ fn a_c_program_checks_every_collective_on_4_and_3_processes() {
         "{}",
         out[0]
     );
-    run_ranks(3, &[&exe], &[]);
+    run_ranks(3, &[exe], &[]);
 }
 
 #[test]
 fn nccl_comm_id_fixes_the_root_and_every_rank_asks_for_the_id_itself() {
-    let lib = library_dir();
-    let exe = scratch("collectives-comm-id");
-    compile_c(
-        "c/collectives.c",
-        &exe,
-        &[&Path::new(env!("CARGO_MANIFEST_DIR")).join("include")],
-        lib,
-        &[],
-    );
+    let exe = collectives_program();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap()
         .port();
     let comm_id = PathBuf::from(format!("127.0.0.1:{port}"));
-    run_ranks(3, &[&exe], &[("NCCL_COMM_ID", &comm_id)]);
+    run_ranks(3, &[exe], &[("NCCL_COMM_ID", &comm_id)]);
 }
 
 #[test]
