@@ -6,7 +6,8 @@
 //! group ([`crate::call::run_group`]): collectives in order, then every send and receive as
 //! one batch. Calls on different blocking communicators run on their own threads at the same
 //! time; a non-blocking communicator gets its share queued on its worker, and the group
-//! returns `ncclInProgress`.
+//! returns `ncclInProgress`. A group in which a call failed runs nothing and returns that
+//! call's error.
 
 use crate::call::{self, Call};
 use crate::handle::CommHandle;
@@ -180,6 +181,17 @@ pub(crate) fn end() -> NcclResult {
         Ok(None) => return NcclResult::Success,
         Ok(Some(g)) => g,
     };
+    // As in NCCL, a group with a failed call runs nothing: its other calls would wait on
+    // peers for the one that never started.
+    if let Some((code, text)) = g.error {
+        for init in g.inits {
+            init.handle.set_ready(Err(Error::InvalidArgument(format!(
+                "not initialised: its group failed ({text})"
+            ))));
+        }
+        crate::set_last_error(&text);
+        return code;
+    }
     let (init_error, mut any_queued) = run_inits(g.inits);
     let shares = by_comm(g.calls);
     let results: Vec<NcclResult> = std::thread::scope(|s| {
@@ -212,10 +224,6 @@ pub(crate) fn end() -> NcclResult {
         }
         results
     });
-    if let Some((code, text)) = g.error {
-        crate::set_last_error(&text);
-        return code;
-    }
     if let Some(e) = init_error {
         return report(&e);
     }

@@ -219,6 +219,32 @@ fn one_thread_drives_two_ranks_through_a_group() {
 }
 
 #[test]
+fn a_group_with_a_failed_call_runs_nothing() {
+    let comms = init_all(2);
+    let mut x = [1f32; 4];
+    let started = Instant::now();
+    // SAFETY: valid buffers; rank 1's call has an unknown type, so rank 0's all_reduce must not
+    // run either (it would wait for rank 1 until the deadline).
+    unsafe {
+        assert_eq!(ncclGroupStart(), NcclResult::Success);
+        let p = x.as_mut_ptr().cast();
+        assert_eq!(
+            ncclAllReduce(p, p, 4, 7, 0, comms[0], null_mut()),
+            NcclResult::Success
+        );
+        assert_eq!(
+            ncclAllReduce(p, p, 4, 99, 0, comms[1], null_mut()),
+            NcclResult::InvalidArgument
+        );
+        assert_eq!(ncclGroupEnd(), NcclResult::InvalidArgument);
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(last_error_text().contains("datatype 99"));
+    assert_eq!(x, [1.0; 4], "a call of the failed group ran");
+    destroy(&comms);
+}
+
+#[test]
 fn communicators_initialised_inside_a_group_are_built_at_its_end() {
     lo();
     let mut id = NcclUniqueId { internal: [0; 128] };
