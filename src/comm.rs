@@ -1842,7 +1842,7 @@ impl UniqueId {
     /// The id `NCCL_COMM_ID=<host>:<port>` names, if that variable is set (NCCL's way to fix the
     /// rendezvous root instead of shipping ids): every rank computes the same id, whose secret
     /// is `STRATA_SECRET`, else derived from the launcher's job ids and the address (as for
-    /// [`Communicator::from_env`]). Rank 0 must serve it ([`UniqueId::serve_nccl_comm_id`]).
+    /// [`Communicator::from_env`]). Rank 0 must serve it ([`UniqueId::serve_root`]).
     pub fn from_nccl_comm_id() -> Result<Option<Self>> {
         let Some(spec) = std::env::var("NCCL_COMM_ID")
             .ok()
@@ -1861,13 +1861,11 @@ impl UniqueId {
         Ok(Some(UniqueId::from_parts(root, &secret_from_env(&root)?)))
     }
 
-    /// Starts, in this process, the rendezvous root that `NCCL_COMM_ID` names (on its port, on
-    /// every interface), for one communicator. Returns `false` when the variable is unset.
-    pub fn serve_nccl_comm_id() -> Result<bool> {
-        let Some(id) = Self::from_nccl_comm_id()? else {
-            return Ok(false);
-        };
-        let root = id.root_addr();
+    /// Starts, in this process, the rendezvous root this id names (on its port, on every
+    /// interface), for one communicator: rank 0's part when every rank computed the id itself
+    /// ([`UniqueId::from_nccl_comm_id`]) and no `UniqueId::new` started a root.
+    pub fn serve_root(&self) -> Result<()> {
+        let root = self.root_addr();
         let any = if root.is_ipv4() {
             IpAddr::from([0, 0, 0, 0])
         } else {
@@ -1876,10 +1874,10 @@ impl UniqueId {
         let cfg = Config::from_env()?;
         UniqueId::serve(
             SocketAddr::new(any, root.port()),
-            id.secret(),
+            self.secret(),
             cfg.init_timeout,
         )?;
-        Ok(true)
+        Ok(())
     }
 }
 

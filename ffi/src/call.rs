@@ -65,8 +65,8 @@ pub(crate) fn buffer_bytes(
 }
 
 /// The checks of a collective that need this rank's place: root in range, no overflow, no
-/// NULL buffer that the call must read or write.
-pub(crate) fn check_coll(c: &Coll, rank: usize, p: usize) -> Result<(), String> {
+/// NULL buffer that the call must read or write. Returns the bytes it reads and writes.
+pub(crate) fn check_coll(c: &Coll, rank: usize, p: usize) -> Result<(usize, usize), String> {
     let (ib, ob) = buffer_bytes(&c.spec, rank, p)?;
     if ib > 0 && c.send.is_null() {
         return Err(format!(
@@ -80,7 +80,7 @@ pub(crate) fn check_coll(c: &Coll, rank: usize, p: usize) -> Result<(), String> 
             c.spec.collective
         ));
     }
-    Ok(())
+    Ok((ib, ob))
 }
 
 /// The operator of `c`, reading a deferred scalar now.
@@ -91,7 +91,7 @@ fn resolve_op(c: &Coll, ops: &[Option<UserOp>]) -> strata::Result<ReduceOp> {
     match ops.get(i).copied().flatten() {
         Some(UserOp::Immediate(s)) => Ok(ReduceOp::PreMulSum(s)),
         Some(UserOp::Deferred(addr, dtype)) => {
-            device::check_host(addr as *const u8, "the premulsum scalar")
+            device::check_host(&[(addr as *const u8, "the premulsum scalar")])
                 .map_err(Error::InvalidArgument)?;
             let mut bytes = [0u8; 8];
             // SAFETY: the caller made the operator with a pointer to one element of `dtype`
@@ -111,12 +111,11 @@ fn resolve_op(c: &Coll, ops: &[Option<UserOp>]) -> strata::Result<ReduceOp> {
 /// Runs one collective, in place when the buffers follow NCCL's in-place rules.
 fn run_coll(comm: &Communicator, ops: &[Option<UserOp>], c: &Coll) -> strata::Result<()> {
     let (rank, p) = (comm.rank(), comm.size());
-    check_coll(c, rank, p).map_err(Error::InvalidArgument)?;
+    let (ib, ob) = check_coll(c, rank, p).map_err(Error::InvalidArgument)?;
     let spec = CallSpec {
         op: resolve_op(c, ops)?,
         ..c.spec
     };
-    let (ib, ob) = buffer_bytes(&spec, rank, p).map_err(Error::InvalidArgument)?;
     let (in_off, out_off) = spec.in_place_offsets(rank);
     let (send, recv) = (c.send as usize, c.recv as usize);
     if ib > 0 && ob > 0 && send.wrapping_sub(in_off) == recv.wrapping_sub(out_off) {

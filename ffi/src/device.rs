@@ -76,12 +76,12 @@ fn lookup() -> Option<PointerGetAttribute> {
     }
 }
 
-/// Whether `ptr` is GPU memory the host cannot read (managed memory is readable).
-pub(crate) fn is_device(ptr: *const u8) -> bool {
+/// Whether `ptr` is GPU memory the host cannot read (managed memory is readable), as the
+/// driver's `get` says.
+fn is_device(get: PointerGetAttribute, ptr: *const u8) -> bool {
     if ptr.is_null() {
         return false;
     }
-    let Some(get) = driver() else { return false };
     let mut kind: c_uint = 0;
     // SAFETY: `kind` is a valid out-parameter for this attribute; the driver only inspects
     // the address.
@@ -109,13 +109,15 @@ pub(crate) fn is_device(ptr: *const u8) -> bool {
     !(r == 0 && managed != 0)
 }
 
-/// `Ok` for host memory; for GPU memory, the message `ncclGetLastError` gives.
-pub(crate) fn check_host(ptr: *const u8, what: &str) -> Result<(), String> {
-    if is_device(ptr) {
-        return Err(format!(
+/// `Ok` when every (pointer, name) is host memory; for the first in GPU memory, the message
+/// `ncclGetLastError` gives. The driver is looked up once for all of them.
+pub(crate) fn check_host(buffers: &[(*const u8, &str)]) -> Result<(), String> {
+    let Some(get) = driver() else { return Ok(()) };
+    match buffers.iter().find(|(ptr, _)| is_device(get, *ptr)) {
+        Some((ptr, what)) => Err(format!(
             "{what} ({ptr:p}) is GPU memory, and this strata build moves host memory only; \
              pass host (or CUDA managed) buffers, or use NVIDIA's NCCL for GPU buffers"
-        ));
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }

@@ -396,8 +396,7 @@ fn collective(
             recv: recv as *mut u8,
         };
         if count > 0 {
-            device::check_host(c.send, "sendbuff").map_err(invalid)?;
-            device::check_host(c.recv, "recvbuff").map_err(invalid)?;
+            device::check_host(&[(c.send, "sendbuff"), (c.recv, "recvbuff")]).map_err(invalid)?;
         }
         if let Some((rank, p)) = h.shape.get().copied() {
             call::check_coll(&c, rank, p).map_err(invalid)?;
@@ -438,7 +437,7 @@ fn p2p(
             )));
         }
         if bytes > 0 {
-            device::check_host(buf as *const u8, "the buffer").map_err(invalid)?;
+            device::check_host(&[(buf as *const u8, "the buffer")]).map_err(invalid)?;
         }
         Ok(group::submit(
             h,
@@ -482,7 +481,7 @@ unsafe fn init_rank(
     if r == 0 {
         let fixed = strata::UniqueId::from_nccl_comm_id().map_err(|e| report(&e))?;
         if fixed.is_some_and(|f| f.as_bytes() == id.as_bytes()) {
-            strata::UniqueId::serve_nccl_comm_id().map_err(|e| report(&e))?;
+            id.serve_root().map_err(|e| report(&e))?;
         }
     }
     let h = CommHandle::create(settings.blocking, Some((r, n)));
@@ -965,7 +964,7 @@ nccl_api! {
             if buff.is_null() || size == 0 {
                 return Err(invalid(format!("cannot register {size} bytes at {buff:p}")));
             }
-            device::check_host(buff as *const u8, "the buffer").map_err(invalid)?;
+            device::check_host(&[(buff as *const u8, "the buffer")]).map_err(invalid)?;
             let token = next_token();
             // SAFETY: per the contract.
             unsafe { put(handle, token as *mut c_void, "handle")? };
@@ -1011,7 +1010,7 @@ nccl_api! {
                     "window flags {win_flags:#x} are not NCCL_WIN_* flags"
                 )));
             }
-            device::check_host(buff as *const u8, "the window").map_err(invalid)?;
+            device::check_host(&[(buff as *const u8, "the window")]).map_err(invalid)?;
             let token = next_token();
             // SAFETY: per the contract.
             unsafe { put(win, token as *mut c_void, "win")? };
@@ -1096,7 +1095,7 @@ nccl_api! {
             if op.is_null() || scalar.is_null() {
                 return Err(invalid("op or scalar is NULL"));
             }
-            device::check_host(scalar as *const u8, "the scalar").map_err(invalid)?;
+            device::check_host(&[(scalar as *const u8, "the scalar")]).map_err(invalid)?;
             let made = match residence {
                 1 => {
                     let mut bytes = [0u8; 8];

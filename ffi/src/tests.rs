@@ -20,6 +20,15 @@ fn init_all(n: usize) -> Vec<NcclComm> {
     comms
 }
 
+/// A fresh id from ncclGetUniqueId (its root listens on loopback).
+fn unique_id() -> NcclUniqueId {
+    lo();
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::Success);
+    id
+}
+
 fn comm(c: NcclComm) -> Arc<Communicator> {
     CommHandle::lookup(c).unwrap().ready().unwrap()
 }
@@ -246,10 +255,7 @@ fn a_group_with_a_failed_call_runs_nothing() {
 
 #[test]
 fn communicators_initialised_inside_a_group_are_built_at_its_end() {
-    lo();
-    let mut id = NcclUniqueId { internal: [0; 128] };
-    // SAFETY: a valid out-pointer.
-    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::Success);
+    let id = unique_id();
     let mut comms = [null_mut(); 3];
     // SAFETY: valid out-pointers; a 3-rank communicator from one thread.
     unsafe {
@@ -294,10 +300,7 @@ fn communicators_initialised_inside_a_group_are_built_at_its_end() {
 
 #[test]
 fn non_blocking_inits_in_a_group_return_in_progress_then_succeed() {
-    lo();
-    let mut id = NcclUniqueId { internal: [0; 128] };
-    // SAFETY: a valid out-pointer.
-    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::Success);
+    let id = unique_id();
     let mut cfg = NcclConfig {
         blocking: 0,
         ..NcclConfig::initializer()
