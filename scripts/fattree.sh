@@ -35,6 +35,8 @@ done
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=scripts/netns-lib.sh
+source scripts/netns-lib.sh
 TOPO=$ROOT/examples/topology/emulated-fat-tree.toml
 HOSTS=8
 PER_LEAF=2
@@ -99,15 +101,7 @@ for l in $(seq 0 $((LEAVES - 1))); do
 done
 for h in $(seq 0 $((HOSTS - 1))); do
     ns=st-h$h
-    ip netns add "$ns"
-    ip link add "st-e$h" type veth peer name "st-p$h"
-    ip link set "st-e$h" netns "$ns"
-    ip link set "st-p$h" netns "$SW"
-    ip -n "$ns" link set "st-e$h" name eth0
-    ip -n "$ns" addr add "198.18.0.$((h + 1))/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-    ip -n "$SW" link set "st-p$h" master "leaf$((h / PER_LEAF))" up
+    add_host "$ns" "st-e$h" "st-p$h" "$SW" "leaf$((h / PER_LEAF))" "198.18.0.$((h + 1))/24"
     shape "$ns" eth0 "$HOST_RATE"        # host -> leaf
     shape "$SW" "st-p$h" "$HOST_RATE"    # leaf -> host
 done

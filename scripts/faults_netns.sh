@@ -23,6 +23,8 @@ done
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=scripts/netns-lib.sh
+source scripts/netns-lib.sh
 HOSTS=4
 VICTIM=2
 SW=st-fsw
@@ -52,15 +54,7 @@ build_fabric() {
     ip -n "$SW" link add br0 type bridge
     ip -n "$SW" link set br0 up
     for h in $(seq 0 $((HOSTS - 1))); do
-        ip netns add "st-f$h"
-        ip link add "st-fe$h" type veth peer name "st-fp$h"
-        ip link set "st-fe$h" netns "st-f$h"
-        ip link set "st-fp$h" netns "$SW"
-        ip -n "st-f$h" link set "st-fe$h" name eth0
-        ip -n "st-f$h" addr add "198.18.1.$((h + 1))/24" dev eth0
-        ip -n "st-f$h" link set eth0 up
-        ip -n "st-f$h" link set lo up
-        ip -n "$SW" link set "st-fp$h" master br0 up
+        add_host "st-f$h" "st-fe$h" "st-fp$h" "$SW" br0 "198.18.1.$((h + 1))/24"
     done
 }
 cleanup_fabric() {
