@@ -1347,8 +1347,7 @@ impl Communicator {
             },
             algorithm,
         };
-        let seq = local.seq;
-        inner.health.op_started(seq, &local);
+        inner.health.op_started(&local);
         let result = (|| {
             self.ensure_connections(st, &cached.exchange, &local)?;
             // Inputs the schedule must not read from the caller's memory.
@@ -1484,7 +1483,7 @@ impl Communicator {
             },
             scratch_elems: 0,
         };
-        inner.health.op_started(0, &local);
+        inner.health.op_started(&local);
         let result = (|| {
             self.ensure_connections(st, &needed, &local)?;
             let bufs = Buffers {
@@ -1539,10 +1538,7 @@ impl Communicator {
     /// Ends a call: an interruption reports the fault behind it, a collective's timeout is
     /// diagnosed, and a failure breaks the communicator and is told to the peers.
     fn conclude(&self, st: &mut State, local: &Header, result: Result<()>) -> Result<()> {
-        let seq = match local.collective {
-            Collective::Send | Collective::Recv => 0,
-            _ => local.seq,
-        };
+        let seq = local.call_seq();
         let result = result.map_err(|e| match e {
             Error::Aborted(None) => self.async_error().unwrap_or(Error::Aborted(None)),
             e @ Error::Timeout { .. } if seq > 0 => self.diagnose(e),

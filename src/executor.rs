@@ -71,6 +71,15 @@ impl Header {
         })
     }
 
+    /// The call's sequence number on its communicator as faults and progress report it: the
+    /// collective's, or 0 for a point-to-point transfer (numbered per peer instead).
+    pub fn call_seq(&self) -> u64 {
+        match self.collective {
+            Collective::Send | Collective::Recv => 0,
+            _ => self.seq,
+        }
+    }
+
     /// `all_reduce #3 (float, sum, 1024 elements)`.
     pub fn describe(&self) -> String {
         let c = self.collective;
@@ -690,10 +699,7 @@ impl OpRun<'_> {
             waiting_on.dedup();
             return Err(Error::Timeout {
                 op: self.desc(),
-                seq: match self.local.collective {
-                    Collective::Send | Collective::Recv => 0,
-                    _ => self.local.seq,
-                },
+                seq: self.local.call_seq(),
                 waiting_on,
                 after_s: (now - started).as_secs_f64(),
                 diagnosis: None,

@@ -11,8 +11,9 @@
 //! * no frame has arrived for `STRATA_HEARTBEAT_MISSES` intervals (default 3: the process is
 //!   stopped or its threads hung).
 //!
-//! A fault found here, or one a collective call on this rank ran into, is recorded in
-//! [`Health`] (which interrupts the call in progress) and sent to both neighbours as an abort;
+//! A fault found here, or one a collective call on this rank ran into, is recorded in the
+//! communicator's health record (which interrupts the call in progress) and sent to both
+//! neighbours as an abort;
 //! a rank that learns of a fault first from a neighbour records it and passes it on to its
 //! other neighbour. Every rank ends up failing with the error of the rank that saw it first.
 
@@ -147,8 +148,10 @@ impl Health {
         self.interrupt.store(true, Ordering::Release);
     }
 
-    /// A collective (`seq` > 0) or point-to-point call (`seq` = 0) starts.
-    pub fn op_started(&self, seq: u64, op: &Header) {
+    /// A call starts: a collective (its sequence number moves `started`) or a point-to-point
+    /// transfer ([`Header::call_seq`] 0).
+    pub fn op_started(&self, op: &Header) {
+        let seq = op.call_seq();
         if let Ok(mut p) = self.progress.lock() {
             if seq > 0 {
                 p.started = seq;
