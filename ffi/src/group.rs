@@ -132,7 +132,7 @@ fn leave() -> Result<Option<Group>, NcclResult> {
 
 /// Builds the communicators initialised inside the group, concurrently (non-blocking ones on
 /// their workers): the first error, and whether any init was left to a worker.
-fn run_inits(inits: Vec<DeferredInit>) -> (Option<Error>, bool) {
+pub(crate) fn run_inits(inits: Vec<DeferredInit>) -> (Option<Error>, bool) {
     let (blocking, queued): (Vec<_>, Vec<_>) = inits.into_iter().partition(|i| i.handle.blocking);
     let any_queued = !queued.is_empty();
     let mut first = None;

@@ -736,28 +736,22 @@ nccl_api! {
             }
             let id = strata::UniqueId::new().map_err(|e| report(&e))?;
             let cfg = Config::from_env().map_err(|e| report(&e))?;
-            let built: Vec<strata::Result<Communicator>> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..n)
-                    .map(|r| {
-                        let cfg = cfg.clone();
-                        let id = &id;
-                        s.spawn(move || Communicator::init_with_config(id, n, r, cfg))
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(Error::Transport("internal: init panicked".into()))
-                        })
-                    })
-                    .collect()
+            // As NCCL documents it: ncclCommInitRank for every rank inside one group.
+            let handles: Vec<_> = (0..n)
+                .map(|r| CommHandle::create(true, Some((r, n))))
+                .collect();
+            let inits = handles.iter().enumerate().map(|(rank, h)| group::DeferredInit {
+                handle: h.clone(),
+                id,
+                nranks: n,
+                rank,
+                cfg: cfg.clone(),
             });
-            if let Some(Err(e)) = built.iter().find(|r| r.is_err()) {
-                return Err(report(e));
+            if let (Some(e), _) = group::run_inits(inits.collect()) {
+                handles.iter().for_each(|h| h.unregister());
+                return Err(report(&e));
             }
-            for (r, c) in built.into_iter().enumerate() {
-                let h = CommHandle::create(true, None);
-                h.set_ready(c);
+            for (r, h) in handles.iter().enumerate() {
                 // SAFETY: the caller passes an array of ndev handles.
                 unsafe { comms.add(r).write_unaligned(h.id as NcclComm) };
             }
