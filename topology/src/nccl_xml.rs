@@ -264,7 +264,7 @@ mod tests {
 
     fn fixture(name: &str) -> HostTopology {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/fixtures/topology")
+            .join("testdata")
             .join(name);
         load(&path).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -394,7 +394,7 @@ mod tests {
         #[test]
         fn mangled_fixtures_never_panic(cut in 0usize..3305, insert in "[<>\"=/a-z0-9 ]{0,12}") {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../shared/fixtures/topology/azure-ndv5-h100-nccl-topo.xml");
+                .join("testdata/azure-ndv5-h100-nccl-topo.xml");
             let text = std::fs::read_to_string(path).unwrap();
             let cut = text.char_indices().map(|(i, _)| i).take_while(|&i| i <= cut).last().unwrap_or(0);
             let mangled = format!("{}{}{}", &text[..cut], insert, &text[cut..]);

@@ -100,7 +100,7 @@ mod tests {
     #[test]
     fn merge_attaches_links_to_the_right_gpus() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/fixtures/topology/azure-ndv5-h100-nccl-topo.xml");
+            .join("testdata/azure-ndv5-h100-nccl-topo.xml");
         let mut t = crate::nccl_xml::load(&path).unwrap();
         let link = NvLink {
             target: "0000:ff:00.0".into(),

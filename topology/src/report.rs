@@ -290,7 +290,7 @@ mod tests {
     fn report_of_a_fixture_and_the_meta_file() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let host = crate::nccl_xml::load(
-            &dir.join("../../shared/fixtures/topology/azure-ndv5-h100-nccl-topo.xml"),
+            &dir.join("testdata/azure-ndv5-h100-nccl-topo.xml"),
         )
         .unwrap();
         let fabric =
