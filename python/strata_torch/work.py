@@ -1,0 +1,126 @@
+"""Work handles and the per-group worker that runs collectives in issue order."""
+
+import queue
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def backend_error(message):
+    """The exception PyTorch raises for backend failures (a RuntimeError subclass)."""
+    return dist.DistBackendError(message)
+
+
+class StrataWork(dist.Work):
+    """A collective in flight (or done): ``wait()`` and ``get_future()`` as PyTorch documents.
+
+    The future's value is the list of output tensors (what DDP's comm hooks expect); a failed
+    collective sets the future's exception, and ``wait()`` raises it.
+    """
+
+    def __init__(self, outputs, op_name, timeout):
+        super().__init__()
+        self._outputs = outputs
+        self._op_name = op_name
+        self._timeout = timeout
+        self._future = torch.futures.Future()
+        self._done = threading.Event()
+        self._error = None
+
+    def _finish(self, error=None):
+        self._error = error
+        if error is None:
+            self._future.set_result(self._outputs)
+        else:
+            self._future.set_exception(error)
+        self._done.set()
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def is_success(self):
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        self.wait()
+        return self._outputs
+
+    def source_rank(self):
+        raise ValueError("strata: source_rank is only defined for recv from any source")
+
+    def synchronize(self):
+        self.wait()
+
+    def wait(self, timeout=timedelta(0)):
+        """Blocks until done; raises the collective's error, or a timeout after ``timeout``.
+
+        A zero timeout (PyTorch's default) means the group's timeout.
+        """
+        limit = timeout if timeout and timeout > timedelta(0) else self._timeout
+        if not self._done.wait(limit.total_seconds()):
+            raise backend_error(
+                f"strata: {self._op_name} did not complete within {limit.total_seconds():g} s "
+                "(Work.wait timeout); the communicator's own deadline reports which rank it "
+                "waits on"
+            )
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self):
+        return self._future
+
+
+class Worker:
+    """One thread per process group that runs queued collectives in issue order.
+
+    A call that need not be asynchronous runs on the caller's thread when nothing is queued
+    (the cheapest path for small messages); otherwise it is queued behind the earlier calls,
+    so every rank issues its collectives in the same order either way.
+    """
+
+    def __init__(self, name):
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            run, work = item
+            work._finish(_run_caught(run))
+            with self._lock:
+                self._pending -= 1
+
+    def submit(self, run, work, async_op):
+        """Runs ``run()`` for ``work``: inline when allowed and idle, else on the worker."""
+        with self._lock:
+            if not async_op and self._pending == 0:
+                work._finish(_run_caught(run))
+                return work
+            self._pending += 1
+            self._queue.put((run, work))
+        return work
+
+    def stop(self):
+        """Ends the thread once the queued calls have run."""
+        self._queue.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+def _run_caught(run):
+    try:
+        run()
+        return None
+    except Exception as e:  # every failure reaches the Work; none is lost on a thread
+        return e if isinstance(e, dist.DistBackendError) else backend_error(str(e))
