@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from . import _nccl as nccl
 from .tensors import (
+    op_type,
     BITWISE,
     Staged,
     as_bytes,
@@ -112,6 +113,20 @@ class ProcessGroupStrata(dist.ProcessGroup):
     def _get_backend(self, device):
         return self
 
+    # c10d keeps a group's name and description in its C++ backends, which a Python group
+    # has none of: keep them here (the trampoline calls these overrides).
+    def setGroupName(self, name):
+        self._group_name = name
+
+    def getGroupName(self):
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc):
+        self._group_desc = desc
+
+    def getGroupDesc(self):
+        return getattr(self, "_group_desc", "")
+
     def abort(self):
         """Ends every call in flight on this group now (ncclCommAbort)."""
         if not self._closed:
@@ -169,7 +184,7 @@ class ProcessGroupStrata(dist.ProcessGroup):
     def _bitwise(self, tensor, op):
         if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
             raise TypeError(f"strata: {op} needs an integer or bool tensor, not {tensor.dtype}")
-        return BITWISE[op.op if isinstance(op, dist.ReduceOp) else op]
+        return BITWISE[op_type(op)]
 
     def _gather_fold(self, flat, fold):
         """All-gathers ``flat`` and folds the ranks' copies with ``fold`` (bitwise ops)."""
@@ -188,7 +203,7 @@ class ProcessGroupStrata(dist.ProcessGroup):
         """A closure that all-reduces ``tensor`` in place (checked now, run later)."""
         check_cpu(tensor, "all_reduce tensor")
         staged = Staged(tensor)
-        if op_kind(op) == "bitwise":
+        if op_type(op) in BITWISE:
             fold = self._bitwise(tensor, op)
 
             def run_bitwise():
@@ -546,6 +561,7 @@ class ProcessGroupStrata(dist.ProcessGroup):
             raise RuntimeError("strata: coalescing already started on this group")
         self._coalesced = []
         self._coalesced_work = StrataWork([], "coalesced calls", self._timeout)
+        self._coalesced_work._queued()
 
     _start_coalescing = start_coalescing
 

@@ -27,18 +27,20 @@ for _name, _code in (("uint32", nccl.UINT32), ("uint64", nccl.UINT64)):
 # element-wise on the pairs.
 COMPLEX_PARTS = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 
+# Keyed by the RedOpType's integer value: hashing the pybind enum itself costs a microsecond.
 OPS = {
-    dist.ReduceOp.SUM: nccl.SUM,
-    dist.ReduceOp.PRODUCT: nccl.PROD,
-    dist.ReduceOp.MAX: nccl.MAX,
-    dist.ReduceOp.MIN: nccl.MIN,
-    dist.ReduceOp.AVG: nccl.AVG,
+    int(dist.ReduceOp.SUM): nccl.SUM,
+    int(dist.ReduceOp.PRODUCT): nccl.PROD,
+    int(dist.ReduceOp.MAX): nccl.MAX,
+    int(dist.ReduceOp.MIN): nccl.MIN,
+    int(dist.ReduceOp.AVG): nccl.AVG,
 }
 BITWISE = {
-    dist.ReduceOp.BAND: torch.bitwise_and,
-    dist.ReduceOp.BOR: torch.bitwise_or,
-    dist.ReduceOp.BXOR: torch.bitwise_xor,
+    int(dist.ReduceOp.BAND): torch.bitwise_and,
+    int(dist.ReduceOp.BOR): torch.bitwise_or,
+    int(dist.ReduceOp.BXOR): torch.bitwise_xor,
 }
+PREMUL_SUM = int(dist.ReduceOp.PREMUL_SUM)
 
 
 def check_cpu(tensor, what):
@@ -69,21 +71,26 @@ def reduce_type(tensor, op_kind):
     return DTYPES[dtype], tensor.view(torch.uint8) if dtype is torch.bool else tensor
 
 
+def op_type(op):
+    """The integer RedOpType of a ReduceOp (or of a bare RedOpType)."""
+    return int(op if isinstance(op, dist.ReduceOp.RedOpType) else op.op)
+
+
 def op_kind(op):
     """'sum', 'avg', 'premul', 'bitwise' or the plain operator name, from a ReduceOp."""
-    kind = op.op if isinstance(op, dist.ReduceOp) else op
-    if kind == dist.ReduceOp.PREMUL_SUM:
+    kind = op_type(op)
+    if kind == PREMUL_SUM:
         return "premul"
     if kind in BITWISE:
         return "bitwise"
     if kind not in OPS:
         raise ValueError(f"strata: unsupported reduce operator {op}")
-    return {nccl.SUM: "sum", nccl.AVG: "avg"}.get(OPS[kind], str(kind))
+    return {nccl.SUM: "sum", nccl.AVG: "avg", nccl.PROD: "product"}.get(OPS[kind], "min/max")
 
 
 def nccl_op(op, dtype):
     """The ncclRedOp_t for a non-premul operator on ``dtype``."""
-    kind = op.op if isinstance(op, dist.ReduceOp) else op
+    kind = op_type(op)
     code = OPS[kind]
     if dtype is torch.bool:
         code = {nccl.SUM: nccl.MAX, nccl.PROD: nccl.MIN}.get(code, code)

@@ -25,23 +25,34 @@ class StrataWork(dist.Work):
         self._outputs = outputs
         self._op_name = op_name
         self._timeout = timeout
-        self._future = torch.futures.Future()
-        self._done = threading.Event()
         self._error = None
+        # A call that completes on the caller's thread needs neither an event nor a future
+        # until someone asks (the cheapest path for small messages); a queued call gets both.
+        self._future = None
+        self._done = None
+        self._completed = False
+
+    def _queued(self):
+        if self._done is None:
+            self._future = torch.futures.Future()
+            self._done = threading.Event()
 
     def _finish(self, error=None):
         self._error = error
-        if error is None:
-            self._future.set_result(self._outputs)
-        else:
-            self._future.set_exception(error)
-        self._done.set()
+        self._completed = True
+        if self._future is not None:
+            if error is None:
+                self._future.set_result(self._outputs)
+            else:
+                self._future.set_exception(error)
+        if self._done is not None:
+            self._done.set()
 
     def is_completed(self):
-        return self._done.is_set()
+        return self._completed
 
     def is_success(self):
-        return self._done.is_set() and self._error is None
+        return self._completed and self._error is None
 
     def exception(self):
         return self._error
@@ -62,7 +73,7 @@ class StrataWork(dist.Work):
         A zero timeout (PyTorch's default) means the group's timeout.
         """
         limit = timeout if timeout and timeout > timedelta(0) else self._timeout
-        if not self._done.wait(limit.total_seconds()):
+        if self._done is not None and not self._done.wait(limit.total_seconds()):
             raise backend_error(
                 f"strata: {self._op_name} did not complete within {limit.total_seconds():g} s "
                 "(Work.wait timeout); the communicator's own deadline reports which rank it "
@@ -73,6 +84,12 @@ class StrataWork(dist.Work):
         return True
 
     def get_future(self):
+        if self._future is None:  # completed inline: a future that is already done
+            self._future = torch.futures.Future()
+            if self._error is None:
+                self._future.set_result(self._outputs)
+            else:
+                self._future.set_exception(self._error)
         return self._future
 
 
@@ -108,6 +125,7 @@ class Worker:
                 work._finish(_run_caught(run))
                 return work
             self._pending += 1
+            work._queued()
             self._queue.put((run, work))
         return work
 
