@@ -5,7 +5,9 @@
 //! in `STRATA_NVIDIA_NCCL_DIR` (the folder holding `include/nccl.h` and `lib/libnccl.so.2`);
 //! the tests that need it skip with one line on stderr when it is not set.
 
-use std::io::Write;
+mod common;
+
+use common::{built_cdylib, profile_dir, rand_suffix, skip};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -60,31 +62,12 @@ const OTHERS: [&str; 7] = [
     "ResetDebugInit",
 ];
 
-/// A line on stderr that `cargo test` does not capture.
-fn skip(test: &str, why: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
-}
-
-/// `target/<profile>`, from this test binary's path (`target/<profile>/deps/c_abi-…`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .to_path_buf()
-}
-
 /// A folder holding the built library as `libnccl.so.2`, with `libstrata.so` and
 /// `libnccl.so` naming it too.
 fn library_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        // `cargo test` leaves the cdylib in deps/; `cargo build` also copies it up a level.
-        let built = [profile_dir().join("deps"), profile_dir()]
-            .into_iter()
-            .map(|d| d.join("libstrata_ffi.so"))
-            .find(|p| p.exists())
-            .unwrap_or_else(|| panic!("libstrata_ffi.so is not in {}", profile_dir().display()));
+        let built = built_cdylib();
         let dir = profile_dir().join("strata-nccl-test");
         std::fs::create_dir_all(&dir).unwrap();
         let lib = dir.join("libnccl.so.2");
@@ -190,11 +173,6 @@ fn run_ranks(n: usize, program: &[&Path], env: &[(&str, &Path)]) -> Vec<String> 
     }
     let _ = std::fs::remove_file(&id_file);
     outputs
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(Instant::now())
 }
 
 /// NVIDIA's NCCL from the `nvidia-nccl-cu12` wheel, if `.ci/run` unpacked it.

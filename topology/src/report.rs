@@ -289,10 +289,8 @@ mod tests {
     #[test]
     fn report_of_a_fixture_and_the_meta_file() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let host = crate::nccl_xml::load(
-            &dir.join("testdata/azure-ndv5-h100-nccl-topo.xml"),
-        )
-        .unwrap();
+        let host =
+            crate::nccl_xml::load(&dir.join("testdata/azure-ndv5-h100-nccl-topo.xml")).unwrap();
         let fabric =
             crate::fabric::load_file(&dir.join("../examples/topology/meta-24k-h100.toml")).unwrap();
         let r = build(&host, Some(&fabric), None).unwrap();

@@ -1,0 +1,150 @@
+//! PyTorch on strata: the `strata` torch.distributed backend (`python/strata_torch`) run by
+//! torchrun, and real DDP and FSDP2 training checked against Gloo's.
+//!
+//! They need a Python with PyTorch: `STRATA_TORCH_PYTHON` names its interpreter (`.ci/run`
+//! installs one into a cached virtual environment), else `python3` is used if it imports torch;
+//! without one each test prints one `SKIPPED` line. The backend loads the library this
+//! `cargo test` built (`STRATA_LIB`) from the repository's `python/` folder, so what is tested
+//! is this checkout, not an installed copy.
+
+mod common;
+
+use common::{built_cdylib, profile_dir, rand_suffix, run_bounded, skip};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// The Python interpreter with torch, or None (after saying why) when there is none.
+fn torch_python(test: &str) -> Option<PathBuf> {
+    let candidate = std::env::var_os("STRATA_TORCH_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("python3"));
+    let ok = Command::new(&candidate)
+        .args([
+            "-c",
+            "import torch, torch.distributed as d; assert d.is_available()",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(candidate);
+    }
+    skip(
+        test,
+        &format!(
+            "{} cannot import torch (set STRATA_TORCH_PYTHON; .ci/run installs torch into a cached venv)",
+            candidate.display()
+        ),
+    );
+    None
+}
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// `python` with the backend from this checkout on its path, on loopback.
+fn python_cmd(python: &Path) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.current_dir(repo())
+        .env("PYTHONPATH", repo().join("python"))
+        .env("STRATA_LIB", built_cdylib())
+        .env("STRATA_SOCKET_IFNAME", "=lo")
+        .env("OMP_NUM_THREADS", "1");
+    cmd
+}
+
+/// torchrun (`python -m torch.distributed.run --standalone`) of `script` on `n` processes.
+fn torchrun(python: &Path, n: usize, script: &str, args: &[&str], limit_s: u64) -> String {
+    let mut cmd = python_cmd(python);
+    cmd.args(["-m", "torch.distributed.run", "--standalone"])
+        .arg(format!("--nproc-per-node={n}"))
+        .arg(repo().join(script))
+        .args(args);
+    let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(limit_s));
+    assert!(
+        ok,
+        "torchrun {script} {args:?} on {n} processes failed:\n{text}"
+    );
+    text
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = profile_dir()
+        .join("strata-torch-test")
+        .join(format!("{name}-{}", rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn every_collective_dtype_and_op_on_2_3_and_4_processes() {
+    let Some(python) = torch_python("every_collective_dtype_and_op_on_2_3_and_4_processes") else {
+        return;
+    };
+    for n in [2, 3, 4] {
+        let out = torchrun(&python, n, "python/tests/check_collectives.py", &[], 300);
+        let passed: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains("checks passed"))
+            .collect();
+        assert_eq!(passed.len(), n, "every rank reports its checks:\n{out}");
+        for line in passed {
+            let count: usize = line
+                .split(": ")
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next())
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            assert!(count > 150, "too few checks ran: {line}");
+        }
+        println!(
+            "{n} processes: {}",
+            out.lines().filter(|l| l.contains("checks passed")).count()
+        );
+    }
+}
+
+#[test]
+fn ddp_and_fsdp_training_end_where_gloo_ends() {
+    let test = "ddp_and_fsdp_training_end_where_gloo_ends";
+    let Some(python) = torch_python(test) else {
+        return;
+    };
+    let dir = scratch_dir("train");
+    let out = dir.to_str().unwrap();
+    for (backend, extra, steps) in [
+        ("strata", None, "300"),
+        ("gloo", None, "300"),
+        ("strata", Some("--fsdp"), "60"),
+        ("gloo", Some("--fsdp"), "60"),
+    ] {
+        let mut args = vec!["--backend", backend, "--steps", steps, "--out", out];
+        args.extend(extra);
+        torchrun(&python, 4, "python/tests/ddp_train.py", &args, 300);
+    }
+    for (a, b) in [("strata", "gloo"), ("strata-fsdp", "gloo-fsdp")] {
+        let mut cmd = python_cmd(&python);
+        cmd.arg(repo().join("python/tests/compare_runs.py"))
+            .args([out, a, b, "--rtol", "1e-5"]);
+        let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(60));
+        println!("{text}");
+        assert!(ok, "{a} and {b} training ended apart:\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_mismatch_a_dead_rank_and_a_hung_rank_raise_errors_that_name_them() {
+    let Some(python) =
+        torch_python("a_mismatch_a_dead_rank_and_a_hung_rank_raise_errors_that_name_them")
+    else {
+        return;
+    };
+    let mut cmd = python_cmd(&python);
+    cmd.arg(repo().join("python/tests/check_errors.py"));
+    let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(240));
+    println!("{text}");
+    assert!(ok, "{text}");
+    assert!(text.contains("3 passed, 0 failed"), "{text}");
+}
