@@ -17,13 +17,13 @@ import torch
 import torch.distributed as dist
 
 
-def loaded_nccl():
-    """The file libnccl.so.2 was mapped from in this process."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            if "libnccl.so" in line or "libstrata" in line:
-                return line.split()[-1]
-    return None
+def nccl_is_strata():
+    """Whether PyTorch's NCCL calls reach strata: strata's unique ids start with STRATAID.
+
+    (torch also maps its own wheel's libnccl.so.2, so the process's mappings prove nothing:
+    what matters is which library its calls bind to, and LD_PRELOAD puts strata first.)
+    """
+    return bytes(torch._C._nccl_unique_id()[:8]) == b"STRATAID"
 
 
 def main():
@@ -31,10 +31,10 @@ def main():
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    where = loaded_nccl()
+    strata = nccl_is_strata()
     version = torch.cuda.nccl.version()
-    print(f"rank {rank}/{world}: NCCL {version} from {where}", flush=True)
-    if rank == 0 and "strata" not in (where or "") and "strata-nccl" not in (where or ""):
+    print(f"rank {rank}/{world}: NCCL {version}, {'strata' if strata else 'not strata'}", flush=True)
+    if rank == 0 and not strata:
         print("warning: this is not strata's library; was LD_PRELOAD set?", file=sys.stderr)
     x = torch.full((1 << 20,), float(rank + 1), device="cuda")
     try:

@@ -1,7 +1,7 @@
 /*
  * nccl.h for strata's libnccl.so.2.
  *
- * The NCCL C API at level 2.28.9: the same types, enum values, struct layouts and function
+ * The NCCL C API at level 2.30.7 (the NCCL PyPI's torch 2.15 pins): the same types, enum values, struct layouts and function
  * signatures as NVIDIA's header, so a program compiled against either runs on either. It
  * needs no CUDA headers; when CUDA's are included first, their cudaStream_t is used.
  *
@@ -14,13 +14,14 @@
 
 #include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 9
+#define NCCL_MINOR 30
+#define NCCL_PATCH 7
 #define NCCL_SUFFIX ""
 
-#define NCCL_VERSION_CODE 22809
+#define NCCL_VERSION_CODE 23007
 #define NCCL_VERSION(X, Y, Z) \
   (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 
@@ -72,6 +73,7 @@ typedef enum {
 /* Window flags. */
 #define NCCL_WIN_DEFAULT 0x00
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
+#define NCCL_WIN_STRICT_ORDERING 0x02
 #define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 
 /* CTA policies (accepted and ignored: strata launches no kernels). */
@@ -86,10 +88,10 @@ typedef enum {
 /* ncclCommRevoke flags (must be 0). */
 #define NCCL_REVOKE_DEFAULT 0x00
 
-/* Communicator settings, NCCL 2.28's layout. strata reads `size` bytes of it, rejects a wrong
+/* Communicator settings, NCCL 2.30's layout. strata reads `size` bytes of it, rejects a wrong
  * magic with ncclInvalidArgument, and uses `blocking`; the GPU launch fields are accepted and
  * ignored. */
-typedef struct ncclConfig_v22800 {
+typedef struct ncclConfig_v23000 {
   size_t size;
   unsigned int magic;
   unsigned int version;
@@ -107,6 +109,10 @@ typedef struct ncclConfig_v22800 {
   int nvlsCTAs;
   int nChannelsPerNetPeer;
   int nvlinkCentricSched;
+  int graphUsageMode;
+  int numRmaCtx;
+  int maxP2pPeers;
+  int graphStreamOrdering;
 } ncclConfig_t;
 
 #define NCCL_CONFIG_INITIALIZER                                                  \
@@ -127,7 +133,11 @@ typedef struct ncclConfig_v22800 {
         NCCL_CONFIG_UNDEF_INT,                        /* shrinkShare */          \
         NCCL_CONFIG_UNDEF_INT,                        /* nvlsCTAs */             \
         NCCL_CONFIG_UNDEF_INT,                        /* nChannelsPerNetPeer */  \
-        NCCL_CONFIG_UNDEF_INT                         /* nvlinkCentricSched */   \
+        NCCL_CONFIG_UNDEF_INT,                        /* nvlinkCentricSched */   \
+        NCCL_CONFIG_UNDEF_INT,                        /* graphUsageMode */       \
+        NCCL_CONFIG_UNDEF_INT,                        /* numRmaCtx */            \
+        NCCL_CONFIG_UNDEF_INT,                        /* maxP2pPeers */          \
+        NCCL_CONFIG_UNDEF_INT                         /* graphStreamOrdering */  \
   }
 
 /* Output of ncclGroupSimulateEnd: strata's cost-model estimate of the group, microseconds. */
@@ -226,6 +236,35 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myran
                                       ncclUniqueId* commIds, ncclConfig_t* config);
 ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
                                        ncclUniqueId* commIds, ncclConfig_t* config);
+/* Growing: one existing rank gets an id with ncclCommGetUniqueId and hands it to the new ranks.
+ * Existing ranks call ncclCommGrow(comm, nRanks, id or NULL, -1, ...) and keep their ranks (the
+ * one that got the id passes it, the others NULL); new ranks call it with comm NULL, the id and
+ * their new rank. */
+ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId);
+ncclResult_t pncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId);
+ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                          ncclComm_t* newcomm, ncclConfig_t* config);
+ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                           ncclComm_t* newcomm, ncclConfig_t* config);
+
+/* Suspend and resume: a suspended communicator takes no operations. NCCL_SUSPEND_MEM releases
+ * GPU memory in NCCL; strata holds none. */
+#define NCCL_SUSPEND_MEM 0x01
+ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t pncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t ncclCommResume(ncclComm_t comm);
+ncclResult_t pncclCommResume(ncclComm_t comm);
+
+/* Memory statistics of a communicator, in bytes (strata's buffers are host memory: the GPU
+ * figures are 0). */
+typedef enum {
+  ncclStatGpuMemSuspend = 0,
+  ncclStatGpuMemSuspended = 1,
+  ncclStatGpuMemPersist = 2,
+  ncclStatGpuMemTotal = 3
+} ncclCommMemStat_t;
+ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value);
+ncclResult_t pncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value);
 
 /* Errors: a fixed string per code, and the full message of the last error (naming ranks,
  * hosts and operations). */
@@ -257,6 +296,31 @@ ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, n
                                      int winFlags);
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void** outUserPtr);
+ncclResult_t pncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void** outUserPtr);
+
+/* One-sided signals on windows (NCCL 2.29). Not implemented by strata: each returns
+ * ncclInvalidUsage, and ncclGetLastError says why. */
+typedef struct {
+  int opCnt;
+  int peer;
+  int sigIdx;
+  int ctx;
+} ncclWaitSignalDesc_t;
+ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                           ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
+                           unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                            ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
+                            unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                        cudaStream_t stream);
+ncclResult_t pncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                         cudaStream_t stream);
+ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+                            cudaStream_t stream);
+ncclResult_t pncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+                             cudaStream_t stream);
 
 /* PreMulSum: each rank's input times its scalar, summed. */
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,

@@ -58,6 +58,8 @@ pub(crate) struct CommHandle {
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// After `ncclCommFinalize`: no new operations.
     pub finalized: AtomicBool,
+    /// Between `ncclCommSuspend` and `ncclCommResume`: no new operations.
+    pub suspended: AtomicBool,
     /// Reduction operators made on this communicator, index = value − 5.
     pub ops: Mutex<Vec<Option<UserOp>>>,
     /// `ncclCommRegister` and `ncclCommWindowRegister` records: handle → (address, bytes).
@@ -98,6 +100,7 @@ impl CommHandle {
             queue_cv: Condvar::new(),
             worker: Mutex::new(None),
             finalized: AtomicBool::new(false),
+            suspended: AtomicBool::new(false),
             ops: Mutex::default(),
             registrations: Mutex::default(),
             windows: Mutex::default(),

@@ -1,8 +1,8 @@
 //! strata-ffi: the C ABI of strata, built as a drop-in `libnccl.so.2`.
 //!
-//! Every entry point of NCCL's `nccl.h` (API level 2.28.9, [`NCCL_VERSION_CODE`]) that PyTorch
-//! imports, plus AlltoAll, Gather, Scatter, CommShrink and CommRevoke, with its `pnccl`
-//! profiling alias. Each one converts its C arguments, calls `strata`, maps errors to
+//! Every entry point of NCCL's `nccl.h` (API level 2.30.7, [`NCCL_VERSION_CODE`]) that PyTorch
+//! imports (the 51 of torch 2.15; those NCCL added in 2.29 and 2.30 live in [`elastic`]), plus
+//! AlltoAll, Gather, Scatter, CommShrink and CommRevoke, with its `pnccl` profiling alias. Each one converts its C arguments, calls `strata`, maps errors to
 //! `ncclResult_t` (the full message goes to `ncclGetLastError`) and never lets a panic cross
 //! the boundary.
 //!
@@ -26,8 +26,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use strata::{CallSpec, Collective, Communicator, Config, DataType, Error, ReduceOp, Scalar};
 
-/// The NCCL API level strata implements, encoded as NCCL does for versions ≥ 2.9 (2.28.9).
-pub const NCCL_VERSION_CODE: c_int = 2 * 10000 + 28 * 100 + 9;
+/// The NCCL API level strata implements, encoded as NCCL does for versions ≥ 2.9 (2.30.7, the
+/// NCCL that PyPI's torch 2.15 pins).
+pub const NCCL_VERSION_CODE: c_int = 2 * 10000 + 30 * 100 + 7;
 
 /// `ncclConfig_t`'s magic (`NCCL_CONFIG_INITIALIZER`).
 pub const CONFIG_MAGIC: u32 = 0xcafe_beef;
@@ -70,7 +71,7 @@ pub struct NcclUniqueId {
     pub internal: [u8; strata::UNIQUE_ID_BYTES],
 }
 
-/// `ncclConfig_t` as NCCL 2.28 lays it out (`ncclConfig_v22800`). strata reads `size` bytes
+/// `ncclConfig_t` as NCCL 2.30 lays it out (`ncclConfig_v23000`). strata reads `size` bytes
 /// of the caller's struct and defaults everything after them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -109,6 +110,14 @@ pub struct NcclConfig {
     pub n_channels_per_net_peer: c_int,
     /// NVLink-centric scheduling (ignored).
     pub nvlink_centric_sched: c_int,
+    /// CUDA graph usage mode (2.29; ignored).
+    pub graph_usage_mode: c_int,
+    /// One-sided (RMA) contexts (2.29; ignored).
+    pub num_rma_ctx: c_int,
+    /// Most point-to-point peers at once (2.30; ignored).
+    pub max_p2p_peers: c_int,
+    /// Stream ordering under CUDA graphs (2.30; ignored).
+    pub graph_stream_ordering: c_int,
 }
 
 impl NcclConfig {
@@ -132,6 +141,10 @@ impl NcclConfig {
             nvls_ctas: c_int::MIN,
             n_channels_per_net_peer: c_int::MIN,
             nvlink_centric_sched: c_int::MIN,
+            graph_usage_mode: c_int::MIN,
+            num_rma_ctx: c_int::MIN,
+            max_p2p_peers: c_int::MIN,
+            graph_stream_ordering: c_int::MIN,
         }
     }
 }
@@ -302,6 +315,12 @@ fn live(h: &CommHandle) -> Result<(), NcclResult> {
         return Err(fail(
             NcclResult::InvalidUsage,
             "the communicator was finalized (ncclCommFinalize); it takes no new operations",
+        ));
+    }
+    if h.suspended.load(Ordering::Acquire) {
+        return Err(fail(
+            NcclResult::InvalidUsage,
+            "the communicator is suspended (ncclCommSuspend); call ncclCommResume first",
         ));
     }
     Ok(())
@@ -607,7 +626,7 @@ macro_rules! nccl_api {
 }
 
 nccl_api! {
-    /// `ncclGetVersion`: the NCCL API level strata implements (22809).
+    /// `ncclGetVersion`: the NCCL API level strata implements (23007).
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> NcclResult {
         // SAFETY: per the contract.
         guarded(|| {
@@ -1430,5 +1449,10 @@ pub extern "C" fn ncclResetDebugInit() {}
 #[unsafe(no_mangle)]
 pub extern "C" fn pncclResetDebugInit() {}
 
+// After `nccl_api!`, which it uses.
+pub mod elastic;
+
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_elastic;

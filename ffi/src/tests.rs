@@ -11,7 +11,7 @@ fn lo() {
 }
 
 /// `n` ranks as communicators of this process (ncclCommInitAll).
-fn init_all(n: usize) -> Vec<NcclComm> {
+pub(super) fn init_all(n: usize) -> Vec<NcclComm> {
     lo();
     let mut comms = vec![null_mut(); n];
     // SAFETY: an array of n handles.
@@ -21,7 +21,7 @@ fn init_all(n: usize) -> Vec<NcclComm> {
 }
 
 /// A fresh id from ncclGetUniqueId (its root listens on loopback).
-fn unique_id() -> NcclUniqueId {
+pub(super) fn unique_id() -> NcclUniqueId {
     lo();
     let mut id = NcclUniqueId { internal: [0; 128] };
     // SAFETY: a valid out-pointer.
@@ -29,18 +29,18 @@ fn unique_id() -> NcclUniqueId {
     id
 }
 
-fn comm(c: NcclComm) -> Arc<Communicator> {
+pub(super) fn comm(c: NcclComm) -> Arc<Communicator> {
     CommHandle::lookup(c).unwrap().ready().unwrap()
 }
 
-fn destroy(comms: &[NcclComm]) {
+pub(super) fn destroy(comms: &[NcclComm]) {
     for &c in comms {
         // SAFETY: a live handle (or one already gone, which is only an error code).
         unsafe { ncclCommDestroy(c) };
     }
 }
 
-fn last_error(c: NcclComm) -> String {
+pub(super) fn last_error(c: NcclComm) -> String {
     // SAFETY: the returned pointer is a valid C string until this thread's next error.
     unsafe { std::ffi::CStr::from_ptr(ncclGetLastError(c)) }
         .to_string_lossy()
@@ -52,7 +52,7 @@ fn version_and_error_strings() {
     let mut v = 0;
     // SAFETY: valid pointer / null.
     assert_eq!(unsafe { ncclGetVersion(&mut v) }, NcclResult::Success);
-    assert_eq!(v, 22809);
+    assert_eq!(v, 23007);
     // SAFETY: null is handled.
     assert_eq!(
         unsafe { ncclGetVersion(null_mut()) },

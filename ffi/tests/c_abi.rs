@@ -1,7 +1,7 @@
 //! The C ABI from the outside: C, C++ and Python programs built against `include/nccl.h` (and
 //! against NVIDIA's own header and library) run as several processes on `libnccl.so.2`.
 //!
-//! NVIDIA's NCCL comes from the PyPI wheel `nvidia-nccl-cu12` that `.ci/run` unpacks and names
+//! NVIDIA's NCCL comes from the PyPI wheel `nvidia-nccl-cu13` (the one torch 2.15 pins) that `.ci/run` installs and names
 //! in `STRATA_NVIDIA_NCCL_DIR` (the folder holding `include/nccl.h` and `lib/libnccl.so.2`);
 //! the tests that need it skip with one line on stderr when it is not set.
 
@@ -51,8 +51,23 @@ const PYTORCH_IMPORTS: [&str; 34] = [
     "ReduceScatter",
 ];
 
-/// Newer functions strata also exports, and the rest of NCCL 2.28's header.
-const OTHERS: [&str; 7] = [
+/// Newer functions strata also exports: the rest of NCCL 2.30's header and device API, of which
+/// torch 2.15 imports the 2.29 and 2.30 additions (ffi/tests/pytorch.rs checks that list
+/// against the installed torch itself).
+const OTHERS: [&str; 20] = [
+    "CommGetUniqueId",
+    "CommGrow",
+    "CommMemStats",
+    "CommSuspend",
+    "CommResume",
+    "DevCommCreate",
+    "DevCommDestroy",
+    "GetLsaMultimemDevicePointer",
+    "GetPeerDevicePointer",
+    "PutSignal",
+    "Signal",
+    "WaitSignal",
+    "WinGetUserPtr",
     "AlltoAll",
     "Gather",
     "Scatter",
@@ -175,7 +190,7 @@ fn run_ranks(n: usize, program: &[&Path], env: &[(&str, &Path)]) -> Vec<String> 
     outputs
 }
 
-/// NVIDIA's NCCL from the `nvidia-nccl-cu12` wheel, if `.ci/run` unpacked it.
+/// NVIDIA's NCCL from the `nvidia-nccl-cu13` wheel, if `.ci/run` installed it.
 fn nvidia_nccl(test: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("STRATA_NVIDIA_NCCL_DIR").map(PathBuf::from);
     match dir {
@@ -195,7 +210,7 @@ fn nvidia_nccl(test: &str) -> Option<PathBuf> {
         None => {
             skip(
                 test,
-                "STRATA_NVIDIA_NCCL_DIR is not set (.ci/run unpacks the nvidia-nccl-cu12 wheel there)",
+                "STRATA_NVIDIA_NCCL_DIR is not set (.ci/run points it at the nvidia-nccl-cu13 wheel torch installs)",
             );
             None
         }
@@ -263,7 +278,7 @@ fn the_header_compiles_as_cpp_and_as_strict_c99() {
             .arg(format!("-Wl,-rpath,{}", lib.display())),
     );
     let out = tool(&mut Command::new(&exe));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("C++ sees NCCL 22809"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("C++ sees NCCL 23007"));
     let probe = scratch("strict.c");
     std::fs::write(
         &probe,
@@ -410,6 +425,10 @@ fn config_layout_and_enum_values_match_nvidia_nccl() {
     assert_eq!(
         offset("nvlinkCentricSched"),
         std::mem::offset_of!(NcclConfig, nvlink_centric_sched)
+    );
+    assert_eq!(
+        offset("graphStreamOrdering"),
+        std::mem::offset_of!(NcclConfig, graph_stream_ordering)
     );
     assert!(ours.contains(&format!(
         "sizeof(ncclConfig_t) {}",

@@ -148,3 +148,75 @@ fn a_mismatch_a_dead_rank_and_a_hung_rank_raise_errors_that_name_them() {
     assert!(ok, "{text}");
     assert!(text.contains("3 passed, 0 failed"), "{text}");
 }
+
+/// The `nccl*` names in an ELF file's dynamic symbol table (`nm -D`, defined or undefined).
+fn nccl_symbols(file: &Path, defined: bool) -> std::collections::BTreeSet<String> {
+    let out = Command::new("nm")
+        .arg("-D")
+        .arg(if defined {
+            "--defined-only"
+        } else {
+            "--undefined-only"
+        })
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| panic!("nm: {e}"));
+    assert!(out.status.success(), "nm -D {}", file.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .filter(|s| s.starts_with("nccl"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn installed_torch_imports_every_function_from_the_drop_in_and_runs_on_it() {
+    let test = "installed_torch_imports_every_function_from_the_drop_in_and_runs_on_it";
+    let Some(python) = torch_python(test) else {
+        return;
+    };
+    let out = Command::new(&python)
+        .args(["-c", "import torch, os; print(torch.__version__); print(os.path.join(os.path.dirname(torch.__file__), 'lib', 'libtorch_cuda.so'))"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines();
+    let (version, cuda_lib) = (
+        lines.next().unwrap_or(""),
+        PathBuf::from(lines.next().unwrap_or("")),
+    );
+    if !cuda_lib.exists() {
+        skip(
+            test,
+            &format!("torch {version} has no libtorch_cuda.so (a CPU-only build imports no NCCL)"),
+        );
+        return;
+    }
+    let imports = nccl_symbols(&cuda_lib, false);
+    let exports = nccl_symbols(&built_cdylib(), true);
+    let missing: Vec<_> = imports.difference(&exports).collect();
+    assert!(
+        missing.is_empty(),
+        "torch {version}'s libtorch_cuda.so imports {} NCCL functions; strata lacks {missing:?}",
+        imports.len()
+    );
+    // With strata preloaded, `import torch` binds every import to it; torch's own NCCL calls
+    // then reach strata: the version is strata's API level and the unique id is strata's.
+    let mut cmd = python_cmd(&python);
+    cmd.env("LD_PRELOAD", built_cdylib()).args([
+        "-c",
+        "import torch; print('version', torch.cuda.nccl.version()); print('id', bytes(torch._C._nccl_unique_id()[:8]))",
+    ]);
+    let (ok, out) = run_bounded(&mut cmd, Duration::from_secs(120));
+    assert!(ok, "import torch with strata preloaded failed:\n{out}");
+    assert!(out.contains("version (2, 30, 7)"), "{out}");
+    assert!(
+        out.contains("id b'STRATAID'"),
+        "torch's ncclGetUniqueId did not reach strata:\n{out}"
+    );
+    println!(
+        "torch {version}: {} NCCL imports, all exported by strata; {out}",
+        imports.len()
+    );
+}
