@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from . import _nccl as nccl
 from .tensors import (
+    PLAIN_REDUCTIONS,
     op_type,
     BITWISE,
     Staged,
@@ -157,6 +158,8 @@ class ProcessGroupStrata(dist.ProcessGroup):
             self._coalesced.append((run, staged, p2p))
             return self._coalesced_work
         work = StrataWork(outputs, name, self._timeout)
+        if not staged:
+            return self._worker.submit(run, work, async_op)
 
         def call():
             run()
@@ -226,8 +229,21 @@ class ProcessGroupStrata(dist.ProcessGroup):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         op = _reduce_op_of(opts)
-        runs = [self._allreduce_one(t, op) for t in tensors]
-        return self._submit("all_reduce", tensors, lambda: [r() for r in runs], _async_of(opts))
+        run = self._allreduce_plain(tensors[0], op) if len(tensors) == 1 else None
+        if run is None:
+            runs = [self._allreduce_one(t, op) for t in tensors]
+            run = lambda: [r() for r in runs]  # noqa: E731
+        return self._submit("all_reduce", tensors, run, _async_of(opts))
+
+    def _allreduce_plain(self, t, op):
+        """The common case with few checks (a dense, contiguous CPU tensor of a type strata
+        reduces natively, a built-in operator), or None for the general path."""
+        codes = PLAIN_REDUCTIONS.get((t.dtype, op_type(op)))
+        if codes is None or t.layout is not torch.strided or t.device.type != "cpu" or not t.is_contiguous():
+            return None
+        ptr, count, comm, all_reduce = t.data_ptr(), t.numel(), self._comm, self._lib.AllReduce
+        dtype_code, op_code = codes
+        return lambda: all_reduce(ptr, ptr, count, dtype_code, op_code, comm, None, comm=comm)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)

@@ -42,6 +42,15 @@ BITWISE = {
 }
 PREMUL_SUM = int(dist.ReduceOp.PREMUL_SUM)
 
+# (dtype, RedOpType value) -> (ncclDataType_t, ncclRedOp_t) where no view or operator mapping
+# is needed: the all-reduce fast path.
+PLAIN_REDUCTIONS = {
+    (dtype, kind): (code, op)
+    for dtype, code in DTYPES.items()
+    if dtype is not torch.bool
+    for kind, op in OPS.items()
+}
+
 
 def check_cpu(tensor, what):
     """Refuses what this backend cannot move, with the reason."""
