@@ -52,6 +52,15 @@ fn no_signals(name: &str) -> NcclResult {
     )
 }
 
+/// A call on `comm` that strata refuses: `ncclInvalidArgument` for a bad handle, as everywhere,
+/// else the refusal `why` builds.
+fn refused(comm: NcclComm, why: impl FnOnce() -> NcclResult) -> NcclResult {
+    guarded(|| {
+        comm_of(comm)?;
+        Err(why())
+    })
+}
+
 /// The 129-byte record each existing rank contributes to a grow: a flag, then the id it was
 /// given (the root's) or zeros.
 const OFFER_BYTES: usize = 1 + UNIQUE_ID_BYTES;
@@ -246,19 +255,13 @@ nccl_api! {
         out_dev_comm: *mut c_void,
     ) -> NcclResult {
         let _ = (reqs, out_dev_comm);
-        guarded(|| {
-            comm_of(comm)?;
-            Err(no_device_api("ncclDevCommCreate"))
-        })
+        refused(comm, || no_device_api("ncclDevCommCreate"))
     }
 
     /// `ncclDevCommDestroy` (device API): `ncclInvalidUsage`; none was ever created.
     fn ncclDevCommDestroy / pncclDevCommDestroy(comm: NcclComm, dev_comm: *const c_void) -> NcclResult {
         let _ = dev_comm;
-        guarded(|| {
-            comm_of(comm)?;
-            Err(no_device_api("ncclDevCommDestroy"))
-        })
+        refused(comm, || no_device_api("ncclDevCommDestroy"))
     }
 
     /// `ncclGetLsaMultimemDevicePointer` (device API): NULL and `ncclInvalidUsage`.
@@ -305,10 +308,7 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = (localbuff, count, datatype, peer, peer_win, peer_win_offset, sig_idx, ctx, flags, stream);
-        guarded(|| {
-            comm_of(comm)?;
-            Err(no_signals("ncclPutSignal"))
-        })
+        refused(comm, || no_signals("ncclPutSignal"))
     }
 
     /// `ncclSignal`: `ncclInvalidUsage`, see the module doc.
@@ -321,10 +321,7 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = (peer, sig_idx, ctx, flags, stream);
-        guarded(|| {
-            comm_of(comm)?;
-            Err(no_signals("ncclSignal"))
-        })
+        refused(comm, || no_signals("ncclSignal"))
     }
 
     /// `ncclWaitSignal`: `ncclInvalidUsage`, see the module doc.
@@ -335,9 +332,6 @@ nccl_api! {
         stream: *mut c_void,
     ) -> NcclResult {
         let _ = (n_desc, signal_descs, stream);
-        guarded(|| {
-            comm_of(comm)?;
-            Err(no_signals("ncclWaitSignal"))
-        })
+        refused(comm, || no_signals("ncclWaitSignal"))
     }
 }

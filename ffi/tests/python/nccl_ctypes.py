@@ -34,7 +34,7 @@ class UniqueId(ctypes.Structure):
 
 
 class Config(ctypes.Structure):
-    """ncclConfig_t, NCCL 2.28's layout."""
+    """ncclConfig_t, NCCL 2.30's layout."""
 
     _fields_ = [
         ("size", ctypes.c_size_t),
@@ -54,13 +54,17 @@ class Config(ctypes.Structure):
         ("nvlsCTAs", ctypes.c_int),
         ("nChannelsPerNetPeer", ctypes.c_int),
         ("nvlinkCentricSched", ctypes.c_int),
+        ("graphUsageMode", ctypes.c_int),
+        ("numRmaCtx", ctypes.c_int),
+        ("maxP2pPeers", ctypes.c_int),
+        ("graphStreamOrdering", ctypes.c_int),
     ]
 
     @classmethod
     def initializer(cls):
         undef = -(2**31)
         c = cls()
-        c.size, c.magic, c.version = ctypes.sizeof(cls), 0xCAFEBEEF, 22809
+        c.size, c.magic, c.version = ctypes.sizeof(cls), 0xCAFEBEEF, 23007
         for name, kind in cls._fields_[3:]:
             if kind is ctypes.c_int:
                 setattr(c, name, undef)
@@ -231,7 +235,7 @@ def nonblocking(comm):
 
 version = ctypes.c_int()
 ok(lib.ncclGetVersion(ctypes.byref(version)), "version")
-check(version.value == 22809, f"version {version.value}")
+check(version.value == 23007, f"version {version.value}")
 uid = share_id(os.environ["NCCL_TEST_ID_FILE"])
 comm = ctypes.c_void_p()
 ok(lib.ncclCommInitRank(ctypes.byref(comm), world, uid, rank), "init")
