@@ -8,7 +8,6 @@ inline or queued in issue order. Outputs that are not contiguous are staged and 
 import ctypes
 import itertools
 import os
-import socket
 import threading
 from datetime import timedelta
 
@@ -70,7 +69,6 @@ class ProcessGroupStrata(dist.ProcessGroup):
         self._lib = library()
         self._timeout = timeout
         self._number = next(_GROUP_NUMBERS)
-        self._host = socket.gethostname()
         self._coalesced = None
         self._comm = self._init_comm(store, rank, size)
         self._worker = Worker(f"strata-pg{self._number}-r{rank}")
