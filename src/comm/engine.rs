@@ -1,0 +1,450 @@
+//! The engine under every call: planning, header exchange, execution, and turning a
+//! failure into an error that names the rank at fault.
+
+use super::*;
+
+impl Communicator {
+    pub(super) fn lock_state(&self) -> Result<std::sync::MutexGuard<'_, State>> {
+        self.inner
+            .state
+            .lock()
+            .map_err(|_| Error::Aborted(Some("an earlier call panicked".into())))
+    }
+
+    /// Plans and executes one call.
+    ///
+    /// # Safety
+    /// `input`/`output` must be valid for reads/writes of the given byte counts for the whole
+    /// call (they may alias as NCCL's in-place rules allow).
+    pub(super) unsafe fn run(
+        &self,
+        spec: CallSpec,
+        input: *const u8,
+        input_bytes: usize,
+        output: *mut u8,
+        output_bytes: usize,
+    ) -> Result<()> {
+        let inner = &*self.inner;
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        if let ReduceOp::PreMulSum(s) = spec.op {
+            if spec.collective.reduces() && s.dtype != spec.dtype {
+                return Err(Error::InvalidArgument(format!(
+                    "premulsum scalar is {} but the buffers are {}",
+                    s.dtype, spec.dtype
+                )));
+            }
+        }
+        let (p, rank, es) = (inner.size, inner.rank, spec.dtype.size());
+        let mut guard = self.lock_state()?;
+        let st = &mut *guard;
+        let algorithm = self.algorithm_for(spec.collective, spec.count * es);
+        let plan = Plan {
+            collective: spec.collective,
+            algorithm,
+            nranks: p,
+            rank,
+            count: spec.count,
+            root: spec.root,
+            chunk_elems: (inner.cfg.chunk_bytes / es).max(1),
+        };
+        let cached = match &st.last_plan {
+            Some((last, c)) if *last == plan => c.clone(),
+            _ => {
+                let c = match st.schedules.get(&plan) {
+                    Some(c) => c.clone(),
+                    None => {
+                        let sched = strata_algorithms::plan_on(
+                            &plan,
+                            inner.tuner.hierarchy(),
+                            inner.tuner.ordered(),
+                        )
+                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                        inner.schedules_built.fetch_add(1, Ordering::Relaxed);
+                        let c = Arc::new(CachedPlan::new(sched, rank, p));
+                        if st.schedules.len() >= SCHEDULE_CACHE {
+                            st.schedules.clear();
+                        }
+                        st.schedules.insert(plan, c.clone());
+                        c
+                    }
+                };
+                st.last_plan = Some((plan, c.clone()));
+                c
+            }
+        };
+        st.seq += 1;
+        let local = Header {
+            collective: spec.collective,
+            seq: st.seq,
+            dtype: spec.dtype,
+            count: spec.count as u64,
+            op: if spec.collective.reduces() {
+                spec.op.code()
+            } else {
+                0
+            },
+            root: if spec.collective.rooted() {
+                spec.root as u64
+            } else {
+                0
+            },
+            algorithm,
+        };
+        inner.health.op_started(&local);
+        let result = (|| {
+            self.ensure_connections(st, &cached.exchange, &local)?;
+            // Inputs the schedule must not read from the caller's memory.
+            let mut input = input;
+            let premul = match spec.op {
+                ReduceOp::PreMulSum(s) if spec.collective.reduces() => Some(s),
+                _ => None,
+            };
+            let private_copy = spec.collective == Collective::AllToAll
+                && input_bytes > 0
+                && std::ptr::eq(input, output);
+            if premul.is_some() || private_copy {
+                grow(&mut st.staging, input_bytes);
+                let staged =
+                    &mut bytemuck::cast_slice_mut::<u64, u8>(&mut st.staging)[..input_bytes];
+                // SAFETY: the caller guarantees input is readable for input_bytes.
+                let original = unsafe { std::slice::from_raw_parts(input, input_bytes) };
+                match premul {
+                    Some(s) => reduce::scale(spec.dtype, staged, original, &s),
+                    None => staged.copy_from_slice(original),
+                }
+                input = staged.as_ptr();
+            }
+            let scratch_bytes = cached.sched.scratch_elems * es;
+            grow(&mut st.scratch, scratch_bytes);
+            let bufs = Buffers {
+                input,
+                input_bytes,
+                output,
+                output_bytes,
+                scratch: st.scratch.as_mut_ptr() as *mut u8,
+                scratch_bytes,
+                input_parts: Vec::new(),
+                output_parts: Vec::new(),
+            };
+            let (combine, divide_by) = match spec.op {
+                _ if !spec.collective.reduces() => (Combine::Sum, None),
+                ReduceOp::Sum | ReduceOp::PreMulSum(_) => (Combine::Sum, None),
+                ReduceOp::Prod => (Combine::Prod, None),
+                ReduceOp::Min => (Combine::Min, None),
+                ReduceOp::Max => (Combine::Max, None),
+                ReduceOp::Avg => (Combine::Sum, Some(p)),
+            };
+            let dtype = if spec.collective == Collective::Barrier {
+                DataType::Uint8
+            } else {
+                spec.dtype
+            };
+            self.op_run(st, local, dtype, (combine, divide_by))
+                .with_headers(&cached.exchange, &cached.exchange, &[])
+                .run(&cached.sched, &bufs)
+        })();
+        self.conclude(st, &local, result)
+    }
+
+    /// The executor's context for one call described by `local`, with no headers yet.
+    pub(super) fn op_run<'a>(
+        &'a self,
+        st: &'a mut State,
+        local: Header,
+        dtype: DataType,
+        (combine, divide_by): (Combine, Option<usize>),
+    ) -> OpRun<'a> {
+        let inner = &*self.inner;
+        OpRun {
+            rank: inner.rank,
+            peers: &inner.peers,
+            conns: &mut st.conns,
+            dtype,
+            combine,
+            divide_by,
+            hdr_out: &[],
+            hdr_in: &[],
+            wire_out: local,
+            wire_in: local,
+            per_peer: &[],
+            local,
+            timeout: self.timeout(),
+            clock: None,
+            abort: &inner.health.interrupt,
+            reuse: &mut st.exec,
+            progress_events: 0,
+            goodbye_seen: None,
+            spin: inner.spin,
+        }
+    }
+
+    /// Ends a call: an interruption reports the fault behind it, a collective's timeout is
+    /// diagnosed, and a failure breaks the communicator and is told to the peers.
+    pub(super) fn conclude(
+        &self,
+        st: &mut State,
+        local: &Header,
+        result: Result<()>,
+    ) -> Result<()> {
+        let seq = local.call_seq();
+        let result = result.map_err(|e| match e {
+            Error::Aborted(None) => self.async_error().unwrap_or(Error::Aborted(None)),
+            e @ Error::Timeout { .. } if seq > 0 => self.diagnose(e),
+            e => e,
+        });
+        self.inner.health.op_finished(seq, result.as_ref().err());
+        if let Err(e) = &result {
+            if let Some(earlier) = self.fail(st, e, &local.describe()) {
+                // Another error broke the communicator first (this one is likely its echo):
+                // every rank reports that one.
+                return Err(earlier);
+            }
+        }
+        result
+    }
+
+    /// Opens (as the lower rank) or waits for (as the higher rank) every connection needed.
+    pub(super) fn ensure_connections(
+        &self,
+        st: &mut State,
+        peers: &[usize],
+        call: &Header,
+    ) -> Result<()> {
+        if peers.iter().all(|&q| st.conns[q].is_some()) {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.timeout();
+        let inner = &*self.inner;
+        let me = &inner.peers[inner.rank];
+        // Open every connection even after one fails, so that the failure notice reaches all
+        // the peers that would otherwise wait for this rank to connect.
+        let mut first_err = None;
+        for &q in peers.iter().filter(|&&q| q > inner.rank) {
+            if st.conns[q].is_none() {
+                match connection::connect(
+                    &inner.comm_id,
+                    me,
+                    &inner.peers[q],
+                    &inner.secret,
+                    &inner.cfg,
+                    deadline,
+                ) {
+                    Ok(c) => {
+                        tracing::debug!(
+                            rank = inner.rank,
+                            peer = q,
+                            transport = c.data.name(),
+                            "connected"
+                        );
+                        st.conns[q] = Some(c);
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            // A failure notice already received explains more than "cannot connect".
+            executor::check_control(&mut st.conns, &inner.peers)?;
+            return Err(e);
+        }
+        let started = Instant::now();
+        let mut next_probe = started + Duration::from_secs(1);
+        loop {
+            let mut missing = Vec::new();
+            for &q in peers.iter().filter(|&&q| q < inner.rank) {
+                if st.conns[q].is_none() {
+                    match inner.listener.take(q) {
+                        Some(c) => st.conns[q] = Some(c),
+                        None => missing.push(q),
+                    }
+                }
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if inner.health.interrupt.load(Ordering::Acquire) {
+                return Err(self.async_error().unwrap_or(Error::Aborted(None)));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    op: format!("{} (connecting)", call.describe()),
+                    seq: call.seq,
+                    waiting_on: missing,
+                    after_s: started.elapsed().as_secs_f64(),
+                    diagnosis: None,
+                });
+            }
+            executor::check_control(&mut st.conns, &inner.peers)?;
+            if Instant::now() >= next_probe {
+                // A lower rank that is slow to connect may be gone: ask its listener.
+                for &q in &missing {
+                    connection::probe(
+                        &inner.comm_id,
+                        me,
+                        &inner.peers[q],
+                        &inner.secret,
+                        &inner.cfg,
+                    )?;
+                }
+                next_probe = Instant::now() + Duration::from_secs(1);
+            }
+            inner.listener.wait(Duration::from_millis(20));
+        }
+    }
+
+    /// Turns the timeout of collective call `seq` into one that names the ranks holding
+    /// everyone up: asks every rank (up to [`DIAGNOSE_ALL_UP_TO`] ranks; beyond that only the
+    /// ones waited on) what it is doing, 16 at a time, each within 2 s.
+    fn diagnose(&self, e: Error) -> Error {
+        let Error::Timeout {
+            op,
+            seq,
+            waiting_on,
+            after_s,
+            diagnosis: None,
+        } = e
+        else {
+            return e;
+        };
+        let inner = &*self.inner;
+        let ask: Vec<usize> = if inner.size <= DIAGNOSE_ALL_UP_TO {
+            (0..inner.size).filter(|&q| q != inner.rank).collect()
+        } else {
+            waiting_on.clone()
+        };
+        let limit = Duration::from_secs(2);
+        let per_thread = ask.len().div_ceil(16).max(1);
+        let answers: Vec<(usize, std::result::Result<Progress, String>)> =
+            std::thread::scope(|s| {
+                let handles: Vec<_> = ask
+                    .chunks(per_thread)
+                    .map(|chunk| {
+                        s.spawn(move || {
+                            chunk
+                                .iter()
+                                .map(|&q| {
+                                    let peer = &inner.peers[q];
+                                    let answer = connection::query_status(
+                                        &inner.comm_id,
+                                        inner.rank,
+                                        peer,
+                                        &inner.secret,
+                                        limit,
+                                    );
+                                    (q, answer)
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_default())
+                    .collect()
+            });
+        let mut waiters = vec![inner.rank];
+        let mut laggards: Vec<(usize, String)> = Vec::new();
+        for (q, answer) in answers {
+            match answer {
+                // In this call, or it gave up on it already.
+                Ok(p) if p.started == seq && p.finished < seq => waiters.push(q),
+                // It finished this call: not what everyone waits for.
+                Ok(p) if p.finished >= seq => {}
+                Ok(p) if p.started > seq => {
+                    laggards.push((q, format!("is already past it, {}", p.describe())))
+                }
+                Ok(p) => laggards.push((
+                    q,
+                    match p.current {
+                        Some(c) => format!("is still in {c}"),
+                        None => format!(
+                            "is idle after collective #{} (it has not called #{seq})",
+                            p.finished
+                        ),
+                    },
+                )),
+                Err(reason) => laggards.push((q, reason)),
+            }
+        }
+        if laggards.is_empty() {
+            let diagnosis = format!(
+                "every rank asked is in it; the transfers from {} stalled",
+                RankList(&waiting_on)
+            );
+            return Error::Timeout {
+                op,
+                seq,
+                waiting_on,
+                after_s,
+                diagnosis: Some(diagnosis),
+            };
+        }
+        let named: Vec<String> = laggards
+            .iter()
+            .map(|(q, what)| {
+                let p = &inner.peers[*q];
+                format!("rank {q} (host {}, pid {}) {what}", p.host.hostname, p.pid)
+            })
+            .collect();
+        let diagnosis = format!(
+            "{}; {} {} on {}",
+            named.join("; "),
+            RankList(&waiters),
+            if waiters.len() == 1 { "waits" } else { "wait" },
+            if laggards.len() == 1 { "it" } else { "them" }
+        );
+        Error::Timeout {
+            op,
+            seq,
+            waiting_on: laggards.iter().map(|l| l.0).collect(),
+            after_s,
+            diagnosis: Some(diagnosis),
+        }
+    }
+
+    /// Marks the communicator failed and tells every connected peer (the watchdog tells the
+    /// rest). Returns the fault recorded earlier, if `e` was not the first.
+    fn fail(&self, st: &mut State, e: &Error, desc: &str) -> Option<Error> {
+        let inner = &*self.inner;
+        if matches!(e, Error::Aborted(None)) {
+            // `abort()` is local, as NCCL's is (`revoke()` is the one that travels).
+            return inner.health.fault();
+        }
+        // What the peers are told: errors that name the culprit travel as they are; anything
+        // else this rank ran into names this rank.
+        let me = &inner.peers[inner.rank];
+        let shared = match e {
+            Error::PeerFailed { .. }
+            | Error::Timeout { .. }
+            | Error::Mismatch(_)
+            | Error::Aborted(_) => e.clone(),
+            other => Error::PeerFailed {
+                rank: inner.rank,
+                host: me.host.hostname.clone(),
+                pid: me.pid,
+                reason: format!("it failed {desc}: {other}"),
+            },
+        };
+        let e = &shared;
+        if !inner.health.record_fault(e) {
+            return inner.health.fault();
+        }
+        watchdog::dump_trace(
+            inner.cfg.trace_dir.as_deref(),
+            &inner.comm_id,
+            &inner.peers[inner.rank],
+            &inner.health,
+        );
+        let blamed = executor::blamed(e);
+        tracing::error!(rank = inner.rank, op = desc, blamed = %blamed, "{e}");
+        let frame = ControlFrame::Poison { error: e.clone() };
+        for c in st.conns.iter_mut().flatten() {
+            c.send_control(&frame);
+        }
+        None
+    }
+}

@@ -1,0 +1,448 @@
+//! Joining a communicator: the unique id, the root's address and secret, the fabric and
+//! the algorithm choices read from the environment.
+
+use super::*;
+
+/// This rank's place in the fabric and the cost of each tier: from the topology file named by
+/// `STRATA_TOPO_FILE` (by host name, or by rank for a compact fat tree), else from Slurm's
+/// `SLURM_TOPOLOGY_ADDR` and `SLURM_TOPOLOGY_ADDR_PATTERN` with default costs, else unknown.
+fn detect_fabric(host: &HostIdentity, rank: usize) -> Result<(RankPlace, TierCosts)> {
+    let mut place = RankPlace::default();
+    let mut costs = TierCosts::default();
+    if let Ok(path) = std::env::var("STRATA_TOPO_FILE") {
+        let fabric = strata_topology::fabric::load_file(std::path::Path::new(&path))
+            .map_err(|e| Error::InvalidArgument(format!("STRATA_TOPO_FILE: {e}")))?;
+        costs = fabric.tiers;
+        place.switches =
+            RankPlace::from_fabric(&fabric, &host.hostname, rank).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "STRATA_TOPO_FILE {path} does not place host {} (rank {rank})",
+                    host.hostname
+                ))
+            })?;
+    } else if let Some(path) = RankPlace::from_slurm(
+        std::env::var("SLURM_TOPOLOGY_ADDR").ok().as_deref(),
+        std::env::var("SLURM_TOPOLOGY_ADDR_PATTERN").ok().as_deref(),
+    ) {
+        place.switches = path;
+    }
+    Ok((place, costs))
+}
+
+/// A chosen algorithm per collective, indexed by `Collective::code`.
+type AlgoChoices = [Option<Algorithm>; Collective::ALL.len()];
+
+/// The choices from `STRATA_ALGO`, or from `NCCL_ALGO` when `STRATA_ALGO` is unset.
+fn parse_algo_env() -> Result<AlgoChoices> {
+    match std::env::var("STRATA_ALGO") {
+        Ok(spec) => parse_algo_spec(&spec),
+        Err(_) => Ok(parse_nccl_algo(
+            &std::env::var("NCCL_ALGO").unwrap_or_default(),
+        )),
+    }
+}
+
+/// Reads NCCL's `NCCL_ALGO` (`Ring`, `Tree,Ring`, `allreduce:tree;broadcast:ring`): for each
+/// collective the first listed algorithm strata has for it. Words strata does not implement
+/// (NVLS, CollNet, PAT) and exclusion lists (`^…`) are skipped with a warning rather than
+/// failing, since the variable was written for NCCL.
+fn parse_nccl_algo(spec: &str) -> AlgoChoices {
+    let mut out: AlgoChoices = Default::default();
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return out;
+    }
+    if spec.starts_with('^') {
+        tracing::warn!("NCCL_ALGO={spec}: exclusion lists are ignored by strata");
+        return out;
+    }
+    let items: Vec<(Option<Collective>, &str)> = if spec.contains(':') {
+        spec.split(';')
+            .filter_map(|item| {
+                let (c, list) = item.split_once(':')?;
+                match Collective::parse(c) {
+                    Some(c) => Some((Some(c), list)),
+                    None => {
+                        tracing::warn!("NCCL_ALGO: unknown collective '{c}' ignored");
+                        None
+                    }
+                }
+            })
+            .collect()
+    } else {
+        vec![(None, spec)]
+    };
+    for (only, list) in items {
+        for c in Collective::ALL {
+            if only.is_some_and(|o| o != c) || out[c.code() as usize].is_some() {
+                continue;
+            }
+            out[c.code() as usize] = list
+                .split(',')
+                .find_map(|word| Algorithm::parse_for(c, word));
+        }
+        for word in list.split(',') {
+            if Algorithm::parse(word).is_none() {
+                tracing::warn!("NCCL_ALGO: '{}' is not implemented by strata", word.trim());
+            }
+        }
+    }
+    out
+}
+
+/// Parses `collective:algorithm;...` (the `STRATA_ALGO` syntax).
+fn parse_algo_spec(spec: &str) -> Result<AlgoChoices> {
+    let mut out: AlgoChoices = Default::default();
+    for item in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        let (coll, algo) = item.split_once(':').ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "STRATA_ALGO item '{item}' is not collective:algorithm"
+            ))
+        })?;
+        let coll = Collective::parse(coll).ok_or_else(|| {
+            let valid: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
+            Error::InvalidArgument(format!(
+                "STRATA_ALGO: unknown collective '{coll}'; valid: {}",
+                valid.join(", ")
+            ))
+        })?;
+        let algo = Algorithm::parse_for(coll, algo).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "STRATA_ALGO: '{algo}' cannot run {coll}; valid: {}",
+                valid_names(coll)
+            ))
+        })?;
+        out[coll.code() as usize] = Some(algo);
+    }
+    Ok(out)
+}
+
+impl Communicator {
+    /// Joins the communicator named by `id` as `rank` of `nranks`, with configuration from the
+    /// environment. Every rank must call this; it returns when all have arrived, or fails on
+    /// every rank that did arrive, naming the missing ones, when `STRATA_INIT_TIMEOUT` runs out.
+    pub fn init(id: &UniqueId, nranks: usize, rank: usize) -> Result<Self> {
+        Self::init_with_config(id, nranks, rank, Config::from_env()?)
+    }
+
+    /// [`Communicator::init`] with an explicit configuration.
+    pub fn init_with_config(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        cfg: Config,
+    ) -> Result<Self> {
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} is out of range for {nranks} ranks"
+            )));
+        }
+        crate::init_logging();
+        let secret = id.secret();
+        let comm_id = comm_id_of(&secret, b"world");
+        let listener = CommListener::bind(&cfg)?;
+        let listen = listener
+            .local_addr()
+            .map_err(|e| Error::io("listener address", e))?;
+        let listener = CommListener::start(listener, comm_id.clone(), rank, nranks, secret, &cfg)?;
+        let host = HostIdentity::detect();
+        let (mut place, costs) = detect_fabric(&host, rank)?;
+        // The NIC this rank's traffic leaves by: the PCI function of its listen interface.
+        place.nic = crate::config::interface_of(cfg.listen_ip).and_then(|name| {
+            strata_topology::sysfs::pci_of_interface(std::path::Path::new("/"), &name)
+        });
+        let me = PeerInfo {
+            rank,
+            host,
+            pid: std::process::id(),
+            process: bootstrap::process_nonce(),
+            listen,
+            place,
+        };
+        let peers = bootstrap::rendezvous(id, nranks, me, &cfg)?;
+        tracing::debug!(rank, nranks, "communicator initialised");
+        Self::from_parts(rank, peers, comm_id, secret, cfg, listener, costs)
+    }
+
+    /// Joins using the launcher's variables: rank and size from torchrun, Slurm, Open MPI or
+    /// MPICH; the root from `STRATA_ROOT=host:port`, else `MASTER_ADDR` with port
+    /// `STRATA_PORT` (default `MASTER_PORT + 1`, since torchrun's store owns `MASTER_PORT`).
+    /// The job secret is `STRATA_SECRET` (32 hex digits) when set, otherwise derived from the
+    /// launcher's job identifiers and the root address.
+    pub fn from_env() -> Result<Self> {
+        let info = crate::launcher::detect()?.ok_or_else(|| {
+            Error::InvalidArgument("no launcher variables found (RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_*, PMI_*)".into())
+        })?;
+        let root = root_from_env()?;
+        let secret = secret_from_env(&root)?;
+        let cfg = Config::from_env()?;
+        let id = if info.rank == 0 {
+            let bind = SocketAddr::new(
+                if root.is_ipv4() {
+                    IpAddr::from([0, 0, 0, 0])
+                } else {
+                    IpAddr::from([0u16; 8])
+                },
+                root.port(),
+            );
+            let served = UniqueId::serve(bind, secret, cfg.init_timeout)?;
+            UniqueId::from_parts(
+                SocketAddr::new(root.ip(), served.root_addr().port()),
+                &secret,
+            )
+        } else {
+            UniqueId::from_parts(root, &secret)
+        };
+        Self::init_with_config(&id, info.size, info.rank, cfg)
+    }
+
+    pub(super) fn from_parts(
+        rank: usize,
+        peers: Vec<PeerInfo>,
+        comm_id: String,
+        secret: Secret,
+        cfg: Config,
+        listener: CommListener,
+        costs: TierCosts,
+    ) -> Result<Self> {
+        let size = peers.len();
+        let tiers = TierMatrix::new(
+            &peers
+                .iter()
+                .map(|p| (p.host.clone(), p.place.clone()))
+                .collect::<Vec<_>>(),
+            costs,
+        );
+        if rank == 0 && tiers.hosts() > 1 && !tiers.fabric_known() {
+            tracing::warn!(
+                "no fabric information for {} hosts (set STRATA_TOPO_FILE, or run under Slurm's \
+                 topology plugin): two tiers, same host and network",
+                tiers.hosts()
+            );
+        }
+        let tuner = Tuner::new(
+            Hierarchy::from_tiers(&tiers),
+            tiers.costs(),
+            cfg.rank_order == RankOrder::Topology,
+        )
+        .with_rules(cfg.tuning_rules.clone());
+        // Ranks that share this kernel's cores, network namespaces or not: they compete for
+        // the CPU while they wait.
+        let me = &peers[rank].host;
+        let local_ranks = peers.iter().filter(|p| p.host.same_kernel(me)).count();
+        let state = State {
+            conns: (0..size).map(|_| None).collect(),
+            seq: 0,
+            p2p_sent: HashMap::new(),
+            p2p_received: HashMap::new(),
+            scratch: Vec::new(),
+            staging: Vec::new(),
+            schedules: HashMap::new(),
+            last_plan: None,
+            exec: Default::default(),
+            splits: 0,
+            shrinks: 0,
+        };
+        let health = listener.health();
+        let timeout_ms = cfg.timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let watchdog = Watchdog::start(WatchdogSetup {
+            comm_id: comm_id.clone(),
+            rank,
+            peers: peers.clone(),
+            secret,
+            cfg: cfg.clone(),
+            health: health.clone(),
+            incoming: listener.watchdog_inbox(),
+        })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                rank,
+                size,
+                comm_id,
+                secret,
+                peers,
+                cfg,
+                listener,
+                health,
+                _watchdog: watchdog,
+                timeout_ms: AtomicU64::new(timeout_ms),
+                state: Mutex::new(state),
+                algo_choice: parse_algo_env()?
+                    .map(|a| AtomicU8::new(a.map_or(0, |a| a.code() + 1))),
+                schedules_built: AtomicU64::new(0),
+                tiers,
+                tuner,
+                spin: executor::SpinPolicy::for_host(local_ranks),
+            }),
+        })
+    }
+}
+
+impl UniqueId {
+    /// The id `NCCL_COMM_ID=<host>:<port>` names, if that variable is set (NCCL's way to fix the
+    /// rendezvous root instead of shipping ids): every rank computes the same id, whose secret
+    /// is `STRATA_SECRET`, else derived from the launcher's job ids and the address (as for
+    /// [`Communicator::from_env`]). Rank 0 must serve it ([`UniqueId::serve_root`]).
+    pub fn from_nccl_comm_id() -> Result<Option<Self>> {
+        let Some(spec) = std::env::var("NCCL_COMM_ID")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        else {
+            return Ok(None);
+        };
+        let root = spec
+            .trim()
+            .to_socket_addrs()
+            .map_err(|e| Error::InvalidArgument(format!("NCCL_COMM_ID={spec}: {e}")))?
+            .next()
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("NCCL_COMM_ID={spec} names no address"))
+            })?;
+        Ok(Some(UniqueId::from_parts(root, &secret_from_env(&root)?)))
+    }
+
+    /// Starts, in this process, the rendezvous root this id names (on its port, on every
+    /// interface), for one communicator: rank 0's part when every rank computed the id itself
+    /// ([`UniqueId::from_nccl_comm_id`]) and no `UniqueId::new` started a root.
+    pub fn serve_root(&self) -> Result<()> {
+        let root = self.root_addr();
+        let any = if root.is_ipv4() {
+            IpAddr::from([0, 0, 0, 0])
+        } else {
+            IpAddr::from([0u16; 8])
+        };
+        let cfg = Config::from_env()?;
+        UniqueId::serve(
+            SocketAddr::new(any, root.port()),
+            self.secret(),
+            cfg.init_timeout,
+        )?;
+        Ok(())
+    }
+}
+
+fn root_from_env() -> Result<SocketAddr> {
+    let resolve = |s: &str| -> Result<SocketAddr> {
+        s.to_socket_addrs()
+            .map_err(|e| {
+                Error::InvalidArgument(format!("cannot resolve bootstrap root '{s}': {e}"))
+            })?
+            .find(|a| a.is_ipv4())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("bootstrap root '{s}' has no IPv4 address"))
+            })
+    };
+    if let Ok(root) = std::env::var("STRATA_ROOT") {
+        return resolve(root.trim());
+    }
+    let addr = std::env::var("MASTER_ADDR").map_err(|_| {
+        Error::InvalidArgument(
+            "set STRATA_ROOT=host:port or MASTER_ADDR (with MASTER_PORT or STRATA_PORT)".into(),
+        )
+    })?;
+    let port = match std::env::var("STRATA_PORT") {
+        Ok(p) => p
+            .trim()
+            .parse::<u16>()
+            .map_err(|_| Error::InvalidArgument(format!("STRATA_PORT={p} is not a port")))?,
+        Err(_) => {
+            let mp = std::env::var("MASTER_PORT").map_err(|_| {
+                Error::InvalidArgument(
+                    "MASTER_ADDR is set but neither MASTER_PORT nor STRATA_PORT".into(),
+                )
+            })?;
+            let mp: u16 = mp
+                .trim()
+                .parse()
+                .map_err(|_| Error::InvalidArgument(format!("MASTER_PORT={mp} is not a port")))?;
+            mp.checked_add(1).ok_or_else(|| {
+                Error::InvalidArgument("MASTER_PORT + 1 overflows; set STRATA_PORT".into())
+            })?
+        }
+    };
+    resolve(&format!("{}:{port}", addr.trim()))
+}
+
+fn secret_from_env(root: &SocketAddr) -> Result<Secret> {
+    if let Ok(hex) = std::env::var("STRATA_SECRET") {
+        return bootstrap::decode_hex(&hex)
+            .and_then(|b| <Secret>::try_from(b.as_slice()).ok())
+            .ok_or_else(|| Error::InvalidArgument("STRATA_SECRET must be 32 hex digits".into()));
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(b"strata job secret");
+    for var in [
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_JOB_ID",
+        "SLURM_STEP_ID",
+        "OMPI_MCA_ess_base_jobid",
+        "PMI_ID",
+        "PMIX_NAMESPACE",
+    ] {
+        if let Ok(v) = std::env::var(var) {
+            h.update(var.as_bytes());
+            h.update(v.as_bytes());
+        }
+    }
+    h.update(root.to_string().as_bytes());
+    let mut s = [0u8; 16];
+    s.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn algorithm_choices_parse_and_unknown_names_list_the_valid_ones() {
+        let m = parse_algo_spec("allreduce:rd; broadcast:chain").unwrap();
+        assert_eq!(
+            m[Collective::AllReduce.code() as usize],
+            Some(Algorithm::RecursiveDoubling)
+        );
+        assert_eq!(
+            m[Collective::Broadcast.code() as usize],
+            Some(Algorithm::Chain)
+        );
+        assert_eq!(m.iter().flatten().count(), 2);
+        assert!(parse_algo_spec("").unwrap().iter().all(Option::is_none));
+        let e = parse_algo_spec("all_reduce:bogus").unwrap_err().to_string();
+        assert!(e.contains("valid: ring, tree, rd, rhd, ring+rd"), "{e}");
+        let e = parse_algo_spec("all_gather:tree").unwrap_err().to_string();
+        assert!(e.contains("valid: ring, rd, bruck"), "{e}");
+        let m =
+            parse_algo_spec("allreduce:rhd;allgather:bruck;broadcast:ring;reduce:tree").unwrap();
+        let at = |c: Collective| m[c.code() as usize];
+        assert_eq!(at(Collective::AllReduce), Some(Algorithm::Rabenseifner));
+        assert_eq!(at(Collective::AllGather), Some(Algorithm::Bruck));
+        assert_eq!(at(Collective::Broadcast), Some(Algorithm::Chain));
+        assert_eq!(at(Collective::Reduce), Some(Algorithm::BinomialTree));
+        assert!(
+            parse_algo_spec("nonsense:ring")
+                .unwrap_err()
+                .to_string()
+                .contains("all_reduce")
+        );
+        assert!(parse_algo_spec("ring").is_err());
+    }
+
+    #[test]
+    fn nccl_algo_words_map_where_they_mean_the_same() {
+        let m = parse_nccl_algo("Tree");
+        let at = |m: &AlgoChoices, c: Collective| m[c.code() as usize];
+        assert_eq!(at(&m, Collective::AllReduce), Some(Algorithm::Tree));
+        assert_eq!(at(&m, Collective::Broadcast), Some(Algorithm::BinomialTree));
+        assert_eq!(at(&m, Collective::AllGather), None);
+        let m = parse_nccl_algo("NVLS,Ring");
+        assert_eq!(at(&m, Collective::AllReduce), Some(Algorithm::Ring));
+        assert_eq!(at(&m, Collective::Broadcast), Some(Algorithm::Chain));
+        assert_eq!(at(&m, Collective::ReduceScatter), Some(Algorithm::Ring));
+        let m = parse_nccl_algo("allreduce:tree,ring;allgather:ring");
+        assert_eq!(at(&m, Collective::AllReduce), Some(Algorithm::Tree));
+        assert_eq!(at(&m, Collective::AllGather), Some(Algorithm::Ring));
+        assert_eq!(at(&m, Collective::Broadcast), None);
+        assert!(parse_nccl_algo("^tree").iter().all(Option::is_none));
+        assert!(parse_nccl_algo("").iter().all(Option::is_none));
+    }
+}

@@ -1,0 +1,403 @@
+//! The `Communicator`: the one type most users touch.
+
+use crate::bootstrap::{self, PeerInfo, Secret, UniqueId};
+use crate::config::{Config, RankOrder};
+use crate::connection::{self, CommListener, Connection, ControlFrame};
+use crate::dtype::{DataType, Element, ReduceOp};
+use crate::error::{Error, RankList, Result};
+use crate::executor::{self, Buffers, Header, OpRun};
+use crate::reduce::{self, Combine};
+use crate::watchdog::{self, FlightRecord, Health, Progress, Watchdog, WatchdogSetup};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use strata_algorithms::layout::{GroupKind, Layout};
+use strata_algorithms::schedule::{Buf, Op, Region, Step};
+use strata_algorithms::tuner::{Explanation, Tuner};
+use strata_algorithms::{Algorithm, Collective, Hierarchy, Plan, RankSchedule, valid_names};
+use strata_topology::{HostIdentity, RankPlace, Tier, TierCosts, TierMatrix};
+
+/// Communicators up to this size ask every rank for its status when a call times out; larger
+/// ones ask only the ranks the call waited on.
+const DIAGNOSE_ALL_UP_TO: usize = 256;
+
+/// Most schedules kept per communicator.
+const SCHEDULE_CACHE: usize = 512;
+
+/// One collective call, independent of the buffers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CallSpec {
+    /// The collective.
+    pub collective: Collective,
+    /// Element type.
+    pub dtype: DataType,
+    /// Elements, with NCCL's meaning (per rank for gather-like and scatter-like collectives).
+    pub count: usize,
+    /// Reduction (ignored by collectives that do not reduce).
+    pub op: ReduceOp,
+    /// Root of rooted collectives (ignored otherwise).
+    pub root: usize,
+}
+
+impl CallSpec {
+    /// A call of `collective` on `count` elements of `dtype`, summing, rooted at 0.
+    pub fn new(collective: Collective, dtype: DataType, count: usize) -> Self {
+        Self {
+            collective,
+            dtype,
+            count,
+            op: ReduceOp::Sum,
+            root: 0,
+        }
+    }
+
+    /// Byte offsets of the input and of the output inside the single buffer of an in-place
+    /// call by `rank` (NCCL's rules: all_gather and gather put the input at block `rank`,
+    /// reduce_scatter and scatter put the output there).
+    pub fn in_place_offsets(&self, rank: usize) -> (usize, usize) {
+        let block = self.count * self.dtype.size();
+        let is_root = rank == self.root;
+        match self.collective {
+            Collective::AllGather => (rank * block, 0),
+            Collective::Gather if is_root => (rank * block, 0),
+            Collective::ReduceScatter => (0, rank * block),
+            Collective::Scatter if is_root => (0, rank * block),
+            _ => (0, 0),
+        }
+    }
+}
+
+struct State {
+    conns: Vec<Option<Connection>>,
+    seq: u64,
+    p2p_sent: HashMap<usize, u64>,
+    p2p_received: HashMap<usize, u64>,
+    scratch: Vec<u64>,
+    staging: Vec<u64>,
+    schedules: HashMap<Plan, Arc<CachedPlan>>,
+    /// The plan of the previous call: repeated calls skip hashing.
+    last_plan: Option<(Plan, Arc<CachedPlan>)>,
+    exec: executor::ExecBuffers,
+    splits: u64,
+    shrinks: u64,
+}
+
+/// A schedule and what a call needs besides it, built once per (collective, algorithm, count).
+struct CachedPlan {
+    sched: RankSchedule,
+    /// Ranks this rank exchanges headers with: its schedule's peers and both ring neighbours.
+    exchange: Vec<usize>,
+}
+
+impl CachedPlan {
+    fn new(sched: RankSchedule, rank: usize, p: usize) -> Self {
+        let mut exchange = sched.send_peers();
+        exchange.extend(sched.recv_peers());
+        if p > 1 {
+            exchange.extend([(rank + 1) % p, (rank + p - 1) % p]);
+        }
+        exchange.sort_unstable();
+        exchange.dedup();
+        exchange.retain(|&q| q != rank);
+        Self { sched, exchange }
+    }
+}
+
+struct Inner {
+    rank: usize,
+    size: usize,
+    comm_id: String,
+    secret: Secret,
+    peers: Vec<PeerInfo>,
+    cfg: Config,
+    listener: CommListener,
+    /// Abort flags, the fault that broke the communicator, progress and the flight record.
+    health: Arc<Health>,
+    /// Heartbeats to the ring neighbours (none for one rank or with heartbeats off); held
+    /// for its life and its goodbye on drop.
+    _watchdog: Option<Watchdog>,
+    /// Deadline of each call, ms (`STRATA_TIMEOUT`, or [`Communicator::set_timeout`]).
+    timeout_ms: AtomicU64,
+    state: Mutex<State>,
+    /// The algorithm chosen per collective (`STRATA_ALGO`, `NCCL_ALGO` or
+    /// [`Communicator::set_algorithm`]), indexed by `Collective::code`: 0 for automatic, else
+    /// the algorithm's code + 1.
+    algo_choice: [AtomicU8; Collective::ALL.len()],
+    /// Schedules built so far (repeated shapes reuse the cached one).
+    schedules_built: AtomicU64,
+    /// The tier between every pair of ranks, identical on every rank.
+    tiers: TierMatrix,
+    /// Prices algorithms on those tiers and chooses one per collective and size class.
+    tuner: Tuner,
+    spin: executor::SpinPolicy,
+}
+
+/// The four communicators of a 4D parallel layout ([`Communicator::split_layout`]).
+pub struct LayoutComms {
+    /// This rank's tensor-parallel group.
+    pub tp: Communicator,
+    /// Its context-parallel group.
+    pub cp: Communicator,
+    /// Its pipeline-parallel group.
+    pub pp: Communicator,
+    /// Its data-parallel group.
+    pub dp: Communicator,
+}
+
+/// One point-to-point transfer of a [`Communicator::send_recv`] batch.
+pub enum Transfer<'a> {
+    /// Send `data` (elements of `dtype`) to `peer`.
+    Send {
+        /// The receiving rank.
+        peer: usize,
+        /// Element type, checked against the receiver's.
+        dtype: DataType,
+        /// What to send.
+        data: &'a [u8],
+    },
+    /// Receive `data.len()` bytes (elements of `dtype`) from `peer`.
+    Recv {
+        /// The sending rank.
+        peer: usize,
+        /// Element type, checked against the sender's.
+        dtype: DataType,
+        /// Where the data lands.
+        data: &'a mut [u8],
+    },
+}
+
+impl Transfer<'_> {
+    /// (peer, element type, bytes).
+    fn parts(&self) -> (usize, DataType, usize) {
+        match self {
+            Transfer::Send { peer, dtype, data } => (*peer, *dtype, data.len()),
+            Transfer::Recv { peer, dtype, data } => (*peer, *dtype, data.len()),
+        }
+    }
+
+    fn is_send(&self) -> bool {
+        matches!(self, Transfer::Send { .. })
+    }
+
+    fn verb(&self) -> &'static str {
+        if self.is_send() { "send" } else { "recv" }
+    }
+
+    /// The buffer's address (a send's is only ever read).
+    fn ptr(&mut self) -> *mut u8 {
+        match self {
+            Transfer::Send { data, .. } => data.as_ptr() as *mut u8,
+            Transfer::Recv { data, .. } => data.as_mut_ptr(),
+        }
+    }
+}
+
+/// A group of ranks that run collectives together.
+///
+/// All methods take `&self`; calls on one communicator are serialised, and [`abort`]
+/// (`Communicator::abort`) may be called from any thread at any time.
+///
+/// [`abort`]: Communicator::abort
+pub struct Communicator {
+    inner: Arc<Inner>,
+}
+
+fn comm_id_of(secret: &Secret, label: &[u8]) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"strata comm id");
+    h.update(secret);
+    h.update(label);
+    h.finalize().to_hex()[..24].to_string()
+}
+
+mod collectives;
+mod engine;
+mod init;
+mod membership;
+mod p2p;
+
+impl Communicator {
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// What every rank said about itself at init.
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.inner.peers
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Makes the call in progress (from another thread) and every later call fail with
+    /// `Aborted`. Returns at once; the waiting call notices within 50 ms.
+    pub fn abort(&self) {
+        self.inner.health.abort();
+    }
+
+    /// The error that broke this communicator, if any: the fault this rank or its watchdog
+    /// found or heard of (`PeerFailed`, `Timeout`, `Mismatch`, ...), else `Aborted` after
+    /// [`Communicator::abort`]. Never blocks; safe from any thread while a call runs.
+    pub fn async_error(&self) -> Option<Error> {
+        if let Some(e) = self.inner.health.fault() {
+            return Some(e);
+        }
+        if self.inner.health.user_abort.load(Ordering::Acquire) {
+            return Some(Error::Aborted(None));
+        }
+        None
+    }
+
+    /// Sets the deadline of the calls that follow (initially `STRATA_TIMEOUT`). A call that
+    /// overruns it fails with a diagnosed [`Error::Timeout`] and breaks the communicator.
+    pub fn set_timeout(&self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(Error::InvalidArgument(
+                "a call's timeout must be positive".into(),
+            ));
+        }
+        let ms = timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        self.inner.timeout_ms.store(ms, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The deadline of each call.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.inner.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// What this rank is doing now (the last collective started and finished, and the one in
+    /// progress), as its watchdog reports it to its neighbours.
+    pub fn progress(&self) -> Progress {
+        self.inner.health.progress()
+    }
+
+    /// The flight recorder: this communicator's last operations with their start and end
+    /// times and errors, oldest first. After a fault each rank also writes them to
+    /// `STRATA_TRACE_DIR`.
+    pub fn flight_records(&self) -> Vec<FlightRecord> {
+        self.inner.health.flight_records()
+    }
+
+    /// The algorithm used for `collective` on `bytes` per rank: the chosen one (see
+    /// [`Communicator::set_algorithm`] and `STRATA_ALGO`), else a tuning-file rule's, else the
+    /// tuner's cheapest for the size class ([`Communicator::explain`] says why).
+    pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
+        let chosen = self.inner.algo_choice[collective.code() as usize].load(Ordering::Relaxed);
+        if let Some(a) = chosen.checked_sub(1).and_then(Algorithm::from_code) {
+            return a;
+        }
+        self.inner.tuner.choose(collective, bytes)
+    }
+
+    /// The tuner's ranked table for `collective` at `bytes` per rank, with predicted times on
+    /// this communicator's fabric and the reason for its choice. An explicit choice
+    /// (`STRATA_ALGO`, [`Communicator::set_algorithm`]) is not reflected here; see
+    /// [`Communicator::algorithm_for`].
+    pub fn explain(&self, collective: Collective, bytes: usize) -> Explanation {
+        self.inner.tuner.explain(collective, bytes)
+    }
+
+    /// The cost model's predicted seconds for `algorithm` running `collective` at `bytes`
+    /// per rank on this communicator, or why it cannot run here.
+    pub fn predict(
+        &self,
+        collective: Collective,
+        algorithm: Algorithm,
+        bytes: usize,
+    ) -> std::result::Result<f64, String> {
+        self.inner.tuner.price(collective, algorithm, bytes).seconds
+    }
+
+    /// The hierarchy this communicator's schedules follow (topology order, levels, rails).
+    pub fn hierarchy(&self) -> &Hierarchy {
+        self.inner.tuner.hierarchy()
+    }
+
+    /// Chooses the algorithm for `collective` from now on (`None`: automatic again), as
+    /// `STRATA_ALGO` does at init. Every rank must make the same choice before its next call
+    /// of that collective; ranks that disagree fail that call with a mismatch error.
+    pub fn set_algorithm(
+        &self,
+        collective: Collective,
+        algorithm: Option<Algorithm>,
+    ) -> Result<()> {
+        if let Some(a) = algorithm {
+            if !a.supports(collective) {
+                return Err(Error::InvalidArgument(format!(
+                    "algorithm '{a}' cannot run {collective}; valid: {}",
+                    valid_names(collective)
+                )));
+            }
+        }
+        let code = algorithm.map_or(0, |a| a.code() + 1);
+        self.inner.algo_choice[collective.code() as usize].store(code, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The tier joining ranks `a` and `b` of this communicator (every rank computes the same).
+    pub fn tier(&self, a: usize, b: usize) -> Tier {
+        self.inner.tiers.tier(a, b)
+    }
+
+    /// The tiers of this communicator, with their digest.
+    pub fn tiers(&self) -> &TierMatrix {
+        &self.inner.tiers
+    }
+
+    /// How many schedules this communicator has built. A repeated (collective, algorithm,
+    /// count, root) reuses its cached schedule, so this stops growing in a steady loop.
+    pub fn schedules_built(&self) -> u64 {
+        self.inner.schedules_built.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(st) = self.state.get_mut() {
+            for c in st.conns.iter_mut().flatten() {
+                c.send_control(&ControlFrame::Goodbye);
+            }
+        }
+        // A peer that connected but that no call of this rank used yet hears it too, instead
+        // of seeing its connection close as if this process had died.
+        for mut c in self.listener.take_all() {
+            c.send_control(&ControlFrame::Goodbye);
+        }
+    }
+}
+
+fn grow(v: &mut Vec<u64>, bytes: usize) {
+    let words = bytes.div_ceil(8);
+    if v.len() < words {
+        v.resize(words, 0);
+    }
+}
+
+fn same_len(a: usize, b: usize, what: &str) -> Result<()> {
+    if a != b {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: lengths {a} and {b} differ"
+        )));
+    }
+    Ok(())
+}
+
+fn need(have: usize, want: usize, what: &str) -> Result<()> {
+    if have < want {
+        return Err(Error::InvalidArgument(format!(
+            "{what} holds {have} bytes but the call needs {want}"
+        )));
+    }
+    Ok(())
+}
