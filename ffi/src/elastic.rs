@@ -8,8 +8,8 @@
 //! `ncclInvalidUsage` and a `ncclGetLastError` text that says so.
 
 use super::{
-    Ffi, NcclComm, NcclConfig, NcclResult, NcclUniqueId, comm_of, derive, fail, guarded, init_rank,
-    invalid, live, put, report, settings_of, usize_of,
+    Ffi, NcclComm, NcclConfig, NcclResult, NcclUniqueId, comm_of, entry::derive, entry::init_rank,
+    fail, guarded, invalid, live, put, report, settings_of, usize_of,
 };
 use crate::handle::{CommHandle, lock};
 use std::ffi::{c_int, c_void};

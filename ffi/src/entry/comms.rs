@@ -1,0 +1,465 @@
+//! Entry points for versions, errors and a communicator's life: unique ids, init, split,
+//! shrink, revoke, finalize, destroy, abort and the queries.
+
+use crate::*;
+
+/// Creates a communicator for `rank` of `nranks` from `id`: now, at the end of the group, or
+/// on its worker thread (non-blocking).
+///
+/// # Safety
+/// `out` must be NULL or writable; `config` as in [`settings_of`].
+pub(crate) unsafe fn init_rank(
+    out: *mut NcclComm,
+    nranks: c_int,
+    id: &NcclUniqueId,
+    rank: c_int,
+    config: *const NcclConfig,
+) -> Ffi {
+    // SAFETY: per the contract.
+    unsafe { put(out, std::ptr::null_mut(), "comm")? };
+    let n = usize_of(nranks, "nranks")?;
+    let r = usize_of(rank, "rank")?;
+    if n == 0 || r >= n {
+        return Err(invalid(format!(
+            "rank {rank} is out of range for {nranks} ranks"
+        )));
+    }
+    // SAFETY: per the contract.
+    let settings = unsafe { settings_of(config, env_blocking())? };
+    let id = strata::UniqueId::from_bytes(&id.internal).map_err(|e| report(&e))?;
+    let cfg = Config::from_env().map_err(|e| report(&e))?;
+    // With NCCL_COMM_ID, nobody's ncclGetUniqueId started the root: rank 0 serves it.
+    if r == 0 {
+        let fixed = strata::UniqueId::from_nccl_comm_id().map_err(|e| report(&e))?;
+        if fixed.is_some_and(|f| f.as_bytes() == id.as_bytes()) {
+            id.serve_root().map_err(|e| report(&e))?;
+        }
+    }
+    let h = CommHandle::create(settings.blocking, Some((r, n)));
+    // SAFETY: checked writable above.
+    unsafe { *out = h.id as NcclComm };
+    let init = group::DeferredInit {
+        handle: h.clone(),
+        id,
+        nranks: n,
+        rank: r,
+        cfg,
+    };
+    if group::active() {
+        group::defer_init(init);
+        return Ok(NcclResult::Success);
+    }
+    if !h.blocking {
+        h.submit(Box::new(move || init.run()))
+            .map_err(|e| report(&e))?;
+        return Ok(NcclResult::InProgress);
+    }
+    match init.run() {
+        Ok(()) => Ok(NcclResult::Success),
+        Err(e) => {
+            h.unregister();
+            // SAFETY: checked writable above.
+            unsafe { *out = std::ptr::null_mut() };
+            Err(report(&e))
+        }
+    }
+}
+
+/// Makes a child communicator from `h` with `make` (a split or a shrink): now for a blocking
+/// parent, on the parent's worker for a non-blocking one. `child` is the child's handle, or
+/// `None` for a rank that takes part but gets no communicator.
+pub(crate) fn derive(
+    h: Arc<CommHandle>,
+    child: Option<Arc<CommHandle>>,
+    make: impl FnOnce(&Communicator) -> strata::Result<Option<Communicator>> + Send + 'static,
+) -> Ffi {
+    let blocking = h.blocking;
+    let parent = h.clone();
+    let job_child = child.clone();
+    let job = move || -> strata::Result<()> {
+        let result = parent.wait_ready(init_limit()).and_then(|c| make(&c));
+        match (job_child, result) {
+            (Some(ch), Ok(Some(c))) => ch.set_ready(Ok(c)),
+            (Some(ch), Ok(None)) => {
+                let e = Error::Transport("internal: the split left this rank out".into());
+                ch.set_ready(Err(e.clone()));
+                return Err(e);
+            }
+            (Some(ch), Err(e)) => {
+                ch.set_ready(Err(e.clone()));
+                return Err(e);
+            }
+            (None, r) => return r.map(|_| ()),
+        }
+        Ok(())
+    };
+    if !blocking {
+        h.submit(Box::new(job)).map_err(|e| report(&e))?;
+        return Ok(NcclResult::InProgress);
+    }
+    match job() {
+        Ok(()) => Ok(NcclResult::Success),
+        Err(e) => {
+            if let Some(ch) = child {
+                ch.unregister();
+            }
+            Err(report(&e))
+        }
+    }
+}
+
+/// Writes `value(communicator)` to `out`, waiting for a pending init.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+unsafe fn query(
+    comm: NcclComm,
+    out: *mut c_int,
+    what: &str,
+    value: impl FnOnce(&Communicator) -> usize,
+) -> Ffi {
+    let h = comm_of(comm)?;
+    let c = h.wait_ready(init_limit()).map_err(|e| report(&e))?;
+    // SAFETY: per the contract.
+    unsafe { put(out, value(&c) as c_int, what)? };
+    Ok(NcclResult::Success)
+}
+
+nccl_api! {
+    /// `ncclGetVersion`: the NCCL API level strata implements (23007).
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> NcclResult {
+        // SAFETY: per the contract.
+        guarded(|| {
+            // SAFETY: per the contract.
+            unsafe { put(version, NCCL_VERSION_CODE, "version")? };
+            Ok(NcclResult::Success)
+        })
+    }
+
+    /// `ncclGetErrorString`: a fixed description of a result code.
+    fn ncclGetErrorString / pncclGetErrorString(result: c_int) -> *const c_char {
+        let s: &'static std::ffi::CStr = match result {
+            0 => c"no error",
+            1 => c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+            2 => c"unhandled system error (run with NCCL_DEBUG=INFO for details)",
+            3 => c"internal error - please report this issue to the strata developers",
+            4 => c"invalid argument (run with NCCL_DEBUG=WARN for details)",
+            5 => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
+            6 => c"remote process exited or there was a network error",
+            7 => c"NCCL operation in progress",
+            8 => c"operation timed out",
+            _ => c"unknown result code",
+        };
+        s.as_ptr()
+    }
+
+    /// `ncclGetLastError`: the full message of this thread's last error, or of `comm`'s fault
+    /// when it has one. Valid until this thread's next error.
+    fn ncclGetLastError / pncclGetLastError(comm: NcclComm) -> *const c_char {
+        let fault = std::panic::catch_unwind(|| {
+            CommHandle::lookup(comm)
+                .ok()
+                .and_then(|h| h.status().flatten())
+        })
+        .ok()
+        .flatten();
+        if let Some(e) = fault {
+            set_last_error(&e.to_string());
+        }
+        LAST_ERROR.with(|l| l.borrow().as_ptr())
+    }
+
+    /// `ncclGetUniqueId`: starts the rendezvous root in this process and describes it; with
+    /// `NCCL_COMM_ID=<host>:<port>` set, the id naming that address instead (every rank gets
+    /// the same one, and rank 0's init serves it).
+    fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut NcclUniqueId) -> NcclResult {
+        guarded(|| {
+            let id = match strata::UniqueId::from_nccl_comm_id().map_err(|e| report(&e))? {
+                Some(fixed) => fixed,
+                None => strata::UniqueId::new().map_err(|e| report(&e))?,
+            };
+            // SAFETY: per the contract.
+            unsafe {
+                put(
+                    unique_id,
+                    NcclUniqueId {
+                        internal: *id.as_bytes(),
+                    },
+                    "uniqueId",
+                )?
+            };
+            Ok(NcclResult::Success)
+        })
+    }
+
+    /// `ncclCommInitRank`.
+    fn ncclCommInitRank / pncclCommInitRank(
+        comm: *mut NcclComm,
+        nranks: c_int,
+        comm_id: NcclUniqueId,
+        rank: c_int,
+    ) -> NcclResult {
+        // SAFETY: per the contract.
+        guarded(|| unsafe { init_rank(comm, nranks, &comm_id, rank, std::ptr::null()) })
+    }
+
+    /// `ncclCommInitRankConfig`: as `ncclCommInitRank`, with a config read by its size.
+    fn ncclCommInitRankConfig / pncclCommInitRankConfig(
+        comm: *mut NcclComm,
+        nranks: c_int,
+        comm_id: NcclUniqueId,
+        rank: c_int,
+        config: *mut NcclConfig,
+    ) -> NcclResult {
+        // SAFETY: per the contract.
+        guarded(|| unsafe { init_rank(comm, nranks, &comm_id, rank, config) })
+    }
+
+    /// `ncclCommInitRankScalable`: the first id's root serves the whole communicator.
+    fn ncclCommInitRankScalable / pncclCommInitRankScalable(
+        newcomm: *mut NcclComm,
+        nranks: c_int,
+        myrank: c_int,
+        n_id: c_int,
+        comm_ids: *mut NcclUniqueId,
+        config: *mut NcclConfig,
+    ) -> NcclResult {
+        guarded(|| {
+            if n_id < 1 || comm_ids.is_null() {
+                return Err(invalid(format!(
+                    "nId is {n_id} and commIds is {comm_ids:p}; need at least one id"
+                )));
+            }
+            // SAFETY: non-NULL, and the caller passes nId ≥ 1 ids.
+            let id = unsafe { comm_ids.read_unaligned() };
+            // SAFETY: per the contract.
+            unsafe { init_rank(newcomm, nranks, &id, myrank, config) }
+        })
+    }
+
+    /// `ncclCommInitAll`: `ndev` ranks as threads of this process (the device list is not
+    /// used: this build moves host memory).
+    fn ncclCommInitAll / pncclCommInitAll(
+        comms: *mut NcclComm,
+        ndev: c_int,
+        devlist: *const c_int,
+    ) -> NcclResult {
+        let _ = devlist;
+        guarded(|| {
+            if comms.is_null() {
+                return Err(invalid("comms is NULL"));
+            }
+            let n = usize_of(ndev, "ndev")?;
+            if n == 0 {
+                return Err(invalid("ndev is 0"));
+            }
+            let id = strata::UniqueId::new().map_err(|e| report(&e))?;
+            let cfg = Config::from_env().map_err(|e| report(&e))?;
+            // As NCCL documents it: ncclCommInitRank for every rank inside one group.
+            let handles: Vec<_> = (0..n)
+                .map(|r| CommHandle::create(true, Some((r, n))))
+                .collect();
+            let inits = handles.iter().enumerate().map(|(rank, h)| group::DeferredInit {
+                handle: h.clone(),
+                id,
+                nranks: n,
+                rank,
+                cfg: cfg.clone(),
+            });
+            if let (Some(e), _) = group::run_inits(inits.collect()) {
+                handles.iter().for_each(|h| h.unregister());
+                return Err(report(&e));
+            }
+            for (r, h) in handles.iter().enumerate() {
+                // SAFETY: the caller passes an array of ndev handles.
+                unsafe { comms.add(r).write_unaligned(h.id as NcclComm) };
+            }
+            Ok(NcclResult::Success)
+        })
+    }
+
+    /// `ncclCommSplit`: ranks with the same color form a communicator, ordered by key;
+    /// `NCCL_SPLIT_NOCOLOR` (-1) takes part and gets NULL.
+    fn ncclCommSplit / pncclCommSplit(
+        comm: NcclComm,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut NcclComm,
+        config: *mut NcclConfig,
+    ) -> NcclResult {
+        guarded(|| {
+            let h = comm_of(comm)?;
+            live(&h)?;
+            // SAFETY: per the contract.
+            unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
+            if color < -1 {
+                return Err(invalid(format!(
+                    "color {color} is negative (NCCL_SPLIT_NOCOLOR is -1)"
+                )));
+            }
+            // SAFETY: per the contract.
+            let settings = unsafe { settings_of(config, h.blocking)? };
+            let color = u32::try_from(color).ok();
+            let child = color.map(|_| CommHandle::create(settings.blocking, None));
+            if let Some(ch) = &child {
+                // SAFETY: checked writable above.
+                unsafe { *newcomm = ch.id as NcclComm };
+            }
+            let r = derive(h, child, move |c| c.split(color, key));
+            if r.is_err() {
+                // SAFETY: checked writable above.
+                unsafe { *newcomm = std::ptr::null_mut() };
+            }
+            r
+        })
+    }
+
+    /// `ncclCommShrink`: a communicator of the ranks not excluded, called by the survivors
+    /// only. `NCCL_SHRINK_ABORT` (1) first revokes the parent, ending its calls in progress.
+    fn ncclCommShrink / pncclCommShrink(
+        comm: NcclComm,
+        exclude_ranks_list: *mut c_int,
+        exclude_ranks_count: c_int,
+        newcomm: *mut NcclComm,
+        config: *mut NcclConfig,
+        shrink_flags: c_int,
+    ) -> NcclResult {
+        guarded(|| {
+            let h = comm_of(comm)?;
+            // SAFETY: per the contract.
+            unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
+            if !matches!(shrink_flags, 0 | 1) {
+                return Err(invalid(format!(
+                    "shrinkFlags {shrink_flags}: use NCCL_SHRINK_DEFAULT (0) or \
+                     NCCL_SHRINK_ABORT (1)"
+                )));
+            }
+            let n = usize_of(exclude_ranks_count, "excludeRanksCount")?;
+            if n > 0 && exclude_ranks_list.is_null() {
+                return Err(invalid("excludeRanksList is NULL"));
+            }
+            let mut exclude = Vec::with_capacity(n);
+            for i in 0..n {
+                // SAFETY: the caller passes excludeRanksCount ranks.
+                let r = unsafe { exclude_ranks_list.add(i).read_unaligned() };
+                exclude.push(usize_of(r, "excluded rank")?);
+            }
+            // SAFETY: per the contract.
+            let settings = unsafe { settings_of(config, h.blocking)? };
+            if shrink_flags == 1 {
+                if let Some(c) = h.ready() {
+                    c.revoke();
+                }
+            }
+            let child = CommHandle::create(settings.blocking, None);
+            // SAFETY: checked writable above.
+            unsafe { *newcomm = child.id as NcclComm };
+            let r = derive(h, Some(child), move |c| c.shrink(&exclude).map(Some));
+            if r.is_err() {
+                // SAFETY: checked writable above.
+                unsafe { *newcomm = std::ptr::null_mut() };
+            }
+            r
+        })
+    }
+
+    /// `ncclCommRevoke`: every rank's call in progress on `comm`, and every later one, fails;
+    /// the revocation reaches all ranks through the watchdog.
+    fn ncclCommRevoke / pncclCommRevoke(comm: NcclComm, revoke_flags: c_int) -> NcclResult {
+        guarded(|| {
+            let h = comm_of(comm)?;
+            if revoke_flags != 0 {
+                return Err(invalid(format!(
+                    "revokeFlags {revoke_flags}: must be NCCL_REVOKE_DEFAULT (0)"
+                )));
+            }
+            h.wait_ready(init_limit()).map_err(|e| report(&e))?.revoke();
+            Ok(NcclResult::Success)
+        })
+    }
+
+    /// `ncclCommFinalize`: no new operations; `ncclInProgress` while queued work remains.
+    fn ncclCommFinalize / pncclCommFinalize(comm: NcclComm) -> NcclResult {
+        guarded(|| {
+            let h = comm_of(comm)?;
+            h.finalized.store(true, Ordering::Release);
+            Ok(if h.has_pending_work() {
+                NcclResult::InProgress
+            } else {
+                NcclResult::Success
+            })
+        })
+    }
+
+    /// `ncclCommDestroy`: waits for queued work, then frees the communicator (its peers hear
+    /// a goodbye). The handle is dead afterwards: using it again is `ncclInvalidArgument`.
+    fn ncclCommDestroy / pncclCommDestroy(comm: NcclComm) -> NcclResult {
+        guarded(|| {
+            let h = comm_of(comm)?;
+            h.unregister();
+            h.close(true);
+            Ok(NcclResult::Success)
+        })
+    }
+
+    /// `ncclCommAbort`: stops the call in progress (from any thread) and frees the
+    /// communicator without waiting for queued work.
+    fn ncclCommAbort / pncclCommAbort(comm: NcclComm) -> NcclResult {
+        guarded(|| {
+            let h = comm_of(comm)?;
+            h.unregister();
+            if let Some(c) = h.ready() {
+                c.abort();
+            }
+            h.close(false);
+            Ok(NcclResult::Success)
+        })
+    }
+
+    /// `ncclCommGetAsyncError`: `ncclInProgress` while init or queued work runs, else the
+    /// communicator's first error (the fault that broke it) or `ncclSuccess`.
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(
+        comm: NcclComm,
+        async_error: *mut NcclResult,
+    ) -> NcclResult {
+        guarded(|| {
+            let h = comm_of(comm)?;
+            let state = match h.status() {
+                None => NcclResult::InProgress,
+                Some(None) => NcclResult::Success,
+                Some(Some(e)) => {
+                    set_last_error(&e.to_string());
+                    result_of(&e)
+                }
+            };
+            // SAFETY: per the contract.
+            unsafe { put(async_error, state, "asyncError")? };
+            Ok(NcclResult::Success)
+        })
+    }
+
+    /// `ncclCommCount`: the number of ranks.
+    fn ncclCommCount / pncclCommCount(comm: NcclComm, count: *mut c_int) -> NcclResult {
+        // SAFETY: per the contract.
+        guarded(|| unsafe { query(comm, count, "count", |c| c.size()) })
+    }
+
+    /// `ncclCommUserRank`: this rank.
+    fn ncclCommUserRank / pncclCommUserRank(comm: NcclComm, rank: *mut c_int) -> NcclResult {
+        // SAFETY: per the contract.
+        guarded(|| unsafe { query(comm, rank, "rank", |c| c.rank()) })
+    }
+
+    /// `ncclCommCuDevice`: this build drives no CUDA device, so `ncclInvalidUsage`.
+    fn ncclCommCuDevice / pncclCommCuDevice(comm: NcclComm, device: *mut c_int) -> NcclResult {
+        guarded(|| {
+            comm_of(comm)?;
+            // SAFETY: per the contract.
+            unsafe { put(device, -1, "device")? };
+            Err(fail(
+                NcclResult::InvalidUsage,
+                "this strata build drives no CUDA device (host memory only)",
+            ))
+        })
+    }
+}

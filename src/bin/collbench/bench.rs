@@ -1,0 +1,446 @@
+//! The benchmark itself: sizes, timing, checking and printing rows.
+
+use super::*;
+
+pub(super) fn list<T>(
+    spec: &str,
+    all: Vec<T>,
+    parse: impl Fn(&str) -> Option<T>,
+    what: &str,
+) -> Result<Vec<T>, String> {
+    if spec.eq_ignore_ascii_case("all") {
+        return Ok(all);
+    }
+    spec.split(',')
+        .map(|s| parse(s).ok_or_else(|| format!("unknown {what} '{s}'")))
+        .collect()
+}
+
+/// busbw / algbw for `c` on `n` ranks (nccl-tests' factors).
+pub(super) fn bus_factor(c: Collective, n: usize) -> f64 {
+    let n = n as f64;
+    match c {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Gather
+        | Collective::Scatter => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+/// (count, input bytes, output bytes) for a row of `size` bytes, nccl-tests' convention: size
+/// is the larger of the two buffers of a rank.
+pub(super) fn shape(
+    c: Collective,
+    size: usize,
+    es: usize,
+    n: usize,
+    rank: usize,
+    root: usize,
+) -> (usize, usize, usize) {
+    let elems = size / es;
+    let count = match c {
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Gather
+        | Collective::Scatter => elems / n,
+        _ => elems,
+    };
+    let (i, o) = c.buffer_elems(count, n, rank, root);
+    (count, i * es, o * es)
+}
+
+pub(super) fn bench_main(args: &Args, comm: &Communicator) -> ExitCode {
+    match run_bench(args, comm) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(wrong) => {
+            if comm.rank() == 0 {
+                eprintln!("collbench: {wrong} wrong elements");
+            }
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("collbench: rank {}: {e}", comm.rank());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String> {
+    let collective = if args
+        .collective
+        .replace(['-', '_'], "")
+        .eq_ignore_ascii_case("sendrecv")
+    {
+        Collective::Send
+    } else {
+        Collective::parse(&args.collective)
+            .filter(|c| !matches!(c, Collective::Recv | Collective::Barrier | Collective::Send))
+            .ok_or_else(|| format!("unknown collective '{}'", args.collective))?
+    };
+    let dtypes = list(
+        &args.dtype,
+        DataType::ALL.to_vec(),
+        DataType::parse,
+        "data type",
+    )?;
+    let algos = parse_algos(&args.algo, collective)?;
+    let (n, rank) = (comm.size(), comm.rank());
+    if args.root >= n {
+        return Err(format!("root {} is out of range for {n} ranks", args.root));
+    }
+    if args.min_bytes > args.max_bytes {
+        return Err("-b must not exceed -e".into());
+    }
+    let mut sizes = Vec::new();
+    let mut s = args.min_bytes;
+    while s <= args.max_bytes {
+        sizes.push(s);
+        let next = if args.step_factor > 1 {
+            s.saturating_mul(args.step_factor)
+        } else {
+            s.saturating_add(args.step_bytes.max(1))
+        };
+        if next == s {
+            break;
+        }
+        s = next;
+    }
+    let transport = std::env::var("STRATA_TRANSPORT").unwrap_or_else(|_| "auto".into());
+    if rank == 0 {
+        println!(
+            "# collbench (strata {}): {collective}, {n} ranks, transport {transport}",
+            env!("CARGO_PKG_VERSION")
+        );
+        println!(
+            "# nccl-tests columns; algbw = size/time, busbw = algbw x {:.3}; GB = 1e9 B",
+            bus_factor(collective, n)
+        );
+        for p in comm.peers() {
+            println!(
+                "#  Rank {:3} Pid {:7} on {}",
+                p.rank, p.pid, p.host.hostname
+            );
+        }
+    }
+    let mut rows = Vec::new();
+    let mut total_wrong = 0u64;
+    let total_rows = sizes.len() * dtypes.len() * algos.len();
+    let started = Instant::now();
+    let mut last_progress = Instant::now();
+    for &algo in &algos {
+        comm.set_algorithm(collective, algo)
+            .map_err(|e| e.to_string())?;
+        if rank == 0 {
+            print_columns(algo);
+        }
+        let first_row = rows.len();
+        for &dtype in &dtypes {
+            let ops = if collective.reduces() {
+                let all = ["sum", "prod", "min", "max", "avg", "premulsum"]
+                    .map(|s| ReduceOp::parse(s, dtype).unwrap_or(ReduceOp::Sum));
+                list(
+                    &args.redop,
+                    all.to_vec(),
+                    |s| ReduceOp::parse(s, dtype),
+                    "reduction",
+                )?
+            } else {
+                vec![ReduceOp::Sum]
+            };
+            for op in ops {
+                for &size in &sizes {
+                    let row = bench_row(args, comm, collective, dtype, op, size)?;
+                    total_wrong += row.out_of_place.wrong + row.in_place.map_or(0, |m| m.wrong);
+                    if rank == 0 {
+                        print_row(&row);
+                        if last_progress.elapsed() > Duration::from_secs(2) {
+                            eprintln!(
+                                "# collbench: {} of {} rows done, {:.0} s",
+                                rows.len() + 1,
+                                total_rows,
+                                started.elapsed().as_secs_f64()
+                            );
+                            last_progress = Instant::now();
+                        }
+                    }
+                    rows.push(row);
+                }
+            }
+        }
+        if rank == 0 && algos.len() > 1 {
+            println!(
+                "# Avg bus bandwidth ({}): {:.4}",
+                algo.map_or("auto".into(), |a| a.name()),
+                avg_busbw(&rows[first_row..])
+            );
+        }
+    }
+    // Later collectives of this process (none today) get strata's own choice again.
+    comm.set_algorithm(collective, None)
+        .map_err(|e| e.to_string())?;
+    let avg = avg_busbw(&rows);
+    if rank == 0 {
+        println!(
+            "# Out of bounds values : {total_wrong} {}",
+            if total_wrong == 0 { "OK" } else { "FAILED" }
+        );
+        println!("# Avg bus bandwidth    : {avg:.4}");
+        println!("#");
+        if let Some(path) = &args.json {
+            let report = Report {
+                nranks: n,
+                transport,
+                rows,
+                avg_busbw_gbs: avg,
+                wrong: total_wrong,
+            };
+            let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+            std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        }
+    }
+    Ok(total_wrong)
+}
+
+pub(super) fn avg_busbw(rows: &[Row]) -> f64 {
+    let busbws: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| [Some(r.out_of_place), r.in_place])
+        .flatten()
+        .map(|m| m.busbw_gbs)
+        .collect();
+    if busbws.is_empty() {
+        0.0
+    } else {
+        busbws.iter().sum::<f64>() / busbws.len() as f64
+    }
+}
+
+/// The algorithms `--algo` names for `collective` (`None`: strata's choice).
+pub(super) fn parse_algos(
+    spec: &str,
+    collective: Collective,
+) -> Result<Vec<Option<Algorithm>>, String> {
+    if spec.eq_ignore_ascii_case("auto") {
+        return Ok(vec![None]);
+    }
+    if spec.eq_ignore_ascii_case("all") {
+        let all = strata::algorithms::algorithms_for(collective);
+        return Ok(all.iter().copied().map(Some).collect());
+    }
+    spec.split(',')
+        .map(|name| {
+            Algorithm::parse_for(collective, name)
+                .map(Some)
+                .ok_or_else(|| {
+                    format!(
+                        "algorithm '{name}' cannot run {collective}; valid: auto, all, {}",
+                        strata::algorithms::valid_names(collective)
+                    )
+                })
+        })
+        .collect()
+}
+
+/// The column headers of one table.
+pub(super) fn print_columns(algo: Option<Algorithm>) {
+    println!("#");
+    println!(
+        "# algorithm: {}",
+        algo.map_or(
+            "auto (strata's choice per size; see the algo column)".into(),
+            |a| a.name()
+        )
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+        "", "", "", "", "", "out-of-", "place", "", "", "in-", "place", "", ""
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}  {:>10}  algo",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "predicted"
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>9} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}  {:>10}",
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)"
+    );
+}
+
+pub(super) fn print_row(r: &Row) {
+    let m = |x: &Measure| {
+        format!(
+            "{:>9.2} {:>7.3} {:>7.3} {:>6}",
+            x.time_us, x.algbw_gbs, x.busbw_gbs, x.wrong
+        )
+    };
+    println!(
+        "  {:>10} {:>12} {:>8} {:>9} {:>5}   {}   {}  {:>10}  {}",
+        r.size_bytes,
+        r.count,
+        r.dtype,
+        r.redop,
+        r.root,
+        m(&r.out_of_place),
+        r.in_place
+            .as_ref()
+            .map_or(format!("{:>9} {:>7} {:>7} {:>6}", "-", "-", "-", "-"), m),
+        r.predicted_us
+            .map_or("-".to_string(), |p| format!("{p:.2}")),
+        r.algorithm
+    );
+}
+
+/// One table row: out of place, then in place, then the results checked and agreed on.
+pub(super) fn bench_row(
+    args: &Args,
+    comm: &Communicator,
+    collective: Collective,
+    dtype: DataType,
+    op: ReduceOp,
+    size: usize,
+) -> Result<Row, String> {
+    let (n, rank) = (comm.size(), comm.rank());
+    let es = dtype.size();
+    let root = args.root;
+    let (count, in_bytes, out_bytes) = shape(collective, size, es, n, rank, root);
+    let spec = CallSpec {
+        collective,
+        dtype,
+        count,
+        op: check::op_for_rank(op, dtype, rank),
+        root,
+    };
+    let mut send = vec![0u8; in_bytes.max(count * es)];
+    let mut recv = vec![0u8; out_bytes.max(in_bytes).max(count * es)];
+    let algorithm = if collective == Collective::Send {
+        Algorithm::Direct
+    } else {
+        comm.algorithm_for(collective, count * es)
+    };
+    let mut results = [Measure::default(); 2];
+    let modes: &[bool] = if args.no_in_place {
+        &[false]
+    } else {
+        &[false, true]
+    };
+    for (k, &in_place) in modes.iter().enumerate() {
+        let once = |send: &mut [u8], recv: &mut [u8]| -> strata::Result<()> {
+            if collective == Collective::Send {
+                return send_recv(comm, dtype, count, send, recv);
+            }
+            if in_place {
+                comm.call_bytes(spec, None, recv)
+            } else {
+                comm.call_bytes(spec, Some(&send[..in_bytes]), &mut recv[..out_bytes])
+            }
+        };
+        for _ in 0..args.warmup {
+            once(&mut send, &mut recv).map_err(|e| e.to_string())?;
+        }
+        comm.barrier().map_err(|e| e.to_string())?;
+        let t0 = Instant::now();
+        for _ in 0..args.iters {
+            once(&mut send, &mut recv).map_err(|e| e.to_string())?;
+        }
+        let local_us = t0.elapsed().as_secs_f64() * 1e6 / args.iters.max(1) as f64;
+        let mut wrong = 0u64;
+        if args.check != 0 && collective != Collective::Send {
+            wrong = check::run_and_check(comm, spec, in_place)
+                .map_err(|e| e.to_string())?
+                .wrong as u64;
+        }
+        let mut agg = [local_us, wrong as f64];
+        let mut maxed = [0f64; 2];
+        comm.all_reduce(&agg, &mut maxed, ReduceOp::Max)
+            .map_err(|e| e.to_string())?;
+        agg[1] = wrong as f64;
+        let mut summed = [0f64; 2];
+        comm.all_reduce(&agg, &mut summed, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        let time_us = maxed[0];
+        let algbw = if time_us > 0.0 {
+            size as f64 / (time_us * 1e-6) / 1e9
+        } else {
+            0.0
+        };
+        results[k] = Measure {
+            time_us,
+            algbw_gbs: algbw,
+            busbw_gbs: algbw * bus_factor(collective, n),
+            wrong: summed[1] as u64,
+        };
+    }
+    Ok(Row {
+        collective: collective.to_string(),
+        dtype: dtype.name().into(),
+        redop: if collective.reduces() {
+            op.name().into()
+        } else {
+            "none".into()
+        },
+        root: if collective.rooted() { root as i64 } else { -1 },
+        algorithm: algorithm.name(),
+        predicted_us: (rank == 0 && collective != Collective::Send)
+            .then(|| comm.predict(collective, algorithm, count * es).ok())
+            .flatten()
+            .map(|s| s * 1e6),
+        size_bytes: size,
+        count,
+        out_of_place: results[0],
+        in_place: (!args.no_in_place).then_some(results[1]),
+    })
+}
+
+/// The send/recv benchmark: ranks pair up (0↔1, 2↔3, ...), an odd last rank sits out.
+pub(super) fn send_recv(
+    comm: &Communicator,
+    dtype: DataType,
+    count: usize,
+    send: &[u8],
+    recv: &mut [u8],
+) -> strata::Result<()> {
+    let (n, rank) = (comm.size(), comm.rank());
+    let peer = rank ^ 1;
+    if peer >= n {
+        return Ok(());
+    }
+    let bytes = count * dtype.size();
+    // Lower rank sends first; the pair never both block on a send.
+    let (s, r) = (&send[..bytes], &mut recv[..bytes]);
+    if rank < peer {
+        comm.send(s, peer)?;
+        comm.recv(r, peer)
+    } else {
+        comm.recv(r, peer)?;
+        comm.send(s, peer)
+    }
+}

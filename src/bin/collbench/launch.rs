@@ -1,0 +1,107 @@
+//! Running ranks: spawning them on this host, ending them, and a spawned rank's start.
+
+use super::*;
+
+/// Spawns `np` ranks of this program on this host (over loopback unless told otherwise).
+pub(super) fn spawn_main(args: &Args) -> ExitCode {
+    if std::env::var_os("STRATA_SOCKET_IFNAME").is_none()
+        && std::env::var_os("NCCL_SOCKET_IFNAME").is_none()
+    {
+        // SAFETY: single-threaded at this point; children inherit it.
+        unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
+    }
+    let id = match UniqueId::new() {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("collbench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("collbench: cannot find my own executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let passthrough: Vec<String> = std::env::args().skip(1).collect();
+    let mut children: Vec<Child> = Vec::new();
+    for rank in 0..args.np {
+        let child = Command::new(&exe)
+            .args(&passthrough)
+            .env(ENV_ID, id.to_hex())
+            .env(ENV_RANK, rank.to_string())
+            .env(ENV_NRANKS, args.np.to_string())
+            .spawn();
+        match child {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                eprintln!("collbench: spawning rank {rank}: {e}");
+                kill_all(&mut children);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let deadline = args
+        .timeout
+        .map(|t| Instant::now() + Duration::from_secs_f64(t));
+    let mut status: Vec<Option<bool>> = vec![None; children.len()];
+    let mut failed_at: Option<Instant> = None;
+    loop {
+        for (r, c) in children.iter_mut().enumerate() {
+            if status[r].is_none() {
+                if let Ok(Some(s)) = c.try_wait() {
+                    status[r] = Some(s.success());
+                    if !s.success() {
+                        eprintln!("collbench: rank {r} exited with {s}");
+                        failed_at.get_or_insert_with(Instant::now);
+                    }
+                }
+            }
+        }
+        if status.iter().all(Option::is_some) {
+            break;
+        }
+        // After a failure, give the others a moment to report their own errors.
+        let grace_over = failed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
+        if grace_over || deadline.is_some_and(|d| Instant::now() > d) {
+            eprintln!("collbench: stopping the remaining ranks");
+            kill_all(&mut children);
+            return ExitCode::FAILURE;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if status.iter().all(|s| *s == Some(true)) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+pub(super) fn kill_all(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+pub(super) fn child_main(args: &Args, id_hex: &str) -> ExitCode {
+    let parsed = UniqueId::from_hex(id_hex);
+    let rank = std::env::var(ENV_RANK)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let nranks = std::env::var(ENV_NRANKS)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let (Ok(id), Some(rank), Some(nranks)) = (parsed, rank, nranks) else {
+        eprintln!("collbench: malformed {ENV_ID}/{ENV_RANK}/{ENV_NRANKS}");
+        return ExitCode::FAILURE;
+    };
+    match Communicator::init(&id, nranks, rank) {
+        Ok(comm) => bench_main(args, &comm),
+        Err(e) => {
+            eprintln!("collbench: rank {rank}: init failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! collbench: an nccl-tests-style benchmark of strata's collectives.
+//!
+//! `collbench --np 4` spawns 4 ranks of itself on this host; under torchrun, srun or mpirun it
+//! joins from the launcher's variables instead. Results are checked by default (`-c 1`) and
+//! the process exits non-zero when any element is wrong.
+
+use clap::Parser;
+use serde::Serialize;
+use std::process::{Child, Command, ExitCode};
+use std::time::{Duration, Instant};
+use strata::check;
+use strata::{Algorithm, CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId};
+
+/// Environment variables a spawning parent hands its children.
+const ENV_ID: &str = "STRATA_COLLBENCH_ID";
+const ENV_RANK: &str = "STRATA_COLLBENCH_RANK";
+const ENV_NRANKS: &str = "STRATA_COLLBENCH_NRANKS";
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "collbench",
+    version,
+    about = "nccl-tests-style benchmark for strata collectives"
+)]
+struct Args {
+    /// Spawn this many ranks on this host (0: join from launcher variables, else run 1 rank).
+    #[arg(long, default_value_t = 0)]
+    np: usize,
+    /// The collective: all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all,
+    /// gather, scatter, send_recv.
+    #[arg(long = "op", default_value = "all_reduce")]
+    collective: String,
+    /// Smallest size in bytes (K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    min_bytes: usize,
+    /// Largest size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_size)]
+    max_bytes: usize,
+    /// Multiply the size by this factor between rows (when > 1).
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    step_factor: usize,
+    /// Add this many bytes between rows (when the factor is 1).
+    #[arg(short = 'i', long = "stepbytes", default_value = "1M", value_parser = parse_size)]
+    step_bytes: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    warmup: usize,
+    /// Check results (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    check: u8,
+    /// Reduction: sum, prod, min, max, avg, premulsum, or all.
+    #[arg(short = 'o', long = "redop", default_value = "sum")]
+    redop: String,
+    /// Element type (float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64,
+    /// f8e4m3, f8e5m2) or all.
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    dtype: String,
+    /// Algorithm: auto (strata's choice per size), a name (ring, tree, rd, rhd, bruck, ...),
+    /// a comma-separated list, or all: one table per algorithm of the collective.
+    #[arg(short = 'A', long = "algo", default_value = "auto")]
+    algo: String,
+    /// Time only the out-of-place call (halves the run time of long sweeps).
+    #[arg(long = "no-in-place")]
+    no_in_place: bool,
+    /// Root of rooted collectives.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    root: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(short = 'J', long = "json")]
+    json: Option<std::path::PathBuf>,
+    /// Give up (and kill the ranks) after this many seconds, with --np.
+    #[arg(long)]
+    timeout: Option<f64>,
+    #[command(subcommand)]
+    command: Option<Subcommand>,
+}
+
+#[derive(clap::Subcommand, Debug, Clone)]
+enum Subcommand {
+    /// Print what strata sees: the host as a tree, GPU-to-NIC affinity, the fabric and the
+    /// tier of every rank-pair class.
+    Topo(TopoArgs),
+    /// Place a [TP, CP, PP, DP] job on a fabric: the planner's order and, for comparison, a
+    /// scattered one, with the widest tier each kind of group spans.
+    Layout(LayoutArgs),
+    /// Price every algorithm of a collective at one size on a fabric and say which the tuner
+    /// picks and why.
+    Explain(ExplainArgs),
+}
+
+mod bench;
+mod launch;
+mod tools;
+
+use bench::*;
+use launch::*;
+use tools::*;
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("'{s}' is not a size"))
+}
+
+#[derive(Serialize, Clone, Copy, Default)]
+struct Measure {
+    time_us: f64,
+    algbw_gbs: f64,
+    busbw_gbs: f64,
+    wrong: u64,
+}
+
+#[derive(Serialize)]
+struct Row {
+    collective: String,
+    dtype: String,
+    redop: String,
+    root: i64,
+    algorithm: String,
+    /// The cost model's prediction for this row's algorithm and size, µs.
+    predicted_us: Option<f64>,
+    size_bytes: usize,
+    count: usize,
+    out_of_place: Measure,
+    /// Absent with --no-in-place.
+    in_place: Option<Measure>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    nranks: usize,
+    transport: String,
+    rows: Vec<Row>,
+    avg_busbw_gbs: f64,
+    wrong: u64,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match &args.command {
+        Some(Subcommand::Topo(t)) => return topo_main(t),
+        Some(Subcommand::Layout(l)) => return layout_main(l),
+        Some(Subcommand::Explain(e)) => return explain_main(e),
+        None => {}
+    }
+    if let Ok(id_hex) = std::env::var(ENV_ID) {
+        return child_main(&args, &id_hex);
+    }
+    if args.np > 0 {
+        return spawn_main(&args);
+    }
+    let comm = match strata::launcher::detect() {
+        Ok(Some(_)) => Communicator::from_env(),
+        Ok(None) => UniqueId::new().and_then(|id| Communicator::init(&id, 1, 0)),
+        Err(e) => Err(e),
+    };
+    match comm {
+        Ok(comm) => bench_main(&args, &comm),
+        Err(e) => {
+            eprintln!("collbench: init failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("8"), Ok(8));
+        assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn nccl_tests_bus_factors() {
+        assert_eq!(bus_factor(Collective::AllReduce, 4), 1.5);
+        assert_eq!(bus_factor(Collective::AllGather, 4), 0.75);
+        assert_eq!(bus_factor(Collective::Broadcast, 4), 1.0);
+    }
+}
