@@ -155,7 +155,7 @@ impl UniqueId {
 /// Decodes an even number of hex digits (surrounding white space ignored).
 pub(crate) fn decode_hex(s: &str) -> Option<Vec<u8>> {
     let s = s.trim();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

@@ -211,6 +211,52 @@ pub fn run_and_check(
     Ok(compare(&spec, n, rank, &out))
 }
 
+/// [`run_and_check`] on device buffers: inputs uploaded to `device`, the call enqueued on
+/// `stream` with [`Communicator::call_device`], and the output copied back by work enqueued on
+/// the same stream after it (so the check also proves the stream's later work sees it).
+pub fn run_and_check_device(
+    comm: &Communicator,
+    spec: CallSpec,
+    in_place: bool,
+    stream: &crate::gpu::Stream,
+    device: i32,
+) -> crate::Result<Checked> {
+    use crate::gpu::DeviceBuffer;
+    let (n, rank) = (comm.size(), comm.rank());
+    let spec = CallSpec {
+        op: op_for_rank(spec.op, spec.dtype, rank),
+        ..spec
+    };
+    let es = spec.dtype.size();
+    let (ilen, olen) = spec.collective.buffer_elems(spec.count, n, rank, spec.root);
+    let (ib, ob) = (ilen * es, olen * es);
+    let out = if in_place {
+        let (ioff, ooff) = spec.in_place_offsets(rank);
+        let mut host = vec![0xA5u8; (ioff + ib).max(ooff + ob)];
+        fill_input(&spec, rank, &mut host[ioff..ioff + ib]);
+        let buf = DeviceBuffer::alloc(device, host.len())?;
+        buf.upload(&host, stream)?;
+        comm.call_device(spec, None, &buf, stream)?;
+        buf.download(&mut host, stream)?;
+        host.drain(ooff..ooff + ob).collect::<Vec<u8>>()
+    } else {
+        let mut send_host = vec![0u8; ib];
+        fill_input(&spec, rank, &mut send_host);
+        let send = DeviceBuffer::alloc(device, ib)?;
+        send.upload(&send_host, stream)?;
+        let mut recv_host = vec![0xA5u8; ob];
+        let recv = DeviceBuffer::alloc(device, ob)?;
+        recv.upload(&recv_host, stream)?;
+        comm.call_device(spec, Some(&send), &recv, stream)?;
+        recv.download(&mut recv_host, stream)?;
+        recv_host
+    };
+    if let Some(e) = comm.async_error() {
+        return Err(e);
+    }
+    Ok(compare(&spec, n, rank, &out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -105,7 +105,7 @@ impl Config {
         let shm_slot_size: usize = parse_env("STRATA_SHM_SLOT_SIZE", 32 << 10)?;
         let shm_slots: u32 = parse_env("STRATA_SHM_SLOTS", 32)?;
         if shm_slot_size == 0
-            || shm_slot_size % 64 != 0
+            || !shm_slot_size.is_multiple_of(64)
             || shm_slots == 0
             || shm_slots > crate::transport::ring::MAX_SLOTS
         {

@@ -376,17 +376,16 @@ impl OpRun<'_> {
             // Headers out; a small first message to the same peer rides along.
             for st in states.iter_mut() {
                 if let Some(h) = st.out {
-                    if st.out_sent == 0 {
-                        if let Some(n) =
+                    if st.out_sent == 0
+                        && let Some(n) =
                             self.send_header_with_data(&h, st.peer, ops, done, finished, bufs)?
-                        {
-                            st.out_sent = n;
-                            progressed |= n > 0;
-                            if n < HEADER_BYTES {
-                                waits.push((st.peer, Direction::Send));
-                            }
-                            continue;
+                    {
+                        st.out_sent = n;
+                        progressed |= n > 0;
+                        if n < HEADER_BYTES {
+                            waits.push((st.peer, Direction::Send));
                         }
+                        continue;
                     }
                     if st.out_sent < HEADER_BYTES {
                         let peer = st.peer;

@@ -24,6 +24,7 @@ mod connection;
 pub mod dtype;
 pub mod error;
 mod executor;
+pub mod gpu;
 pub mod launcher;
 pub mod reduce;
 pub(crate) mod transport;

@@ -126,10 +126,8 @@ impl Health {
         };
         self.has_failed.store(true, Ordering::Release);
         self.interrupt.store(true, Ordering::Release);
-        if first {
-            if let Ok(Some(w)) = self.waker.lock().as_deref() {
-                let _ = w.send(&[1]);
-            }
+        if first && let Ok(Some(w)) = self.waker.lock().as_deref() {
+            let _ = w.send(&[1]);
         }
         first
     }
@@ -180,11 +178,11 @@ impl Health {
             }
             p.current = None;
         }
-        if let Ok(mut f) = self.flight.lock() {
-            if let Some(last) = f.back_mut() {
-                last.end_us = Some(now_us());
-                last.error = error.map(|e| e.to_string());
-            }
+        if let Ok(mut f) = self.flight.lock()
+            && let Some(last) = f.back_mut()
+        {
+            last.end_us = Some(now_us());
+            last.error = error.map(|e| e.to_string());
         }
     }
 
@@ -627,10 +625,10 @@ impl Runner {
         // A predecessor's link that arrived after the last look still gets its goodbye (a
         // communicator destroyed within a few hundred milliseconds of init would otherwise close
         // it unread, which its owner sees as this process dying).
-        if waiting_for_predecessor {
-            if let Some(stream) = self.s.incoming.lock().ok().and_then(|mut s| s.take()) {
-                self.add_link(self.predecessor, stream);
-            }
+        if waiting_for_predecessor
+            && let Some(stream) = self.s.incoming.lock().ok().and_then(|mut s| s.take())
+        {
+            self.add_link(self.predecessor, stream);
         }
         // A fault recorded just before the communicator was dropped still goes out first.
         if self.announced.is_none() && self.s.health.has_failed.load(Ordering::Acquire) {

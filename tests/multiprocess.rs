@@ -87,10 +87,10 @@ fn spawn(
     let mut done: Vec<Option<bool>> = vec![None; children.len()];
     while done.iter().any(Option::is_none) {
         for (r, c) in children.iter_mut().enumerate() {
-            if done[r].is_none() {
-                if let Some(s) = c.try_wait().unwrap() {
-                    done[r] = Some(s.success());
-                }
+            if done[r].is_none()
+                && let Some(s) = c.try_wait().unwrap()
+            {
+                done[r] = Some(s.success());
             }
         }
         if start.elapsed() > limit {
@@ -219,7 +219,7 @@ fn matrix(w: &Worker, big: bool) {
         let prev = (w.rank + w.n - 1) % w.n;
         let payload: Vec<u64> = (0..4099).map(|i| (w.rank * 1_000_000 + i) as u64).collect();
         let mut got = vec![0u64; 4099];
-        if w.rank % 2 == 0 {
+        if w.rank.is_multiple_of(2) {
             w.comm.send(&payload, next).unwrap();
             w.comm.recv(&mut got, prev).unwrap();
         } else {
@@ -287,7 +287,12 @@ fn algorithm_matrix(w: &Worker) {
             "{}",
             w.comm.hierarchy().describe()
         );
-        assert_eq!(regular, w.n % 4 == 0, "{}", w.comm.hierarchy().describe());
+        assert_eq!(
+            regular,
+            w.n.is_multiple_of(4),
+            "{}",
+            w.comm.hierarchy().describe()
+        );
     }
     for c in COLLECTIVES {
         for &algo in strata::algorithms::algorithms_for(c) {

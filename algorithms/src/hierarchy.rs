@@ -154,14 +154,14 @@ impl Hierarchy {
         let mut tier = self.inner_tier;
         for l in &self.levels {
             let size = l.sizes[0] as usize;
-            if l.sizes.iter().any(|&s| s as usize != size) || size % below != 0 {
+            if l.sizes.iter().any(|&s| s as usize != size) || !size.is_multiple_of(below) {
                 return None;
             }
             dims.push((size / below, tier));
             below = size;
             tier = l.tier_out;
         }
-        if p % below.max(1) != 0 {
+        if !p.is_multiple_of(below.max(1)) {
             return None;
         }
         dims.push((p / below.max(1), tier));

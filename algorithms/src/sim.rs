@@ -316,10 +316,10 @@ fn check_peers(schedules: &[RankSchedule]) -> Result<(), String> {
     for (r, s) in schedules.iter().enumerate() {
         for (si, st) in s.steps.iter().enumerate() {
             for op in &st.ops {
-                if let Some(q) = op.peer() {
-                    if q >= p || q == r {
-                        return Err(format!("rank {r} step {si}: invalid peer {q} in {op:?}"));
-                    }
+                if let Some(q) = op.peer()
+                    && (q >= p || q == r)
+                {
+                    return Err(format!("rank {r} step {si}: invalid peer {q} in {op:?}"));
                 }
             }
         }

@@ -2,6 +2,8 @@
 
 use crate::device;
 use crate::handle::UserOp;
+use std::sync::Arc;
+use strata::gpu::{DeviceRange, Stream};
 use strata::{CallSpec, Collective, Communicator, DataType, Error, ReduceOp, Scalar, Transfer};
 
 /// A collective call as the C caller made it.
@@ -14,6 +16,8 @@ pub(crate) struct Coll {
     pub send: *const u8,
     /// `recvbuff` (may be NULL where this rank writes no output).
     pub recv: *mut u8,
+    /// The stream, when a buffer is GPU memory (the call is then stream-ordered).
+    pub stream: Option<usize>,
 }
 
 /// One call queued in a group or for a non-blocking communicator.
@@ -32,7 +36,19 @@ pub(crate) enum Call {
         count: usize,
         /// The buffer.
         ptr: *mut u8,
+        /// The stream, when the buffer is GPU memory.
+        stream: Option<usize>,
     },
+}
+
+impl Call {
+    /// The stream of a stream-ordered call (one on GPU memory).
+    pub(crate) fn stream(&self) -> Option<usize> {
+        match self {
+            Call::Coll(c) => c.stream,
+            Call::P2p { stream, .. } => *stream,
+        }
+    }
 }
 
 // SAFETY: the pointers are the caller's buffers, which NCCL's contract keeps valid until the
@@ -91,9 +107,13 @@ fn resolve_op(c: &Coll, ops: &[Option<UserOp>]) -> strata::Result<ReduceOp> {
     match ops.get(i).copied().flatten() {
         Some(UserOp::Immediate(s)) => Ok(ReduceOp::PreMulSum(s)),
         Some(UserOp::Deferred(addr, dtype)) => {
-            device::check_host(&[(addr as *const u8, "the premulsum scalar")])
-                .map_err(Error::InvalidArgument)?;
             let mut bytes = [0u8; 8];
+            if device::any_device(&[addr as *const u8]) {
+                // Read when the call runs, after the stream's earlier work (NCCL's
+                // ncclScalarDevice); the progress thread has the device's context current.
+                strata::gpu::read_device(addr as u64, &mut bytes[..dtype.size()])?;
+                return Ok(ReduceOp::PreMulSum(Scalar { dtype, bytes }));
+            }
             // SAFETY: the caller made the operator with a pointer to one element of `dtype`
             // and keeps it valid while the operator exists (NCCL's contract); it is host memory.
             unsafe {
@@ -167,6 +187,7 @@ pub(crate) fn run_group(
                 dtype,
                 count,
                 ptr,
+                ..
             } => {
                 let bytes = count
                     .checked_mul(dtype.size())
@@ -209,6 +230,130 @@ pub(crate) fn run_group(
         return Ok(());
     }
     comm.send_recv(&mut transfers)
+}
+
+/// Device ranges of `c` on `rank` of `p`: the input read, the output written (in place they
+/// overlap and are merged into one range read and written).
+fn coll_ranges(c: &Coll, rank: usize, p: usize, out: &mut Vec<DeviceRange>) -> Result<(), Error> {
+    let (ib, ob) = check_coll(c, rank, p).map_err(Error::InvalidArgument)?;
+    if ib > 0 && device::any_device(&[c.send]) {
+        out.push(DeviceRange {
+            ptr: c.send as u64,
+            len: ib,
+            read: true,
+            write: false,
+        });
+    }
+    if ob > 0 && device::any_device(&[c.recv]) {
+        out.push(DeviceRange {
+            ptr: c.recv as u64,
+            len: ob,
+            read: false,
+            write: true,
+        });
+    }
+    Ok(())
+}
+
+/// Enqueues a group's calls on GPU memory on their streams (see `strata::gpu::queue`): one
+/// elementwise collective is pipelined in chunks; anything else (several calls, sends and
+/// receives, the other collectives) is staged whole through host memory and run as a group.
+pub(crate) fn enqueue_device(
+    comm: &Arc<Communicator>,
+    ops: Vec<Option<UserOp>>,
+    calls: Vec<Call>,
+) -> strata::Result<()> {
+    let (rank, p) = (comm.rank(), comm.size());
+    let mut raw: Vec<usize> = calls.iter().filter_map(Call::stream).collect();
+    raw.sort_unstable();
+    raw.dedup();
+    // SAFETY: the caller's streams, valid until the calls complete (NCCL's contract).
+    let streams: Vec<Stream> = raw
+        .iter()
+        .map(|&s| unsafe { Stream::borrowed(s as *mut _) })
+        .collect();
+    if let [Call::Coll(c)] = calls.as_slice() {
+        let elementwise = matches!(
+            c.spec.collective,
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+        );
+        let deferred = c
+            .user_op
+            .and_then(|i| ops.get(i).copied().flatten())
+            .is_some_and(|o| matches!(o, UserOp::Deferred(..)));
+        if elementwise && !deferred && streams.len() == 1 {
+            check_coll(c, rank, p).map_err(Error::InvalidArgument)?;
+            let spec = CallSpec {
+                op: resolve_op(c, &ops)?,
+                ..c.spec
+            };
+            let send = if c.send.is_null() {
+                c.recv as u64
+            } else {
+                c.send as u64
+            };
+            return comm.enqueue_elementwise(spec, send, c.recv as u64, &streams[0]);
+        }
+    }
+    let mut ranges = Vec::new();
+    for call in &calls {
+        match call {
+            Call::Coll(c) => coll_ranges(c, rank, p, &mut ranges)?,
+            &Call::P2p {
+                send,
+                dtype,
+                count,
+                ptr,
+                ..
+            } => {
+                let len = count.saturating_mul(dtype.size());
+                if len > 0 && device::any_device(&[ptr]) {
+                    ranges.push(DeviceRange {
+                        ptr: ptr as u64,
+                        len,
+                        read: send,
+                        write: !send,
+                    });
+                }
+            }
+        }
+    }
+    let stream_refs: Vec<&Stream> = streams.iter().collect();
+    comm.enqueue_device(
+        &stream_refs,
+        ranges,
+        Box::new(move |comm, staged| {
+            let host =
+                |ptr: *const u8| -> *mut u8 { staged.host(ptr as u64).unwrap_or(ptr as *mut u8) };
+            let calls = calls
+                .into_iter()
+                .map(|call| match call {
+                    Call::Coll(c) => Call::Coll(Coll {
+                        send: host(c.send),
+                        recv: host(c.recv),
+                        stream: None,
+                        ..c
+                    }),
+                    Call::P2p {
+                        send,
+                        peer,
+                        dtype,
+                        count,
+                        ptr,
+                        ..
+                    } => Call::P2p {
+                        send,
+                        peer,
+                        dtype,
+                        count,
+                        ptr: host(ptr),
+                        stream: None,
+                    },
+                })
+                .collect();
+            run_group(comm, &ops, calls)
+        }),
+    )
 }
 
 /// The cost model's estimate of `calls` on `comm`, in microseconds.

@@ -1,9 +1,9 @@
 //! Telling host buffers from GPU buffers without linking CUDA.
 //!
-//! This build moves host memory only. A pointer can name GPU memory only in a process that
-//! has loaded the CUDA driver, so the check asks the driver the process already loaded
-//! (`dlopen` with `RTLD_NOLOAD`: nothing is loaded by asking) for the pointer's memory type.
-//! Without a loaded driver every pointer is host memory.
+//! A pointer can name GPU memory only in a process that has loaded the CUDA driver, so the
+//! check asks the driver the process already loaded (`dlopen` with `RTLD_NOLOAD`: nothing is
+//! loaded by asking) for the pointer's memory type. Without a loaded driver every pointer is
+//! host memory, and a host-only program never starts CUDA.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::OnceLock;
@@ -109,15 +109,13 @@ fn is_device(get: PointerGetAttribute, ptr: *const u8) -> bool {
     !(r == 0 && managed != 0)
 }
 
-/// `Ok` when every (pointer, name) is host memory; for the first in GPU memory, the message
-/// `ncclGetLastError` gives. The driver is looked up once for all of them.
-pub(crate) fn check_host(buffers: &[(*const u8, &str)]) -> Result<(), String> {
-    let Some(get) = driver() else { return Ok(()) };
-    match buffers.iter().find(|(ptr, _)| is_device(get, *ptr)) {
-        Some((ptr, what)) => Err(format!(
-            "{what} ({ptr:p}) is GPU memory, and this strata build moves host memory only; \
-             pass host (or CUDA managed) buffers, or use NVIDIA's NCCL for GPU buffers"
-        )),
-        None => Ok(()),
-    }
+/// Whether any of `buffers` is GPU memory (a call on it is then stream-ordered).
+pub(crate) fn any_device(buffers: &[*const u8]) -> bool {
+    let Some(get) = driver() else { return false };
+    buffers.iter().any(|&ptr| is_device(get, ptr))
+}
+
+/// Whether this process has loaded the CUDA driver.
+pub(crate) fn driver_loaded() -> bool {
+    driver().is_some()
 }

@@ -99,7 +99,9 @@ pub(crate) fn submit(handle: Arc<CommHandle>, call: Call) -> NcclResult {
 /// Runs one communicator's share: on this thread for a blocking communicator, on its worker
 /// (returning `ncclInProgress`) for a non-blocking one.
 fn run_for(handle: &Arc<CommHandle>, calls: Vec<Call>) -> NcclResult {
-    if handle.blocking {
+    // Calls on GPU memory are enqueued on their streams now, on this thread, so that they are
+    // ordered before the caller's later work on those streams; enqueueing does not block.
+    if handle.blocking || calls.iter().any(|c| c.stream().is_some()) {
         return match handle.execute(calls, init_limit()) {
             Ok(()) => NcclResult::Success,
             Err(e) => report(&e),

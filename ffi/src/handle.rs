@@ -139,6 +139,14 @@ impl CommHandle {
         *slot = match result {
             Ok(c) => {
                 let _ = self.shape.set((c.rank(), c.size()));
+                // As NCCL binds a communicator to the current device at init: the GPU path's
+                // resources are made now, before any stream waits on them.
+                if crate::device::driver_loaded()
+                    && let Ok(Some(dev)) = strata::gpu::current_device()
+                    && let Err(e) = c.bind_device(dev)
+                {
+                    tracing::warn!("GPU {dev}: {e}; device buffers will fail");
+                }
                 Slot::Ready(Arc::new(c))
             }
             Err(e) => Slot::Failed(e),
@@ -265,10 +273,19 @@ impl CommHandle {
             }
         }
         self.queue_cv.notify_all();
-        if let Some(w) = lock(&self.worker).take() {
-            if (wait || !init_running) && w.thread().id() != std::thread::current().id() {
-                let _ = w.join();
-            }
+        if let Some(w) = lock(&self.worker).take()
+            && (wait || !init_running)
+            && w.thread().id() != std::thread::current().id()
+        {
+            let _ = w.join();
+        }
+        // Calls still queued on streams run before the communicator goes (within its
+        // deadline); after an abort they fail at once and release their streams.
+        if let Slot::Ready(c) = &*lock(&self.slot)
+            && wait
+            && let Err(e) = c.wait_device_idle(c.timeout())
+        {
+            tracing::warn!("destroying with stream-ordered calls unfinished: {e}");
         }
     }
 
@@ -277,6 +294,9 @@ impl CommHandle {
     pub fn execute(&self, calls: Vec<Call>, init_limit: Duration) -> strata::Result<()> {
         let comm = self.wait_ready(init_limit)?;
         let ops = lock(&self.ops).clone();
+        if calls.iter().any(|c| c.stream().is_some()) {
+            return crate::call::enqueue_device(&comm, ops, calls);
+        }
         crate::call::run_group(&comm, &ops, calls)
     }
 }

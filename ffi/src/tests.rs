@@ -370,7 +370,11 @@ fn an_argument_fuzz_of_every_entry_point_gets_codes_never_crashes() {
             2 => rng.next() as usize as NcclComm,
             _ => live,
         };
-        let ptr = if rng.next() % 4 == 0 { null_mut() } else { b };
+        let ptr = if rng.next().is_multiple_of(4) {
+            null_mut()
+        } else {
+            b
+        };
         let (count, dt, op, root) = (
             rng.pick(&counts),
             rng.pick(&ints),
@@ -468,7 +472,7 @@ fn an_argument_fuzz_of_every_entry_point_gets_codes_never_crashes() {
                 }
                 _ => {
                     // Destroy or abort the live communicator, then make a new one.
-                    let code = if rng.next() % 2 == 0 {
+                    let code = if rng.next().is_multiple_of(2) {
                         ncclCommDestroy(live)
                     } else {
                         ncclCommAbort(live)

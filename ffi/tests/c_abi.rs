@@ -327,37 +327,47 @@ fn exports_are_exactly_the_nccl_api_and_the_soname_is_libnccl_so_2() {
     );
 }
 
+/// A folder with the CUDA driver stand-in (`tests/standins/cuda`) as `libcuda.so.1`.
+fn cuda_standin_dir() -> PathBuf {
+    let built = [profile_dir().join("deps"), profile_dir()]
+        .into_iter()
+        .map(|d| d.join("libstrata_cuda_standin.so"))
+        .find(|p| p.exists())
+        .expect("the CUDA stand-in (a dev-dependency) was built");
+    let dir = profile_dir().join("strata-nccl-test").join("cuda-standin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = dir.join(format!("libcuda.so.1.{}", std::process::id()));
+    std::fs::copy(&built, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("libcuda.so.1")).unwrap();
+    dir
+}
+
+/// Logic-level only: the stand-in driver runs streams on host threads.
 #[test]
-fn a_gpu_pointer_is_an_invalid_argument_with_a_reason() {
+fn gpu_buffers_on_streams_every_collective_at_2_3_and_4_processes_on_the_cuda_standin() {
     let lib = library_dir();
-    let fake = profile_dir().join("strata-nccl-test").join("fake-cuda");
-    std::fs::create_dir_all(&fake).unwrap();
-    tool(
-        Command::new("cc")
-            .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
-            .arg(fake.join("libcuda.so.1"))
-            .arg(source("c/fake_cuda.c")),
-    );
-    let exe = scratch("device-pointer");
+    let standin = cuda_standin_dir();
+    let exe = scratch("device-collectives");
+    let driver = standin.join("libcuda.so.1");
     compile_c(
-        "c/device_pointer.c",
+        "c/device_collectives.c",
         &exe,
         &[&Path::new(env!("CARGO_MANIFEST_DIR")).join("include")],
         lib,
-        &["-ldl"],
+        &[driver.to_str().unwrap(), "-lm"],
     );
-    let out = Command::new(&exe)
-        .arg(fake.join("libcuda.so.1"))
-        .env("STRATA_SOCKET_IFNAME", "=lo")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("is GPU memory"), "{text}");
+    let path = std::env::join_paths([standin.as_path(), lib]).unwrap();
+    let path = PathBuf::from(path);
+    for n in [2, 3, 4] {
+        run_ranks(
+            n,
+            &[&exe],
+            &[
+                ("LD_LIBRARY_PATH", path.as_path()),
+                ("STRATA_GPU_CHUNK", Path::new("4K")),
+            ],
+        );
+    }
 }
 
 #[test]

@@ -299,7 +299,7 @@ impl Communicator {
     }
 
     fn per_rank(&self, len: usize, what: &str) -> Result<usize> {
-        if len % self.size() != 0 {
+        if !len.is_multiple_of(self.size()) {
             return Err(Error::InvalidArgument(format!(
                 "{what} has {len} elements, not a multiple of {} ranks",
                 self.size()

@@ -28,13 +28,14 @@ impl Communicator {
         if let Some(e) = self.async_error() {
             return Err(e);
         }
-        if let ReduceOp::PreMulSum(s) = spec.op {
-            if spec.collective.reduces() && s.dtype != spec.dtype {
-                return Err(Error::InvalidArgument(format!(
-                    "premulsum scalar is {} but the buffers are {}",
-                    s.dtype, spec.dtype
-                )));
-            }
+        if let ReduceOp::PreMulSum(s) = spec.op
+            && spec.collective.reduces()
+            && s.dtype != spec.dtype
+        {
+            return Err(Error::InvalidArgument(format!(
+                "premulsum scalar is {} but the buffers are {}",
+                s.dtype, spec.dtype
+            )));
         }
         let (p, rank, es) = (inner.size, inner.rank, spec.dtype.size());
         let mut guard = self.lock_state()?;
@@ -195,12 +196,12 @@ impl Communicator {
             e => e,
         });
         self.inner.health.op_finished(seq, result.as_ref().err());
-        if let Err(e) = &result {
-            if let Some(earlier) = self.fail(st, e, &local.describe()) {
-                // Another error broke the communicator first (this one is likely its echo):
-                // every rank reports that one.
-                return Err(earlier);
-            }
+        if let Err(e) = &result
+            && let Some(earlier) = self.fail(st, e, &local.describe())
+        {
+            // Another error broke the communicator first (this one is likely its echo):
+            // every rank reports that one.
+            return Err(earlier);
         }
         result
     }

@@ -105,7 +105,7 @@ impl CachedPlan {
     }
 }
 
-struct Inner {
+pub(crate) struct Inner {
     rank: usize,
     size: usize,
     comm_id: String,
@@ -132,6 +132,8 @@ struct Inner {
     /// Prices algorithms on those tiers and chooses one per collective and size class.
     tuner: Tuner,
     spin: executor::SpinPolicy,
+    /// The progress thread of stream-ordered calls on device buffers, started by the first.
+    gpu: Mutex<Option<Arc<crate::gpu::StreamQueue>>>,
 }
 
 /// The four communicators of a 4D parallel layout ([`Communicator::split_layout`]).
@@ -213,6 +215,7 @@ fn comm_id_of(secret: &Secret, label: &[u8]) -> String {
 }
 
 mod collectives;
+mod device;
 mod engine;
 mod init;
 mod membership;
@@ -332,13 +335,13 @@ impl Communicator {
         collective: Collective,
         algorithm: Option<Algorithm>,
     ) -> Result<()> {
-        if let Some(a) = algorithm {
-            if !a.supports(collective) {
-                return Err(Error::InvalidArgument(format!(
-                    "algorithm '{a}' cannot run {collective}; valid: {}",
-                    valid_names(collective)
-                )));
-            }
+        if let Some(a) = algorithm
+            && !a.supports(collective)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "algorithm '{a}' cannot run {collective}; valid: {}",
+                valid_names(collective)
+            )));
         }
         let code = algorithm.map_or(0, |a| a.code() + 1);
         self.inner.algo_choice[collective.code() as usize].store(code, Ordering::Relaxed);

@@ -96,7 +96,7 @@ impl RingEndpoint {
     /// Lays out a fresh segment in `mem` and returns the creator's endpoint.
     pub fn create(mem: Arc<dyn Memory>, geo: Geometry, name: &'static str) -> io::Result<Self> {
         if mem.len() < geo.segment_bytes()
-            || geo.slot_size % CACHE_LINE != 0
+            || !geo.slot_size.is_multiple_of(CACHE_LINE)
             || geo.slot_size == 0
             || geo.slots == 0
         {
@@ -136,7 +136,7 @@ impl RingEndpoint {
         };
         if geo.slots == 0
             || geo.slot_size == 0
-            || geo.slot_size % CACHE_LINE != 0
+            || !geo.slot_size.is_multiple_of(CACHE_LINE)
             || mem.len() < geo.segment_bytes()
         {
             return Err(io::Error::new(
@@ -476,11 +476,11 @@ impl ShmMemory {
 
     /// Removes the name; the mapping lives on until both sides unmap.
     pub fn unlink(&self) {
-        if self.owner.swap(false, Ordering::AcqRel) {
-            if let Ok(c) = CString::new(self.name.as_str()) {
-                // SAFETY: valid C string; failure (already gone) is harmless.
-                unsafe { libc::shm_unlink(c.as_ptr()) };
-            }
+        if self.owner.swap(false, Ordering::AcqRel)
+            && let Ok(c) = CString::new(self.name.as_str())
+        {
+            // SAFETY: valid C string; failure (already gone) is harmless.
+            unsafe { libc::shm_unlink(c.as_ptr()) };
         }
     }
 }

@@ -99,7 +99,7 @@ impl TcpTransport {
         if self.st_start == self.st_end {
             self.st_start = 0;
             self.st_end = 0;
-        } else if self.st_start % 64 != 0 || self.st_end == STAGING {
+        } else if !self.st_start.is_multiple_of(64) || self.st_end == STAGING {
             let (s, e) = (self.st_start, self.st_end);
             self.staging_bytes().copy_within(s..e, 0);
             self.st_end = e - s;

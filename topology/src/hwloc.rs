@@ -251,14 +251,14 @@ fn validate(text: &str, file: &str) -> Result<(), TopoError> {
                     format!("'{set}' is '{value}'; expected an hwloc bitmap such as 0x0000000f"),
                 )
             })?;
-            if let Some(p) = parent.and_then(|p| p.attribute(set)).and_then(bitmap_words) {
-                if !subset(&words, &p) {
-                    return Err(TopoError::at(
-                        file,
-                        line(obj),
-                        format!("'{set}' of this {ty} is not inside its parent's"),
-                    ));
-                }
+            if let Some(p) = parent.and_then(|p| p.attribute(set)).and_then(bitmap_words)
+                && !subset(&words, &p)
+            {
+                return Err(TopoError::at(
+                    file,
+                    line(obj),
+                    format!("'{set}' of this {ty} is not inside its parent's"),
+                ));
             }
         }
     }

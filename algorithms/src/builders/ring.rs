@@ -56,10 +56,10 @@ pub(crate) fn ring_reduce_scatter_core(
         ]);
     }
     s.step(vec![Op::Finalize { region: dst }]);
-    if let Partials::PingPong { base, max_len } = partials {
-        if p > 2 {
-            s.scratch_elems = s.scratch_elems.max(base + 2 * max_len);
-        }
+    if let Partials::PingPong { base, max_len } = partials
+        && p > 2
+    {
+        s.scratch_elems = s.scratch_elems.max(base + 2 * max_len);
     }
 }
 

@@ -13,6 +13,7 @@ fn collective(
     op: Option<c_int>,
     root: Option<c_int>,
     comm: NcclComm,
+    stream: *mut c_void,
 ) -> NcclResult {
     guarded(|| {
         let h = comm_of(comm)?;
@@ -23,7 +24,7 @@ fn collective(
             None => (ReduceOp::Sum, None),
         };
         let root = root.map_or(Ok(0), |r| usize_of(r, "root"))?;
-        let c = Coll {
+        let mut c = Coll {
             spec: CallSpec {
                 op,
                 root,
@@ -32,9 +33,10 @@ fn collective(
             user_op,
             send: send as *const u8,
             recv: recv as *mut u8,
+            stream: None,
         };
-        if count > 0 {
-            device::check_host(&[(c.send, "sendbuff"), (c.recv, "recvbuff")]).map_err(invalid)?;
+        if count > 0 && device::any_device(&[c.send, c.recv]) {
+            c.stream = Some(stream as usize);
         }
         if let Some((rank, p)) = h.shape.get().copied() {
             call::check_coll(&c, rank, p).map_err(invalid)?;
@@ -51,18 +53,19 @@ fn p2p(
     datatype: c_int,
     peer: c_int,
     comm: NcclComm,
+    stream: *mut c_void,
 ) -> NcclResult {
     guarded(|| {
         let h = comm_of(comm)?;
         live(&h)?;
         let dtype = dtype_of(datatype)?;
         let peer = usize_of(peer, "peer")?;
-        if let Some((_, p)) = h.shape.get().copied() {
-            if peer >= p {
-                return Err(invalid(format!(
-                    "peer {peer} is out of range for {p} ranks"
-                )));
-            }
+        if let Some((_, p)) = h.shape.get().copied()
+            && peer >= p
+        {
+            return Err(invalid(format!(
+                "peer {peer} is out of range for {p} ranks"
+            )));
         }
         let bytes = count
             .checked_mul(dtype.size())
@@ -74,9 +77,8 @@ fn p2p(
                 if send { "send" } else { "recv" }
             )));
         }
-        if bytes > 0 {
-            device::check_host(&[(buf as *const u8, "the buffer")]).map_err(invalid)?;
-        }
+        let stream =
+            (bytes > 0 && device::any_device(&[buf as *const u8])).then_some(stream as usize);
         Ok(group::submit(
             h,
             Call::P2p {
@@ -85,6 +87,7 @@ fn p2p(
                 dtype,
                 count,
                 ptr: buf as *mut u8,
+                stream,
             },
         ))
     })
@@ -101,7 +104,6 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
         collective(
             Collective::AllReduce,
             sendbuff,
@@ -111,6 +113,7 @@ nccl_api! {
             Some(op),
             None,
             comm,
+            stream,
         )
     }
 
@@ -124,7 +127,6 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
         collective(
             Collective::Broadcast,
             sendbuff,
@@ -134,6 +136,7 @@ nccl_api! {
             None,
             Some(root),
             comm,
+            stream,
         )
     }
 
@@ -146,7 +149,6 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
         collective(
             Collective::Broadcast,
             buff,
@@ -156,6 +158,7 @@ nccl_api! {
             None,
             Some(root),
             comm,
+            stream,
         )
     }
 
@@ -170,7 +173,6 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
         collective(
             Collective::Reduce,
             sendbuff,
@@ -180,6 +182,7 @@ nccl_api! {
             Some(op),
             Some(root),
             comm,
+            stream,
         )
     }
 
@@ -192,7 +195,6 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
         collective(
             Collective::AllGather,
             sendbuff,
@@ -202,6 +204,7 @@ nccl_api! {
             None,
             None,
             comm,
+            stream,
         )
     }
 
@@ -215,7 +218,6 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
         collective(
             Collective::ReduceScatter,
             sendbuff,
@@ -225,6 +227,7 @@ nccl_api! {
             Some(op),
             None,
             comm,
+            stream,
         )
     }
 
@@ -237,7 +240,6 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
         collective(
             Collective::AllToAll,
             sendbuff,
@@ -247,6 +249,7 @@ nccl_api! {
             None,
             None,
             comm,
+            stream,
         )
     }
 
@@ -260,7 +263,6 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
         collective(
             Collective::Gather,
             sendbuff,
@@ -270,6 +272,7 @@ nccl_api! {
             None,
             Some(root),
             comm,
+            stream,
         )
     }
 
@@ -283,7 +286,6 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
         collective(
             Collective::Scatter,
             sendbuff,
@@ -293,6 +295,7 @@ nccl_api! {
             None,
             Some(root),
             comm,
+            stream,
         )
     }
 
@@ -305,8 +308,7 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
-        p2p(true, sendbuff as *mut c_void, count, datatype, peer, comm)
+        p2p(true, sendbuff as *mut c_void, count, datatype, peer, comm, stream)
     }
 
     /// `ncclRecv`.
@@ -318,8 +320,7 @@ nccl_api! {
         comm: NcclComm,
         stream: *mut c_void,
     ) -> NcclResult {
-        let _ = stream;
-        p2p(false, recvbuff, count, datatype, peer, comm)
+        p2p(false, recvbuff, count, datatype, peer, comm, stream)
     }
 
     /// `ncclGroupStart`: calls until the matching `ncclGroupEnd` are queued; groups nest.

@@ -346,11 +346,10 @@ nccl_api! {
             }
             // SAFETY: per the contract.
             let settings = unsafe { settings_of(config, h.blocking)? };
-            if shrink_flags == 1 {
-                if let Some(c) = h.ready() {
+            if shrink_flags == 1
+                && let Some(c) = h.ready() {
                     c.revoke();
                 }
-            }
             let child = CommHandle::create(settings.blocking, None);
             // SAFETY: checked writable above.
             unsafe { *newcomm = child.id as NcclComm };

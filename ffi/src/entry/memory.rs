@@ -3,6 +3,12 @@
 
 use crate::*;
 
+/// Device memory handed out by `ncclMemAlloc`: address → (bytes, device).
+fn device_allocations() -> &'static Mutex<HashMap<usize, (usize, i32)>> {
+    static ALLOCS: OnceLock<Mutex<HashMap<usize, (usize, i32)>>> = OnceLock::new();
+    ALLOCS.get_or_init(Default::default)
+}
+
 /// Host memory handed out by `ncclMemAlloc`: address → layout.
 fn allocations() -> &'static Mutex<HashMap<usize, std::alloc::Layout>> {
     static ALLOCS: OnceLock<Mutex<HashMap<usize, std::alloc::Layout>>> = OnceLock::new();
@@ -24,7 +30,6 @@ nccl_api! {
             if buff.is_null() || size == 0 {
                 return Err(invalid(format!("cannot register {size} bytes at {buff:p}")));
             }
-            device::check_host(&[(buff as *const u8, "the buffer")]).map_err(invalid)?;
             let token = next_token();
             // SAFETY: per the contract.
             unsafe { put(handle, token as *mut c_void, "handle")? };
@@ -70,7 +75,6 @@ nccl_api! {
                     "window flags {win_flags:#x} are not NCCL_WIN_* flags"
                 )));
             }
-            device::check_host(&[(buff as *const u8, "the window")]).map_err(invalid)?;
             let token = next_token();
             // SAFETY: per the contract.
             unsafe { put(win, token as *mut c_void, "win")? };
@@ -106,6 +110,15 @@ nccl_api! {
             if ptr.is_null() {
                 return Err(invalid("ptr is NULL"));
             }
+            // With the CUDA driver loaded and a device current, device memory (as NCCL's).
+            if device::driver_loaded()
+                && let Ok(Some(dev)) = strata::gpu::current_device() {
+                    let b = strata::gpu::DeviceBuffer::alloc(dev, size).map_err(|e| report(&e))?;
+                    lock(device_allocations()).insert(b.ptr() as usize, (size, dev));
+                    // SAFETY: checked non-NULL above.
+                    unsafe { put(ptr, b.into_raw() as *mut c_void, "ptr")? };
+                    return Ok(NcclResult::Success);
+                }
             // SAFETY: the layout has a non-zero size.
             let p = unsafe { std::alloc::alloc_zeroed(layout) };
             if p.is_null() {
@@ -126,6 +139,11 @@ nccl_api! {
     fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> NcclResult {
         guarded(|| {
             if ptr.is_null() {
+                return Ok(NcclResult::Success);
+            }
+            if let Some((len, dev)) = lock(device_allocations()).remove(&(ptr as usize)) {
+                // SAFETY: made by DeviceBuffer::alloc in ncclMemAlloc and given up there.
+                drop(unsafe { strata::gpu::DeviceBuffer::from_raw(ptr as u64, len, dev) });
                 return Ok(NcclResult::Success);
             }
             let layout = lock(allocations()).remove(&(ptr as usize)).ok_or_else(|| {
@@ -155,7 +173,12 @@ nccl_api! {
             if op.is_null() || scalar.is_null() {
                 return Err(invalid("op or scalar is NULL"));
             }
-            device::check_host(&[(scalar as *const u8, "the scalar")]).map_err(invalid)?;
+            if residence == 1 && device::any_device(&[scalar as *const u8]) {
+                return Err(invalid(
+                    "ncclScalarHostImmediate takes a host scalar; this one is GPU memory \
+                     (use ncclScalarDevice)",
+                ));
+            }
             let made = match residence {
                 1 => {
                     let mut bytes = [0u8; 8];

@@ -49,13 +49,13 @@ pub(super) fn spawn_main(args: &Args) -> ExitCode {
     let mut failed_at: Option<Instant> = None;
     loop {
         for (r, c) in children.iter_mut().enumerate() {
-            if status[r].is_none() {
-                if let Ok(Some(s)) = c.try_wait() {
-                    status[r] = Some(s.success());
-                    if !s.success() {
-                        eprintln!("collbench: rank {r} exited with {s}");
-                        failed_at.get_or_insert_with(Instant::now);
-                    }
+            if status[r].is_none()
+                && let Ok(Some(s)) = c.try_wait()
+            {
+                status[r] = Some(s.success());
+                if !s.success() {
+                    eprintln!("collbench: rank {r} exited with {s}");
+                    failed_at.get_or_insert_with(Instant::now);
                 }
             }
         }

@@ -224,10 +224,10 @@ pub(super) fn cyclic_devices(
     let mut out = Vec::with_capacity(np);
     while out.len() < np && queues.iter().any(|q| !q.is_empty()) {
         for q in queues.iter_mut() {
-            if out.len() < np {
-                if let Some(d) = q.pop_front() {
-                    out.push(d);
-                }
+            if out.len() < np
+                && let Some(d) = q.pop_front()
+            {
+                out.push(d);
             }
         }
     }

@@ -1,0 +1,253 @@
+//! Collectives on device buffers, enqueued on CUDA streams (see [`crate::gpu`] for how the
+//! stream and the progress thread are ordered).
+
+use super::*;
+use crate::gpu::{
+    self, DeviceBuffer, DeviceRange, DeviceWork, Memory, Stream,
+    queue::{Elementwise, JobKind, StreamQueue},
+};
+
+impl Communicator {
+    /// The communicator behind a progress thread's weak reference, while it lives.
+    pub(crate) fn upgrade(inner: &std::sync::Weak<Inner>) -> Option<Communicator> {
+        inner.upgrade().map(|inner| Communicator { inner })
+    }
+
+    /// Makes a failed stream-ordered call the communicator's fault, so that `async_error`
+    /// (`ncclCommGetAsyncError`) says why.
+    pub(crate) fn record_stream_fault(&self, e: &Error) {
+        if !matches!(e, Error::Aborted(_)) || self.async_error().is_none() {
+            self.inner.health.record_fault(e);
+        }
+    }
+
+    /// The progress thread for device buffers on `device`, started on first use. A
+    /// communicator drives one GPU, as in NCCL.
+    fn gpu_queue(&self, device: i32) -> Result<Arc<StreamQueue>> {
+        let mut q = self.inner.gpu.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = q.as_ref() {
+            if q.device() != device {
+                return Err(Error::InvalidArgument(format!(
+                    "this communicator drives GPU {}, and the buffer is on GPU {device}",
+                    q.device()
+                )));
+            }
+            return Ok(q.clone());
+        }
+        let started = Arc::new(StreamQueue::start(Arc::downgrade(&self.inner), device)?);
+        *q = Some(started.clone());
+        Ok(started)
+    }
+
+    /// Binds the communicator to `device` and makes its GPU resources (progress thread, copy
+    /// stream, pinned staging) now, as NCCL does at init. Optional: the first call on device
+    /// buffers does it otherwise, but making pinned memory synchronises with every stream, so
+    /// bind before a stream waits on work of this communicator.
+    pub fn bind_device(&self, device: i32) -> Result<()> {
+        self.gpu_queue(device).map(|_| ())
+    }
+
+    /// The GPU of the device buffers among `ptrs` (all must be on one), or an error naming a
+    /// host pointer among them.
+    fn device_of(ptrs: &[(u64, &str)]) -> Result<i32> {
+        gpu::driver()?;
+        let mut device = None;
+        for &(ptr, what) in ptrs {
+            match gpu::memory_of(ptr as *const std::ffi::c_void) {
+                Memory::Device(d) if device.is_none_or(|x| x == d) => device = Some(d),
+                Memory::Device(d) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{what} is on GPU {d}, another buffer of the call on GPU {}",
+                        device.unwrap_or(d)
+                    )));
+                }
+                Memory::Host => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{what} ({ptr:#x}) is host memory; a stream-ordered call takes \
+                         device buffers only"
+                    )));
+                }
+            }
+        }
+        device.ok_or_else(|| Error::InvalidArgument("the call names no device buffer".into()))
+    }
+
+    /// Enqueues `work` on `streams`: it runs on this communicator's progress thread once every
+    /// stream has reached this point, on host copies of `ranges` (device ranges read are
+    /// copied in first; ranges written are copied back after), and the streams go on only
+    /// when those copies are complete. Returns at once. A failure becomes the communicator's
+    /// [`async_error`](Communicator::async_error).
+    pub fn enqueue_device(
+        &self,
+        streams: &[&Stream],
+        ranges: Vec<DeviceRange>,
+        work: DeviceWork,
+    ) -> Result<()> {
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let ptrs: Vec<(u64, &str)> = ranges.iter().map(|r| (r.ptr, "a buffer")).collect();
+        let device = Self::device_of(&ptrs)?;
+        let q = self.gpu_queue(device)?;
+        let raw: Vec<_> = streams.iter().map(|s| s.raw()).collect();
+        q.enqueue(&raw, JobKind::Staged(ranges, work))
+    }
+
+    /// Enqueues all_reduce, broadcast or reduce of `spec` from device address `send` to `recv`
+    /// (equal for in place) on `stream`, pipelined in chunks (`STRATA_GPU_CHUNK`).
+    pub fn enqueue_elementwise(
+        &self,
+        spec: CallSpec,
+        send: u64,
+        recv: u64,
+        stream: &Stream,
+    ) -> Result<()> {
+        if !matches!(
+            spec.collective,
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+        ) {
+            return Err(Error::InvalidArgument(format!(
+                "{} is not elementwise; use enqueue_device",
+                spec.collective
+            )));
+        }
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        if spec.collective.rooted() && spec.root >= self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "root {} is out of range for {} ranks",
+                spec.root,
+                self.size()
+            )));
+        }
+        let is_root = self.rank() == spec.root;
+        let reads = spec.collective != Collective::Broadcast || is_root;
+        let writes = spec.collective != Collective::Reduce || is_root;
+        let mut ptrs = Vec::new();
+        if reads {
+            ptrs.push((send, "sendbuff"));
+        }
+        if writes {
+            ptrs.push((recv, "recvbuff"));
+        }
+        if spec.count == 0 || ptrs.is_empty() {
+            return Ok(());
+        }
+        let device = Self::device_of(&ptrs)?;
+        let q = self.gpu_queue(device)?;
+        let job = Elementwise {
+            spec,
+            send,
+            recv,
+            reads,
+            writes,
+        };
+        q.enqueue(&[stream.raw()], JobKind::Elementwise(job))
+    }
+
+    /// Runs `spec` on device buffers, enqueued on `stream`: returns at once, starts when the
+    /// stream's earlier work is done, and the stream's later work sees the result. `send` is
+    /// `None` for the in-place form (as in [`call_bytes`](Communicator::call_bytes)). Buffer
+    /// sizes are checked against the call now; a failure while it runs becomes the
+    /// communicator's [`async_error`](Communicator::async_error).
+    pub fn call_device(
+        &self,
+        spec: CallSpec,
+        send: Option<&DeviceBuffer>,
+        recv: &DeviceBuffer,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (rank, p) = (self.rank(), self.size());
+        if matches!(spec.collective, Collective::Send | Collective::Recv) {
+            return Err(Error::InvalidArgument(
+                "use enqueue_device for point-to-point transfers".into(),
+            ));
+        }
+        if spec.collective.rooted() && spec.root >= p {
+            return Err(Error::InvalidArgument(format!(
+                "root {} is out of range for {p} ranks",
+                spec.root
+            )));
+        }
+        let es = spec.dtype.size();
+        let (ie, oe) = spec.collective.buffer_elems(spec.count, p, rank, spec.root);
+        let (ib, ob) = (ie * es, oe * es);
+        let (in_off, out_off) = spec.in_place_offsets(rank);
+        match send {
+            Some(s) => need(s.len(), ib, "sendbuff")?,
+            None => need(
+                recv.len(),
+                (in_off + ib).max(out_off + ob),
+                "the in-place buffer",
+            )?,
+        }
+        need(recv.len(), ob, "recvbuff")?;
+        if matches!(
+            spec.collective,
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+        ) {
+            let s = send.map_or(recv.ptr(), DeviceBuffer::ptr);
+            return self.enqueue_elementwise(spec, s, recv.ptr(), stream);
+        }
+        let (rptr, rlen) = (recv.ptr(), recv.len());
+        let mut ranges = vec![DeviceRange {
+            ptr: rptr,
+            len: if send.is_some() { ob } else { rlen },
+            read: send.is_none(),
+            write: true,
+        }];
+        if let Some(s) = send {
+            ranges.push(DeviceRange {
+                ptr: s.ptr(),
+                len: ib,
+                read: true,
+                write: false,
+            });
+        }
+        let sptr = send.map(DeviceBuffer::ptr);
+        let work: DeviceWork = Box::new(move |comm, staged| {
+            let host = |ptr: u64, len: usize| -> Result<&mut [u8]> {
+                if len == 0 {
+                    return Ok(&mut []);
+                }
+                let h = staged.host(ptr).ok_or_else(|| {
+                    Error::Transport(format!("internal: {ptr:#x} was not staged"))
+                })?;
+                // SAFETY: the staged copy of a range of at least `len` bytes, alive for the
+                // call and used by it alone.
+                Ok(unsafe { std::slice::from_raw_parts_mut(h, len) })
+            };
+            let out = host(rptr, if sptr.is_some() { ob } else { rlen })?;
+            match sptr {
+                Some(s) => {
+                    let input = host(s, ib)?;
+                    comm.call_bytes(spec, Some(input), out)
+                }
+                None => comm.call_bytes(spec, None, out),
+            }
+        });
+        ranges.retain(|r| r.len > 0);
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let ptrs: Vec<(u64, &str)> = ranges.iter().map(|r| (r.ptr, "a buffer")).collect();
+        let device = Self::device_of(&ptrs)?;
+        self.gpu_queue(device)?
+            .enqueue(&[stream.raw()], JobKind::Staged(ranges, work))
+    }
+
+    /// Waits until every stream-ordered call enqueued so far has run, or `limit` passes.
+    pub fn wait_device_idle(&self, limit: Duration) -> Result<()> {
+        let q = self
+            .inner
+            .gpu
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match q {
+            Some(q) => q.wait_idle(limit),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! The CUDA driver, loaded at run time through cudarc's dynamic loading.
+//!
+//! Nothing here needs CUDA to build. The first use looks for `libcuda.so` (then `.so.1`, ...)
+//! on the normal library path, calls `cuInit` and counts devices; without a driver or a device
+//! every GPU entry point fails with one line that says so, and host buffers work as before.
+
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::ffi::{CStr, c_void};
+use std::sync::{Mutex, OnceLock};
+
+/// What the loaded driver reports.
+#[derive(Clone, Debug)]
+pub struct DriverInfo {
+    /// `cuDriverGetVersion`, e.g. 12080 for CUDA 12.8.
+    pub version: i32,
+    /// Visible devices.
+    pub devices: usize,
+}
+
+/// The driver, once: loaded and initialised, or why not.
+fn loaded() -> &'static std::result::Result<DriverInfo, String> {
+    static DRIVER: OnceLock<std::result::Result<DriverInfo, String>> = OnceLock::new();
+    DRIVER.get_or_init(|| {
+        // SAFETY: only tries to dlopen the candidate names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("no CUDA driver (libcuda.so.1) on the library path".into());
+        }
+        let run = || -> Result<DriverInfo> {
+            // SAFETY: plain driver calls with valid out-pointers.
+            unsafe {
+                check(sys::cuInit(0), "cuInit")?;
+                let mut version = 0;
+                check(sys::cuDriverGetVersion(&mut version), "cuDriverGetVersion")?;
+                let mut devices = 0;
+                check(sys::cuDeviceGetCount(&mut devices), "cuDeviceGetCount")?;
+                Ok(DriverInfo {
+                    version,
+                    devices: devices.max(0) as usize,
+                })
+            }
+        };
+        match std::panic::catch_unwind(run) {
+            Ok(Ok(info)) if info.devices == 0 => {
+                Err("the CUDA driver loaded but sees no GPU".into())
+            }
+            Ok(Ok(info)) => Ok(info),
+            Ok(Err(e)) => Err(format!("the CUDA driver failed to start: {e}")),
+            Err(_) => Err("the CUDA driver lacks a function strata needs (too old?)".into()),
+        }
+    })
+}
+
+/// The driver, or `Unsupported` with one line saying why the GPU path is unavailable.
+pub fn driver() -> Result<&'static DriverInfo> {
+    loaded()
+        .as_ref()
+        .map_err(|why| Error::Unsupported(format!("GPU buffers are unavailable: {why}")))
+}
+
+/// The driver if the process can use GPUs; never loads anything twice.
+pub fn available() -> bool {
+    loaded().is_ok()
+}
+
+/// Maps a driver result to strata's error, naming the call and the driver's own words.
+pub(crate) fn check(r: sys::CUresult, what: &str) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: the driver writes a pointer to a static string (or leaves NULL).
+    let found = unsafe { sys::cuGetErrorName(r, &mut name) } == sys::CUresult::CUDA_SUCCESS;
+    let text = if found && !name.is_null() {
+        // SAFETY: a NUL-terminated static string from the driver.
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        format!("{r:?}")
+    };
+    Err(Error::Transport(format!("CUDA: {what} failed: {text}")))
+}
+
+/// Runs a driver call, turning a symbol the driver lacks (cudarc panics) into an error.
+pub(crate) fn call(what: &str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
+    driver()?;
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => check(r, what),
+        Err(_) => Err(Error::Unsupported(format!(
+            "the CUDA driver has no {what} (driver too old?)"
+        ))),
+    }
+}
+
+/// The primary context of each device, retained once for the life of the process (as the
+/// CUDA runtime and PyTorch do).
+fn primary_context(device: i32) -> Result<sys::CUcontext> {
+    static CONTEXTS: OnceLock<Mutex<Vec<(i32, usize)>>> = OnceLock::new();
+    let table = CONTEXTS.get_or_init(Default::default);
+    let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(_, ctx)) = t.iter().find(|(d, _)| *d == device) {
+        return Ok(ctx as sys::CUcontext);
+    }
+    let info = driver()?;
+    if device < 0 || device as usize >= info.devices {
+        return Err(Error::InvalidArgument(format!(
+            "GPU {device} does not exist ({} visible)",
+            info.devices
+        )));
+    }
+    let mut dev: sys::CUdevice = 0;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointers; `device` is in range.
+    call("cuDeviceGet", || unsafe {
+        sys::cuDeviceGet(&mut dev, device)
+    })?;
+    call("cuDevicePrimaryCtxRetain", || unsafe {
+        sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
+    })?;
+    t.push((device, ctx as usize));
+    Ok(ctx)
+}
+
+/// Makes `device`'s primary context current on this thread (the driver keeps one per thread).
+pub fn set_device(device: i32) -> Result<()> {
+    let ctx = primary_context(device)?;
+    // SAFETY: a context retained above, never released.
+    call("cuCtxSetCurrent", || unsafe { sys::cuCtxSetCurrent(ctx) })
+}
+
+/// The device of this thread's current context, if one is current.
+pub fn current_device() -> Result<Option<i32>> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    call("cuCtxGetCurrent", || unsafe {
+        sys::cuCtxGetCurrent(&mut ctx)
+    })?;
+    if ctx.is_null() {
+        return Ok(None);
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: valid out-pointer; a context is current.
+    call("cuCtxGetDevice", || unsafe {
+        sys::cuCtxGetDevice(&mut dev)
+    })?;
+    Ok(Some(dev))
+}
+
+/// Where a pointer lives, as the driver says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    /// Host memory (pageable, pinned or managed): the host may read it.
+    Host,
+    /// Device memory of this GPU ordinal.
+    Device(i32),
+}
+
+/// Asks the driver where `ptr` lives; host memory when no driver is loaded or the driver does
+/// not know the address. Managed memory counts as host memory, as the host path can read it.
+pub fn memory_of(ptr: *const c_void) -> Memory {
+    if ptr.is_null() || !available() {
+        return Memory::Host;
+    }
+    let attr = |a: sys::CUpointer_attribute| -> Option<u32> {
+        let mut v: u32 = 0;
+        // SAFETY: a 4-byte out-parameter for these attributes; the driver only inspects the
+        // address.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+            sys::cuPointerGetAttribute((&mut v as *mut u32).cast(), a, ptr as sys::CUdeviceptr)
+        }));
+        matches!(r, Ok(sys::CUresult::CUDA_SUCCESS)).then_some(v)
+    };
+    use sys::CUpointer_attribute::*;
+    match attr(CU_POINTER_ATTRIBUTE_MEMORY_TYPE) {
+        Some(t) if t == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 => {
+            if attr(CU_POINTER_ATTRIBUTE_IS_MANAGED).is_some_and(|m| m != 0) {
+                return Memory::Host;
+            }
+            let ordinal = attr(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL).unwrap_or(0);
+            Memory::Device(ordinal as i32)
+        }
+        _ => Memory::Host,
+    }
+}

@@ -1,0 +1,21 @@
+//! GPU buffers: the CUDA driver loaded at run time, device memory, streams and events, and
+//! the stream-ordered execution of collectives on device buffers.
+//!
+//! A collective on device buffers is *enqueued* on a stream, as in NCCL: the call returns at
+//! once, the collective starts when the stream's earlier work is done, and the stream's later
+//! work sees its result. [`queue`] says how. The data path in this build is host-staged:
+//! device → pinned host memory → strata's shared-memory or TCP transports → device, in
+//! chunks whose copies overlap the transfers (`STRATA_GPU_CHUNK`, default 4 MiB).
+
+mod driver;
+mod memory;
+pub mod queue;
+mod stream;
+
+/// The raw driver API (cudarc's bindings, loaded at run time), for handles strata does not wrap.
+pub use cudarc::driver::sys;
+pub use driver::{DriverInfo, Memory, available, current_device, driver, memory_of, set_device};
+pub use memory::{DeviceBuffer, read_device};
+pub(crate) use queue::StreamQueue;
+pub use queue::{DeviceRange, DeviceWork, Staged};
+pub use stream::{Event, Stream};

@@ -1,0 +1,355 @@
+//! The GPU path against the CUDA driver stand-in (`tests/standins/cuda`, built as
+//! `libcuda.so.1` and loaded through the same cudarc path as the real driver). What these tests
+//! prove is ordering and data, never GPU speed; `scripts/gpu-check.sh` runs the GPU tests on a
+//! real GPU.
+//!
+//! Every collective × type × operator, in and out of place, on device buffers at 2, 3 and 4
+//! processes; that a call returns before its stream has run it and that later work on the
+//! stream sees its result; abort, and a killed peer, while calls are in flight on a stream.
+//! Each test re-runs this binary as its ranks, with the stand-in first on `LD_LIBRARY_PATH`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use strata::gpu::{self, DeviceBuffer, Stream, sys};
+use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId, check};
+
+const WORKER: &str = "STRATA_TEST_WORKER";
+
+/// `target/<profile>/cuda-standin/libcuda.so.1`, copied from the stand-in this test built.
+fn standin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let built = [profile.join("deps"), profile.clone()]
+        .into_iter()
+        .map(|d| d.join("libstrata_cuda_standin.so"))
+        .find(|p| p.exists())
+        .expect("the stand-in cdylib (a dev-dependency) was built");
+    let dir = profile.join("cuda-standin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = dir.join(format!("libcuda.so.1.{}", std::process::id()));
+    std::fs::copy(&built, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("libcuda.so.1")).unwrap();
+    dir
+}
+
+/// Spawns `n` ranks of test `name` with the stand-in as the driver; (success, output) each.
+fn spawn(name: &str, n: usize, env: &[(&str, &str)], limit: Duration) -> Vec<(bool, String)> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = standin_dir();
+    let hex = UniqueId::new().unwrap().to_hex();
+    let mut children: Vec<Child> = (0..n)
+        .map(|r| {
+            let mut c = Command::new(std::env::current_exe().unwrap());
+            c.args([name, "--exact", "--nocapture", "--test-threads=1"])
+                .env(WORKER, "1")
+                .env("STRATA_TEST_ID", &hex)
+                .env("STRATA_TEST_RANK", r.to_string())
+                .env("STRATA_TEST_NRANKS", n.to_string())
+                .env("STRATA_SOCKET_IFNAME", "=lo")
+                .env("STRATA_STANDIN_GPUS", "4")
+                .env("LD_LIBRARY_PATH", &dir)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c.spawn().unwrap()
+        })
+        .collect();
+    let start = Instant::now();
+    let mut done = vec![None; n];
+    while done.iter().any(Option::is_none) && start.elapsed() < limit {
+        for (r, c) in children.iter_mut().enumerate() {
+            if done[r].is_none() {
+                done[r] = c.try_wait().unwrap().map(|s| s.success());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    children
+        .into_iter()
+        .zip(done)
+        .map(|(mut c, ok)| {
+            if ok.is_none() {
+                let _ = c.kill();
+            }
+            let out = c.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (
+                ok == Some(true),
+                if ok.is_none() {
+                    format!("KILLED\n{text}")
+                } else {
+                    text
+                },
+            )
+        })
+        .collect()
+}
+
+/// In a rank: (communicator, rank, ranks); `None` in the parent.
+fn worker() -> Option<(Communicator, usize, usize)> {
+    std::env::var(WORKER).ok()?;
+    let rank: usize = std::env::var("STRATA_TEST_RANK").ok()?.parse().ok()?;
+    let n: usize = std::env::var("STRATA_TEST_NRANKS").ok()?.parse().ok()?;
+    let id = UniqueId::from_hex(&std::env::var("STRATA_TEST_ID").ok()?).unwrap();
+    let comm = Communicator::init(&id, n, rank).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    Some((comm, rank, n))
+}
+
+fn assert_all_ok(results: &[(bool, String)]) {
+    for (r, (ok, out)) in results.iter().enumerate() {
+        assert!(ok, "rank {r} failed:\n{out}");
+    }
+}
+
+/// Each rank drives its own stand-in GPU (rank % 4), as one process per GPU does.
+fn device_of(rank: usize) -> i32 {
+    (rank % 4) as i32
+}
+
+#[test]
+fn every_collective_type_and_operator_on_device_buffers_at_2_3_and_4_processes() {
+    if let Some((comm, rank, n)) = worker() {
+        let device = device_of(rank);
+        let stream = Stream::new(device).unwrap();
+        let mut failures = Vec::new();
+        for collective in Collective::WITH_BUFFERS {
+            for dtype in DataType::ALL {
+                let ops: Vec<ReduceOp> = if collective.reduces() {
+                    let mut v = ReduceOp::BASIC.to_vec();
+                    v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
+                    v
+                } else {
+                    vec![ReduceOp::Sum]
+                };
+                for op in ops {
+                    for in_place in [false, true] {
+                        // Small, and big enough for several pipeline chunks (64 KiB here).
+                        for count in [1usize, 4099, 70_000] {
+                            let spec = CallSpec {
+                                op,
+                                root: n - 1,
+                                ..CallSpec::new(collective, dtype, count)
+                            };
+                            match check::run_and_check_device(
+                                &comm, spec, in_place, &stream, device,
+                            ) {
+                                Ok(c) if c.first.is_none() => {}
+                                Ok(c) => failures.push(format!(
+                                    "{collective} {dtype} {op} {count} in_place {in_place}: {:?}",
+                                    c.first
+                                )),
+                                Err(e) => failures.push(format!(
+                                    "{collective} {dtype} {op} {count} in_place {in_place}: {e}"
+                                )),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "rank {rank}: {}", failures.join("\n"));
+        comm.wait_device_idle(Duration::from_secs(10)).unwrap();
+        return;
+    }
+    for n in [2, 3, 4] {
+        let name = "every_collective_type_and_operator_on_device_buffers_at_2_3_and_4_processes";
+        let env = [("STRATA_GPU_CHUNK", "64K")];
+        assert_all_ok(&spawn(name, n, &env, Duration::from_secs(300)));
+    }
+}
+
+/// A word of pinned, device-mapped host memory that gates a stream: the stream waits at
+/// `cuStreamWaitValue32` until the host writes 1.
+struct Gate {
+    host: *mut u32,
+    dev: u64,
+}
+
+impl Gate {
+    fn new() -> Self {
+        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+        let mut dev = 0u64;
+        // SAFETY: plain driver calls with valid out-pointers; a context is current.
+        unsafe {
+            assert_eq!(
+                sys::cuMemHostAlloc(&mut host, 64, sys::CU_MEMHOSTALLOC_DEVICEMAP),
+                sys::CUresult::CUDA_SUCCESS
+            );
+            (host as *mut u32).write_volatile(0);
+            assert_eq!(
+                sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0),
+                sys::CUresult::CUDA_SUCCESS
+            );
+        }
+        Gate {
+            host: host.cast(),
+            dev,
+        }
+    }
+
+    fn close_on(&self, stream: &Stream) {
+        let eq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
+        // SAFETY: a live device-mapped word.
+        let r = unsafe { sys::cuStreamWaitValue32_v2(stream.raw(), self.dev, 1, eq) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    }
+
+    fn open(&self) {
+        // SAFETY: a live pinned word; the stream reads it atomically.
+        unsafe { std::ptr::write_volatile(self.host, 1) };
+    }
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+#[test]
+fn a_call_returns_before_its_stream_runs_it_and_later_work_sees_the_result() {
+    if let Some((comm, rank, n)) = worker() {
+        let device = device_of(rank);
+        let stream = Stream::new(device).unwrap();
+        let side = Stream::new(device).unwrap();
+        comm.bind_device(device).unwrap();
+        let count = 1 << 16;
+        let buf = DeviceBuffer::alloc(device, count * 4).unwrap();
+        buf.upload(&f32s(&vec![(rank + 1) as f32; count]), &stream)
+            .unwrap();
+        let gate = Gate::new();
+        gate.close_on(&stream);
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, count);
+        let t = Instant::now();
+        comm.call_device(spec, None, &buf, &stream).unwrap();
+        let enqueue = t.elapsed();
+        // The stream is held at the gate: the collective has not run, so the buffer (read
+        // on another stream) still holds this rank's input.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut before = vec![0u8; count * 4];
+        buf.download(&mut before, &side).unwrap();
+        assert_eq!(
+            before,
+            f32s(&vec![(rank + 1) as f32; count]),
+            "ran before its stream"
+        );
+        gate.open();
+        // Work enqueued after the call on its stream sees the sum.
+        let mut after = vec![0u8; count * 4];
+        buf.download(&mut after, &stream).unwrap();
+        let want = (n * (n + 1) / 2) as f32;
+        assert_eq!(
+            after,
+            f32s(&vec![want; count]),
+            "later work saw a stale buffer"
+        );
+        assert!(
+            enqueue < Duration::from_millis(250),
+            "the call blocked for {enqueue:?}"
+        );
+        assert!(comm.async_error().is_none());
+        return;
+    }
+    let name = "a_call_returns_before_its_stream_runs_it_and_later_work_sees_the_result";
+    assert_all_ok(&spawn(name, 2, &[], Duration::from_secs(60)));
+}
+
+#[test]
+fn abort_while_calls_wait_on_a_stream_releases_the_stream_and_says_why() {
+    if let Some((comm, rank, _)) = worker() {
+        let device = device_of(rank);
+        let stream = Stream::new(device).unwrap();
+        let buf = DeviceBuffer::alloc(device, 4096).unwrap();
+        comm.bind_device(device).unwrap();
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 1024);
+        if rank == 0 {
+            let gate = Gate::new();
+            gate.close_on(&stream);
+            for _ in 0..3 {
+                comm.call_device(spec, None, &buf, &stream).unwrap();
+            }
+            comm.abort();
+            gate.open();
+        } else {
+            comm.call_device(spec, None, &buf, &stream).unwrap();
+        }
+        let t = Instant::now();
+        stream.synchronize().unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the stream was held {:?}",
+            t.elapsed()
+        );
+        let e = comm.async_error().expect("an async error after the abort");
+        eprintln!("rank {rank}: {e}");
+        if rank == 0 {
+            assert!(e.to_string().contains("abort"), "{e}");
+        }
+        return;
+    }
+    let name = "abort_while_calls_wait_on_a_stream_releases_the_stream_and_says_why";
+    let env = [("STRATA_TIMEOUT", "5")];
+    assert_all_ok(&spawn(name, 2, &env, Duration::from_secs(60)));
+}
+
+#[test]
+fn a_peer_killed_while_calls_are_on_a_stream_is_named_by_the_async_error() {
+    if let Some((comm, rank, _)) = worker() {
+        let device = device_of(rank);
+        let stream = Stream::new(device).unwrap();
+        let buf = DeviceBuffer::alloc(device, 1 << 20).unwrap();
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 1 << 18);
+        comm.call_device(spec, None, &buf, &stream).unwrap();
+        stream.synchronize().unwrap();
+        if rank == 2 {
+            // SAFETY: ends the process at once, as a crash would.
+            unsafe { libc::_exit(0) };
+        }
+        let t = Instant::now();
+        for _ in 0..4 {
+            let _ = comm.call_device(spec, None, &buf, &stream);
+        }
+        stream.synchronize().unwrap();
+        let e = comm
+            .async_error()
+            .expect("an async error after the peer died");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "took {:?}",
+            t.elapsed()
+        );
+        assert!(e.to_string().contains("rank 2"), "rank {rank}: {e}");
+        eprintln!("rank {rank} after {:?}: {e}", t.elapsed());
+        return;
+    }
+    let name = "a_peer_killed_while_calls_are_on_a_stream_is_named_by_the_async_error";
+    let env = [("STRATA_TIMEOUT", "5")];
+    assert_all_ok(&spawn(name, 3, &env, Duration::from_secs(60)));
+}
+
+#[test]
+fn without_a_driver_the_gpu_path_says_so_in_one_line() {
+    if std::env::var_os(WORKER).is_some() {
+        return;
+    }
+    // This process never has the stand-in on its library path, and the machines this runs on
+    // have no GPU driver: the GPU path reports unavailable and host buffers are unaffected.
+    if gpu::available() {
+        eprintln!(
+            "SKIPPED without_a_driver_the_gpu_path_says_so_in_one_line: a CUDA driver is installed"
+        );
+        return;
+    }
+    let e = gpu::driver().unwrap_err().to_string();
+    assert!(
+        e.contains("GPU buffers are unavailable") && !e.contains('\n'),
+        "{e}"
+    );
+    assert!(DeviceBuffer::alloc(0, 16).is_err());
+}

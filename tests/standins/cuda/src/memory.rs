@@ -1,0 +1,415 @@
+//! Device allocations in their own no-access address range, pinned host memory, copies and
+//! pointer attributes.
+
+use crate::{code, current, put, ready, status, stream};
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Mutex;
+
+/// Where device addresses start: far from the heap, the stack and libraries.
+const DEVICE_BASE: u64 = 0x5a00_0000_0000;
+/// Device allocations are aligned (and spaced) to this.
+const GRANULE: u64 = 2 << 20;
+
+pub(crate) enum Kind {
+    /// Device memory of an ordinal: `alias` is the driver's private view of it.
+    Device {
+        device: i32,
+        alias: *mut u8,
+        fd: i32,
+    },
+    /// Page-locked host memory; `mapped` if the device may address it.
+    Host { mapped: bool, owned: bool },
+}
+
+pub(crate) struct Alloc {
+    pub len: usize,
+    pub kind: Kind,
+}
+
+// SAFETY: the aliases are plain mappings owned by the table.
+unsafe impl Send for Alloc {}
+
+pub(crate) struct Table {
+    pub allocs: BTreeMap<u64, Alloc>,
+    next: u64,
+}
+
+pub(crate) static TABLE: Mutex<Table> = Mutex::new(Table {
+    allocs: BTreeMap::new(),
+    next: DEVICE_BASE,
+});
+
+pub(crate) fn table() -> std::sync::MutexGuard<'static, Table> {
+    TABLE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Table {
+    /// The allocation holding `[ptr, ptr + len)`.
+    pub(crate) fn find(&self, ptr: u64, len: usize) -> Option<(u64, &Alloc)> {
+        let (&start, a) = self.allocs.range(..=ptr).next_back()?;
+        (ptr + len as u64 <= start + a.len as u64).then_some((start, a))
+    }
+}
+
+/// Where the driver reads and writes `len` bytes the device knows as `ptr`: device memory
+/// through its alias, device-mapped host memory as itself.
+pub(crate) fn device_view(ptr: u64, len: usize) -> Result<*mut u8, i32> {
+    let t = table();
+    match t.find(ptr, len) {
+        Some((start, a)) => match a.kind {
+            // SAFETY: within the allocation (checked by `find`).
+            Kind::Device { alias, .. } => Ok(unsafe { alias.add((ptr - start) as usize) }),
+            Kind::Host { mapped: true, .. } => Ok(ptr as *mut u8),
+            Kind::Host { mapped: false, .. } => Err(code::INVALID_VALUE),
+        },
+        None => Err(code::INVALID_VALUE),
+    }
+}
+
+/// Device memory only (the device side of a copy).
+fn device_only(ptr: u64, len: usize) -> Result<*mut u8, i32> {
+    let t = table();
+    match t.find(ptr, len) {
+        // SAFETY: within the allocation.
+        Some((start, a)) => match a.kind {
+            Kind::Device { alias, .. } => Ok(unsafe { alias.add((ptr - start) as usize) }),
+            Kind::Host { .. } => Ok(ptr as *mut u8),
+        },
+        None => Err(code::INVALID_VALUE),
+    }
+}
+
+/// A host pointer of a copy: any host memory, but never a device address.
+fn host_only(ptr: *const c_void, len: usize) -> Result<*mut u8, i32> {
+    let p = ptr as u64;
+    if ptr.is_null() && len > 0 {
+        return Err(code::INVALID_VALUE);
+    }
+    let t = table();
+    if let Some((_, a)) = t.find(p, 1)
+        && matches!(a.kind, Kind::Device { .. })
+    {
+        return Err(code::INVALID_VALUE);
+    }
+    Ok(ptr as *mut u8)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(out: *mut u64, len: usize) -> i32 {
+    status(current().and_then(|device| {
+        if len == 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        // An allocation synchronises with every stream, as the driver's does.
+        stream::synchronize_all();
+        let size = (len as u64).next_multiple_of(GRANULE);
+        // SAFETY: plain system calls on a fresh file and fresh mappings.
+        unsafe {
+            let fd = libc::memfd_create(c"strata-standin-device".as_ptr(), libc::MFD_CLOEXEC);
+            if fd < 0 || libc::ftruncate(fd, size as i64) != 0 {
+                return Err(code::OUT_OF_MEMORY);
+            }
+            let prot = libc::PROT_READ | libc::PROT_WRITE;
+            let alias = libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                prot,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            if alias == libc::MAP_FAILED {
+                libc::close(fd);
+                return Err(code::OUT_OF_MEMORY);
+            }
+            let mut t = table();
+            let addr = t.next;
+            t.next += size + GRANULE; // a gap: running off the end faults
+            let flags = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE;
+            let dev = libc::mmap(
+                addr as *mut c_void,
+                size as usize,
+                libc::PROT_NONE,
+                flags,
+                fd,
+                0,
+            );
+            if dev != addr as *mut c_void {
+                libc::munmap(alias, size as usize);
+                libc::close(fd);
+                return Err(code::OUT_OF_MEMORY);
+            }
+            t.allocs.insert(
+                addr,
+                Alloc {
+                    len,
+                    kind: Kind::Device {
+                        device,
+                        alias: alias.cast(),
+                        fd,
+                    },
+                },
+            );
+            put(out, addr)
+        }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(ptr: u64) -> i32 {
+    status(current().and_then(|_| {
+        // As cudaFree does: the device finishes the work that may still use it.
+        stream::synchronize_all();
+        let mut t = table();
+        match t.allocs.get(&ptr) {
+            Some(Alloc {
+                kind: Kind::Device { .. },
+                ..
+            }) => {}
+            _ => return Err(code::INVALID_VALUE),
+        }
+        let a = t.allocs.remove(&ptr).ok_or(code::INVALID_VALUE)?;
+        if let Kind::Device { alias, fd, .. } = a.kind {
+            let size = (a.len as u64).next_multiple_of(GRANULE) as usize;
+            // SAFETY: the mappings and file made by cuMemAlloc, used by nothing now.
+            unsafe {
+                libc::munmap(alias.cast(), size);
+                libc::munmap(ptr as *mut c_void, size);
+                libc::close(fd);
+            }
+        }
+        Ok(())
+    }))
+}
+
+const HOSTALLOC_DEVICEMAP: c_uint = 2;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(out: *mut *mut c_void, len: usize, flags: c_uint) -> i32 {
+    status(current().and_then(|_| {
+        if len == 0 || out.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        stream::synchronize_all();
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let flags_m = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        // SAFETY: a fresh anonymous mapping.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags_m, -1, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(code::OUT_OF_MEMORY);
+        }
+        table().allocs.insert(
+            p as u64,
+            Alloc {
+                len,
+                kind: Kind::Host {
+                    mapped: flags & HOSTALLOC_DEVICEMAP != 0,
+                    owned: true,
+                },
+            },
+        );
+        // SAFETY: out-parameter.
+        unsafe { put(out, p) }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocHost_v2(out: *mut *mut c_void, len: usize) -> i32 {
+    // SAFETY: same contract.
+    unsafe { cuMemHostAlloc(out, len, 0) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> i32 {
+    status(current().and_then(|_| {
+        stream::synchronize_all();
+        let mut t = table();
+        match t.allocs.get(&(p as u64)) {
+            Some(Alloc {
+                kind: Kind::Host { owned: true, .. },
+                len,
+            }) => {
+                let len = *len;
+                t.allocs.remove(&(p as u64));
+                // SAFETY: the mapping made by cuMemHostAlloc.
+                unsafe { libc::munmap(p, len) };
+                Ok(())
+            }
+            _ => Err(code::INVALID_VALUE),
+        }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, len: usize, _flags: c_uint) -> i32 {
+    status(current().and_then(|_| {
+        if p.is_null() || len == 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        let mut t = table();
+        if t.find(p as u64, 1).is_some() {
+            return Err(712); // CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+        }
+        t.allocs.insert(
+            p as u64,
+            Alloc {
+                len,
+                kind: Kind::Host {
+                    mapped: true,
+                    owned: false,
+                },
+            },
+        );
+        Ok(())
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> i32 {
+    status(current().and_then(|_| {
+        let mut t = table();
+        match t.allocs.get(&(p as u64)) {
+            Some(Alloc {
+                kind: Kind::Host { owned: false, .. },
+                ..
+            }) => {
+                t.allocs.remove(&(p as u64));
+                Ok(())
+            }
+            _ => Err(713), // CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+        }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    out: *mut u64,
+    p: *mut c_void,
+    flags: c_uint,
+) -> i32 {
+    status(current().and_then(|_| {
+        if flags != 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        match table().find(p as u64, 1) {
+            // SAFETY: out-parameter.
+            Some((
+                _,
+                Alloc {
+                    kind: Kind::Host { mapped: true, .. },
+                    ..
+                },
+            )) => unsafe { put(out, p as u64) },
+            _ => Err(code::INVALID_VALUE),
+        }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attr: c_int, ptr: u64) -> i32 {
+    status(ready().and_then(|_| {
+        let t = table();
+        let (_, a) = t.find(ptr, 1).ok_or(code::INVALID_VALUE)?;
+        let (memory_type, device) = match a.kind {
+            Kind::Device { device, .. } => (2u32, device),
+            Kind::Host { .. } => (1u32, 0),
+        };
+        let out = data as *mut u32;
+        // SAFETY: out-parameters of 4 bytes for these attributes (8 for the context).
+        unsafe {
+            match attr {
+                1 => put(data as *mut usize, 0x5c7c_0000 + device as usize * 16),
+                2 => put(out, memory_type),
+                3 => put(data as *mut u64, ptr),
+                8 => put(out, 0),
+                9 => put(out, device as u32),
+                _ => Err(code::INVALID_VALUE),
+            }
+        }
+    }))
+}
+
+/// A copy of `len` bytes between resolved views, on `stream` (0 for synchronous).
+fn copy(dst: *mut u8, src: *const u8, len: usize, s: usize, sync: bool) -> Result<(), i32> {
+    let (d, r) = (dst as usize, src as usize);
+    let op = move || {
+        // SAFETY: both views cover `len` bytes (resolved above); device views are the
+        // driver's aliases, host views the caller's memory, which it keeps valid.
+        unsafe { std::ptr::copy(r as *const u8, d as *mut u8, len) }
+    };
+    if sync {
+        stream::synchronize_all();
+        op();
+        Ok(())
+    } else {
+        stream::enqueue(s, Box::new(op))
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, len: usize, s: usize) -> i32 {
+    status(
+        current().and_then(|_| copy(device_only(dst, len)?, host_only(src, len)?, len, s, false)),
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, len: usize, s: usize) -> i32 {
+    status(
+        current().and_then(|_| copy(host_only(dst, len)?, device_only(src, len)?, len, s, false)),
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, len: usize, s: usize) -> i32 {
+    status(current().and_then(|_| {
+        copy(
+            device_only(dst, len)?,
+            device_only(src, len)?,
+            len,
+            s,
+            false,
+        )
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, len: usize) -> i32 {
+    status(current().and_then(|_| copy(device_only(dst, len)?, host_only(src, len)?, len, 0, true)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, len: usize) -> i32 {
+    status(current().and_then(|_| copy(host_only(dst, len)?, device_only(src, len)?, len, 0, true)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, len: usize) -> i32 {
+    status(
+        current().and_then(|_| copy(device_only(dst, len)?, device_only(src, len)?, len, 0, true)),
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD8Async(dst: u64, value: u8, len: usize, s: usize) -> i32 {
+    status(current().and_then(|_| {
+        let d = device_only(dst, len)? as usize;
+        stream::enqueue(
+            s,
+            Box::new(move || {
+                // SAFETY: the device view covers `len` bytes.
+                unsafe { std::ptr::write_bytes(d as *mut u8, value, len) }
+            }),
+        )
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD8_v2(dst: u64, value: u8, len: usize) -> i32 {
+    let r = cuMemsetD8Async(dst, value, len, 0);
+    if r == code::SUCCESS {
+        stream::synchronize_all();
+    }
+    r
+}
