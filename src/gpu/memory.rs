@@ -146,6 +146,8 @@ impl Drop for DeviceBuffer {
 pub(crate) struct PinnedBuffer {
     host: *mut u8,
     len: usize,
+    /// The device whose context was current when it was made (freeing needs a context).
+    device: Option<i32>,
 }
 
 // SAFETY: plain host memory owned by this value.
@@ -163,6 +165,7 @@ impl PinnedBuffer {
         Ok(Self {
             host: host.cast(),
             len: len.max(1),
+            device: super::driver::current_device().ok().flatten(),
         })
     }
 
@@ -189,6 +192,9 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
+        if let (Ok(None), Some(d)) = (super::driver::current_device(), self.device) {
+            let _ = set_device(d);
+        }
         // SAFETY: allocated by cuMemHostAlloc; nothing uses it any more.
         let _ = call("cuMemFreeHost", || unsafe {
             sys::cuMemFreeHost(self.host.cast())
