@@ -37,7 +37,17 @@ fn standin_dir() -> PathBuf {
 fn spawn(name: &str, n: usize, env: &[(&str, &str)], limit: Duration) -> Vec<(bool, String)> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = standin_dir();
+    // STRATA_GPU_TESTS_REAL=1 (scripts/gpu-check.sh): the real driver, no stand-in.
+    let real = std::env::var_os("STRATA_GPU_TESTS_REAL").is_some();
+    let mut dir = if real {
+        std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default()
+    } else {
+        standin_dir().into_os_string()
+    };
+    if let Some(nvrtc) = std::env::var_os("STRATA_NVRTC_DIR") {
+        dir.push(":");
+        dir.push(nvrtc);
+    }
     let hex = UniqueId::new().unwrap().to_hex();
     let mut children: Vec<Child> = (0..n)
         .map(|r| {
@@ -77,9 +87,10 @@ fn spawn(name: &str, n: usize, env: &[(&str, &str)], limit: Duration) -> Vec<(bo
             }
             let out = c.wait_with_output().unwrap();
             let text = format!(
-                "{}{}",
+                "{}{}(exit: {:?})",
                 String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+                String::from_utf8_lossy(&out.stderr),
+                out.status
             );
             (
                 ok == Some(true),
@@ -104,14 +115,25 @@ fn worker() -> Option<(Communicator, usize, usize)> {
 }
 
 fn assert_all_ok(results: &[(bool, String)]) {
-    for (r, (ok, out)) in results.iter().enumerate() {
-        assert!(ok, "rank {r} failed:\n{out}");
+    if results.iter().any(|(ok, _)| !ok) {
+        let all: Vec<String> = results
+            .iter()
+            .enumerate()
+            .map(|(r, (ok, out))| {
+                format!(
+                    "--- rank {r} ({}):\n{out}",
+                    if *ok { "ok" } else { "FAILED" }
+                )
+            })
+            .collect();
+        panic!("{}", all.join("\n"));
     }
 }
 
-/// Each rank drives its own stand-in GPU (rank % 4), as one process per GPU does.
+/// Each rank drives its own GPU (rank % the GPUs visible; the stand-in shows 4), as one
+/// process per GPU does.
 fn device_of(rank: usize) -> i32 {
-    (rank % 4) as i32
+    (rank % gpu::driver().unwrap().devices) as i32
 }
 
 #[test]
@@ -161,7 +183,7 @@ fn every_collective_type_and_operator_on_device_buffers_at_2_3_and_4_processes()
     }
     for n in [2, 3, 4] {
         let name = "every_collective_type_and_operator_on_device_buffers_at_2_3_and_4_processes";
-        let env = [("STRATA_GPU_CHUNK", "64K")];
+        let env = [("STRATA_GPU_CHUNK", "64K"), ("STRATA_GPU_PATH", "staged")];
         assert_all_ok(&spawn(name, n, &env, Duration::from_secs(300)));
     }
 }
@@ -210,6 +232,52 @@ impl Gate {
 
 fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+#[test]
+fn all_reduce_through_cuda_ipc_and_gpu_kernels_every_type_and_operator_at_2_3_and_4_processes() {
+    if let Some((comm, rank, _)) = worker() {
+        let device = device_of(rank);
+        let stream = Stream::new(device).unwrap();
+        comm.bind_device(device).unwrap();
+        assert!(comm.uses_gpu_ipc(), "STRATA_GPU_PATH=ipc bound without IPC");
+        let mut failures = Vec::new();
+        for dtype in DataType::ALL {
+            let mut ops = ReduceOp::BASIC.to_vec();
+            ops.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
+            for op in ops {
+                for in_place in [false, true] {
+                    for count in [1usize, 4099, 70_000] {
+                        let spec = CallSpec {
+                            op,
+                            ..CallSpec::new(Collective::AllReduce, dtype, count)
+                        };
+                        match check::run_and_check_device(&comm, spec, in_place, &stream, device) {
+                            Ok(c) if c.first.is_none() => {}
+                            Ok(c) => failures
+                                .push(format!("{dtype} {op} {count} {in_place}: {:?}", c.first)),
+                            Err(e) => {
+                                failures.push(format!("{dtype} {op} {count} {in_place}: {e}"))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "rank {rank}: {}", failures.join("\n"));
+        return;
+    }
+    let test = "all_reduce_through_cuda_ipc_and_gpu_kernels_every_type_and_operator_at_2_3_and_4_processes";
+    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
+        eprintln!(
+            "SKIPPED {test}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
+        );
+        return;
+    }
+    for n in [2, 3, 4] {
+        let env = [("STRATA_GPU_CHUNK", "64K"), ("STRATA_GPU_PATH", "ipc")];
+        assert_all_ok(&spawn(test, n, &env, Duration::from_secs(300)));
+    }
 }
 
 #[test]

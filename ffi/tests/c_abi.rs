@@ -356,15 +356,35 @@ fn gpu_buffers_on_streams_every_collective_at_2_3_and_4_processes_on_the_cuda_st
         lib,
         &[driver.to_str().unwrap(), "-lm"],
     );
-    let path = std::env::join_paths([standin.as_path(), lib]).unwrap();
-    let path = PathBuf::from(path);
+    let staged = PathBuf::from(std::env::join_paths([standin.as_path(), lib]).unwrap());
     for n in [2, 3, 4] {
         run_ranks(
             n,
             &[&exe],
             &[
-                ("LD_LIBRARY_PATH", path.as_path()),
+                ("LD_LIBRARY_PATH", staged.as_path()),
                 ("STRATA_GPU_CHUNK", Path::new("4K")),
+                ("STRATA_GPU_PATH", Path::new("staged")),
+            ],
+        );
+    }
+    // All-reduce GPU to GPU through CUDA IPC and the kernels, which NVRTC compiles at init.
+    let Some(nvrtc) = std::env::var_os("STRATA_NVRTC_DIR") else {
+        common::skip(
+            "gpu_buffers_on_streams (IPC part)",
+            "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set",
+        );
+        return;
+    };
+    let with_nvrtc = std::env::join_paths([standin.as_path(), lib, Path::new(&nvrtc)]).unwrap();
+    for n in [2, 3, 4] {
+        run_ranks(
+            n,
+            &[&exe],
+            &[
+                ("LD_LIBRARY_PATH", Path::new(&with_nvrtc)),
+                ("STRATA_GPU_CHUNK", Path::new("4K")),
+                ("STRATA_GPU_PATH", Path::new("ipc")),
             ],
         );
     }

@@ -34,13 +34,20 @@ impl Communicator {
             }
             return Ok(q.clone());
         }
+        let path = gpu::GpuPath::from_env()?;
         let started = Arc::new(StreamQueue::start(Arc::downgrade(&self.inner), device)?);
+        // Collective: every rank binds (at init, or at its first call on device buffers).
+        let half = crate::gpu::queue::chunk_bytes();
+        if let Some(ipc) = gpu::ipc::IpcPath::build(self, device, half, path)? {
+            started.set_ipc(ipc);
+        }
         *q = Some(started.clone());
         Ok(started)
     }
 
     /// Binds the communicator to `device` and makes its GPU resources (progress thread, copy
-    /// stream, pinned staging) now, as NCCL does at init. Optional: the first call on device
+    /// stream, pinned staging, and on one host the IPC exchange buffers) now, as NCCL does at
+    /// init. Collective: every rank calls it (or none). Optional: the first call on device
     /// buffers does it otherwise, but making pinned memory synchronises with every stream, so
     /// bind before a stream waits on work of this communicator.
     pub fn bind_device(&self, device: i32) -> Result<()> {
@@ -235,6 +242,13 @@ impl Communicator {
         let device = Self::device_of(&ptrs)?;
         self.gpu_queue(device)?
             .enqueue(&[stream.raw()], JobKind::Staged(ranges, work))
+    }
+
+    /// Whether this communicator's all-reduce on device buffers goes GPU to GPU through CUDA
+    /// IPC (bound, one host, kernels loaded), rather than through host memory.
+    pub fn uses_gpu_ipc(&self) -> bool {
+        let q = self.inner.gpu.lock().unwrap_or_else(|p| p.into_inner());
+        q.as_ref().is_some_and(|q| q.has_ipc())
     }
 
     /// Waits until every stream-ordered call enqueued so far has run, or `limit` passes.

@@ -22,8 +22,7 @@ pub struct DriverInfo {
 fn loaded() -> &'static std::result::Result<DriverInfo, String> {
     static DRIVER: OnceLock<std::result::Result<DriverInfo, String>> = OnceLock::new();
     DRIVER.get_or_init(|| {
-        // SAFETY: only tries to dlopen the candidate names.
-        if !unsafe { sys::is_culib_present() } {
+        if !keep_loaded(&["libcuda.so.1", "libcuda.so"]) {
             return Err("no CUDA driver (libcuda.so.1) on the library path".into());
         }
         let run = || -> Result<DriverInfo> {
@@ -48,6 +47,21 @@ fn loaded() -> &'static std::result::Result<DriverInfo, String> {
             Ok(Err(e)) => Err(format!("the CUDA driver failed to start: {e}")),
             Err(_) => Err("the CUDA driver lacks a function strata needs (too old?)".into()),
         }
+    })
+}
+
+/// Loads the first of `names` that exists and keeps it loaded for the life of the process.
+///
+/// cudarc's own presence checks open the library and close it again before cudarc opens it
+/// for good; strata loads it once here instead and never unloads it, so a CUDA library is
+/// never unloaded and reloaded mid-process, and cudarc's later loads find it resident.
+pub(crate) fn keep_loaded(names: &[&str]) -> bool {
+    names.iter().any(|name| {
+        let Ok(c) = std::ffi::CString::new(*name) else {
+            return false;
+        };
+        // SAFETY: dlopen of a library name; the handle is deliberately never closed.
+        !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
     })
 }
 

@@ -116,6 +116,8 @@ struct Shared {
     /// Whether streams wait with `cuStreamWaitValue32` (else a holding host function).
     memops: AtomicBool,
     device: i32,
+    /// The IPC all-reduce path, when the communicator built one at bind.
+    ipc: std::sync::OnceLock<super::ipc::IpcPath>,
 }
 
 // SAFETY: the flag is written through atomics only; the rest is synchronised.
@@ -138,7 +140,7 @@ pub(crate) struct StreamQueue {
 }
 
 /// Bytes per pipeline chunk (`STRATA_GPU_CHUNK`, default 4 MiB).
-fn chunk_bytes() -> usize {
+pub(crate) fn chunk_bytes() -> usize {
     std::env::var("STRATA_GPU_CHUNK")
         .ok()
         .and_then(|v| parse_bytes(&v))
@@ -176,6 +178,7 @@ impl StreamQueue {
             flag_dev,
             memops: AtomicBool::new(true),
             device,
+            ipc: std::sync::OnceLock::new(),
         });
         // Everything the progress thread needs from the driver's allocators is made here: an
         // allocation or free of pinned or device memory synchronises with every stream, and
@@ -196,6 +199,16 @@ impl StreamQueue {
         let _ = q.thread_id.set(thread.thread().id());
         *q.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
         Ok(q)
+    }
+
+    /// Gives the queue the IPC path built at bind (before any call is enqueued).
+    pub(crate) fn set_ipc(&self, path: super::ipc::IpcPath) {
+        let _ = self.shared.ipc.set(path);
+    }
+
+    /// Whether all-reduce goes through CUDA IPC and GPU kernels.
+    pub(crate) fn has_ipc(&self) -> bool {
+        self.shared.ipc.get().is_some()
     }
 
     /// The device this queue's staging and copies use.
@@ -416,7 +429,8 @@ fn progress(comm: std::sync::Weak<crate::comm::Inner>, shared: Arc<Shared>, stag
             ))),
             (Some(_), Err(e)) => Err(e.clone()),
             (Some(c), Ok(stage)) => {
-                let r = wait_ready(&c, &job.ready).and_then(|_| run(&c, stage, job.kind));
+                let ipc = shared.ipc.get();
+                let r = wait_ready(&c, &job.ready).and_then(|_| run(&c, stage, ipc, job.kind));
                 if let Err(e) = &r {
                     c.record_stream_fault(e);
                 }
@@ -451,13 +465,23 @@ fn wait_ready(comm: &Communicator, ready: &[Arc<Ready>]) -> Result<()> {
 }
 
 /// Runs one job on the host copies of its buffers.
-fn run(comm: &Communicator, stage: &mut Stage, kind: JobKind) -> Result<()> {
+fn run(
+    comm: &Communicator,
+    stage: &mut Stage,
+    ipc: Option<&super::ipc::IpcPath>,
+    kind: JobKind,
+) -> Result<()> {
     if let Some(e) = comm.async_error() {
         return Err(e);
     }
-    match kind {
-        JobKind::Staged(ranges, work) => run_staged(comm, stage, ranges, work),
-        JobKind::Elementwise(e) => run_elementwise(comm, stage, e),
+    match (kind, ipc) {
+        (JobKind::Elementwise(e), Some(ipc))
+            if e.spec.collective == strata_algorithms::Collective::AllReduce =>
+        {
+            ipc.all_reduce(comm, e.spec, e.send, e.recv, &stage.copy)
+        }
+        (JobKind::Staged(ranges, work), _) => run_staged(comm, stage, ranges, work),
+        (JobKind::Elementwise(e), _) => run_elementwise(comm, stage, e),
     }
 }
 

@@ -110,10 +110,26 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
         s = next;
     }
     let transport = std::env::var("STRATA_TRANSPORT").unwrap_or_else(|_| "auto".into());
+    let on_gpu = args.device == "cuda";
+    if on_gpu {
+        // Collective: every rank binds its GPU before the first timed call.
+        let device = super::device::local_device(comm)?;
+        comm.bind_device(device).map_err(|e| e.to_string())?;
+    }
     if rank == 0 {
         println!(
-            "# collbench (strata {}): {collective}, {n} ranks, transport {transport}",
-            env!("CARGO_PKG_VERSION")
+            "# collbench (strata {}): {collective}, {n} ranks, transport {transport}, buffers on {}",
+            env!("CARGO_PKG_VERSION"),
+            if on_gpu {
+                let path = if comm.uses_gpu_ipc() {
+                    "CUDA IPC for all_reduce"
+                } else {
+                    "host-staged"
+                };
+                format!("the GPU ({path}; timed with CUDA events)")
+            } else {
+                "the host".to_string()
+            }
         );
         println!(
             "# nccl-tests columns; algbw = size/time, busbw = algbw x {:.3}; GB = 1e9 B",
@@ -353,6 +369,12 @@ pub(super) fn bench_row(
         &[false, true]
     };
     for (k, &in_place) in modes.iter().enumerate() {
+        if args.device == "cuda" {
+            let (us, wrong) =
+                super::device::time_on_device(args, comm, spec, in_place, in_bytes, out_bytes)?;
+            results[k] = aggregate(comm, collective, size, us, wrong)?;
+            continue;
+        }
         let once = |send: &mut [u8], recv: &mut [u8]| -> strata::Result<()> {
             if collective == Collective::Send {
                 return send_recv(comm, dtype, count, send, recv);
@@ -378,26 +400,7 @@ pub(super) fn bench_row(
                 .map_err(|e| e.to_string())?
                 .wrong as u64;
         }
-        let mut agg = [local_us, wrong as f64];
-        let mut maxed = [0f64; 2];
-        comm.all_reduce(&agg, &mut maxed, ReduceOp::Max)
-            .map_err(|e| e.to_string())?;
-        agg[1] = wrong as f64;
-        let mut summed = [0f64; 2];
-        comm.all_reduce(&agg, &mut summed, ReduceOp::Sum)
-            .map_err(|e| e.to_string())?;
-        let time_us = maxed[0];
-        let algbw = if time_us > 0.0 {
-            size as f64 / (time_us * 1e-6) / 1e9
-        } else {
-            0.0
-        };
-        results[k] = Measure {
-            time_us,
-            algbw_gbs: algbw,
-            busbw_gbs: algbw * bus_factor(collective, n),
-            wrong: summed[1] as u64,
-        };
+        results[k] = aggregate(comm, collective, size, local_us, wrong)?;
     }
     Ok(Row {
         collective: collective.to_string(),
@@ -417,6 +420,36 @@ pub(super) fn bench_row(
         count,
         out_of_place: results[0],
         in_place: (!args.no_in_place).then_some(results[1]),
+    })
+}
+
+/// The row's figures from every rank's time (the slowest counts) and wrong elements (summed).
+fn aggregate(
+    comm: &Communicator,
+    collective: Collective,
+    size: usize,
+    local_us: f64,
+    wrong: u64,
+) -> Result<Measure, String> {
+    let mut agg = [local_us, wrong as f64];
+    let mut maxed = [0f64; 2];
+    comm.all_reduce(&agg, &mut maxed, ReduceOp::Max)
+        .map_err(|e| e.to_string())?;
+    agg[1] = wrong as f64;
+    let mut summed = [0f64; 2];
+    comm.all_reduce(&agg, &mut summed, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    let time_us = maxed[0];
+    let algbw = if time_us > 0.0 {
+        size as f64 / (time_us * 1e-6) / 1e9
+    } else {
+        0.0
+    };
+    Ok(Measure {
+        time_us,
+        algbw_gbs: algbw,
+        busbw_gbs: algbw * bus_factor(collective, comm.size()),
+        wrong: summed[1] as u64,
     })
 }
 

@@ -65,6 +65,10 @@ struct Args {
     /// Time only the out-of-place call (halves the run time of long sweeps).
     #[arg(long = "no-in-place")]
     no_in_place: bool,
+    /// Where the buffers live: host, or cuda (GPU buffers enqueued on a stream and timed with
+    /// CUDA events; each rank uses the GPU of its position on its host).
+    #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
+    device: String,
     /// Root of rooted collectives.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
@@ -92,6 +96,7 @@ enum Subcommand {
 }
 
 mod bench;
+mod device;
 mod launch;
 mod tools;
 

@@ -23,10 +23,15 @@
 //! * unknown streams, events, contexts and pointers are `CUDA_ERROR_INVALID_HANDLE` or
 //!   `CUDA_ERROR_INVALID_VALUE`, never a crash.
 //!
+//! * IPC handles carry the exporting process's memory file, which another process maps
+//!   (`/proc/<pid>/fd/<n>`); modules are PTX whose `.entry` names must be strata's kernels,
+//!   and a launch runs their host versions (the same source compiled as C) on the stream.
+//!
 //! `STRATA_STANDIN_GPUS` sets how many devices it shows (default 1).
 
 #![allow(clippy::missing_safety_doc)] // the driver API's own contracts apply
 
+mod kernels;
 mod memory;
 mod stream;
 
@@ -280,4 +285,15 @@ pub unsafe extern "C" fn cuGetErrorString(r: i32, out: *mut *const c_char) -> i3
         Some((_, text)) => status(unsafe { put(out, text.as_ptr().cast()) }),
         None => code::INVALID_VALUE,
     }
+}
+
+/// The driver's private export tables: NVRTC asks for them (it loads `libcuda.so.1` when it
+/// finds one) and goes on without them when the driver has none to give.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetExportTable(table: *mut *const u8, _id: *const u8) -> i32 {
+    if !table.is_null() {
+        // SAFETY: out-parameter.
+        unsafe { table.write(std::ptr::null()) };
+    }
+    500 // CUDA_ERROR_NOT_FOUND
 }

@@ -17,6 +17,8 @@ pub(crate) enum Kind {
         device: i32,
         alias: *mut u8,
         fd: i32,
+        /// Opened from another process's IPC handle (closed with cuIpcCloseMemHandle).
+        ipc: bool,
     },
     /// Page-locked host memory; `mapped` if the device may address it.
     Host { mapped: bool, owned: bool },
@@ -148,6 +150,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(out: *mut u64, len: usize) -> i32 {
                         device,
                         alias: alias.cast(),
                         fd,
+                        ipc: false,
                     },
                 },
             );
@@ -164,7 +167,7 @@ pub extern "C" fn cuMemFree_v2(ptr: u64) -> i32 {
         let mut t = table();
         match t.allocs.get(&ptr) {
             Some(Alloc {
-                kind: Kind::Device { .. },
+                kind: Kind::Device { ipc: false, .. },
                 ..
             }) => {}
             _ => return Err(code::INVALID_VALUE),
@@ -412,4 +415,126 @@ pub extern "C" fn cuMemsetD8_v2(dst: u64, value: u8, len: usize) -> i32 {
         stream::synchronize_all();
     }
     r
+}
+
+/// What a `CUipcMemHandle` (64 bytes) carries here: the exporting process, its memory file and
+/// the allocation's size and device.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcHandle {
+    magic: u64,
+    pid: u64,
+    fd: u64,
+    len: u64,
+    device: u64,
+    _pad: [u64; 3],
+}
+
+const IPC_MAGIC: u64 = 0x5354_5241_5441_4950; // "STRATAIP"
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcGetMemHandle(out: *mut IpcHandle, ptr: u64) -> i32 {
+    status(current().and_then(|_| {
+        let t = table();
+        let a = t.allocs.get(&ptr).ok_or(code::INVALID_VALUE)?;
+        let Kind::Device {
+            device,
+            fd,
+            ipc: false,
+            ..
+        } = a.kind
+        else {
+            return Err(code::INVALID_VALUE);
+        };
+        let h = IpcHandle {
+            magic: IPC_MAGIC,
+            pid: std::process::id() as u64,
+            fd: fd as u64,
+            len: a.len as u64,
+            device: device as u64,
+            _pad: [0; 3],
+        };
+        // SAFETY: out-parameter of 64 bytes.
+        unsafe { put(out, h) }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(out: *mut u64, h: IpcHandle, _flags: c_uint) -> i32 {
+    status(current().and_then(|device| {
+        if h.magic != IPC_MAGIC {
+            return Err(code::INVALID_VALUE);
+        }
+        if h.pid == std::process::id() as u64 {
+            return Err(code::INVALID_CONTEXT); // a process cannot open its own handle
+        }
+        let path = format!("/proc/{}/fd/{}\0", h.pid, h.fd);
+        let size = h.len.next_multiple_of(GRANULE) as usize;
+        // SAFETY: plain system calls on the exporter's memory file and fresh mappings.
+        unsafe {
+            let fd = libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(code::INVALID_VALUE);
+            }
+            let prot = libc::PROT_READ | libc::PROT_WRITE;
+            let alias = libc::mmap(std::ptr::null_mut(), size, prot, libc::MAP_SHARED, fd, 0);
+            if alias == libc::MAP_FAILED {
+                libc::close(fd);
+                return Err(code::OUT_OF_MEMORY);
+            }
+            let mut t = table();
+            let addr = t.next;
+            t.next += size as u64 + GRANULE;
+            let flags = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE;
+            let dev = libc::mmap(addr as *mut c_void, size, libc::PROT_NONE, flags, fd, 0);
+            if dev != addr as *mut c_void {
+                libc::munmap(alias, size);
+                libc::close(fd);
+                return Err(code::OUT_OF_MEMORY);
+            }
+            t.allocs.insert(
+                addr,
+                Alloc {
+                    len: h.len as usize,
+                    kind: Kind::Device {
+                        device: if h.device as i32 == device {
+                            device
+                        } else {
+                            h.device as i32
+                        },
+                        alias: alias.cast(),
+                        fd,
+                        ipc: true,
+                    },
+                },
+            );
+            put(out, addr)
+        }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuIpcCloseMemHandle(ptr: u64) -> i32 {
+    status(current().and_then(|_| {
+        stream::synchronize_all();
+        let mut t = table();
+        match t.allocs.get(&ptr) {
+            Some(Alloc {
+                kind: Kind::Device { ipc: true, .. },
+                ..
+            }) => {}
+            _ => return Err(code::INVALID_VALUE),
+        }
+        let a = t.allocs.remove(&ptr).ok_or(code::INVALID_VALUE)?;
+        if let Kind::Device { alias, fd, .. } = a.kind {
+            let size = (a.len as u64).next_multiple_of(GRANULE) as usize;
+            // SAFETY: the mappings and file made by cuIpcOpenMemHandle.
+            unsafe {
+                libc::munmap(alias.cast(), size);
+                libc::munmap(ptr as *mut c_void, size);
+                libc::close(fd);
+            }
+        }
+        Ok(())
+    }))
 }

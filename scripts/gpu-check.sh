@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU path on a machine with NVIDIA GPUs (no stand-in): the GPU tests on the real driver,
+# collbench --device cuda, and strata against NVIDIA's NCCL (the nvidia-nccl-cu12 wheel) with
+# one C program (benches/gpu_allreduce.c) run against each library, interleaved over three
+# rounds, medians reported; on 1 GPU and on every GPU of the machine.
+#
+#   scripts/gpu-check.sh [MAX_BYTES]      (default 1 GiB)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+max="${1:-1073741824}"
+command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "gpu-check: no NVIDIA GPU here"; exit 1; }
+ngpu=$(nvidia-smi -L | grep -c '^GPU')
+export STRATA_SOCKET_IFNAME="=lo"
+
+echo "== build, kernels (NVRTC from PyPI)"
+cargo build --release --workspace
+scripts/compile-kernels.sh target/kernels
+STRATA_NVRTC_DIR="$(cat target/kernels/nvrtc-dir)"
+export STRATA_NVRTC_DIR
+export LD_LIBRARY_PATH="$STRATA_NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+echo "== the GPU tests on the real driver"
+STRATA_GPU_TESTS_REAL=1 cargo test --release --test gpu_standin -- --test-threads=1
+
+echo "== NVIDIA's NCCL from PyPI"
+venv="${STRATA_CACHE:-$HOME/.cache/strata}/nccl-cu12-venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --no-deps nvidia-nccl-cu12
+nv="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/nccl"
+cc -O2 -std=c11 -o target/gpu_allreduce_nvidia benches/gpu_allreduce.c -I"$nv/include" \
+  -Iffi/tests/c/cuda-standin -L"$nv/lib" -l:libnccl.so.2 -lcuda
+mkdir -p target/strata-lib && ln -sf ../release/libstrata_ffi.so target/strata-lib/libnccl.so.2
+
+run() { # run LIBDIR NP: the C program on NP ranks against the libnccl.so.2 in LIBDIR
+  local lib=$1 np=$2 idf pids=()
+  idf=$(mktemp -u /tmp/strata-gpu-id.XXXXXX)
+  for r in $(seq 0 $((np - 1))); do
+    RANK=$r WORLD_SIZE=$np NCCL_TEST_ID_FILE=$idf LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" \
+      timeout 600 target/gpu_allreduce_nvidia 8 "$max" 20 > "$idf.out.$r" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  cat "$idf.out.0"
+  rm -f "$idf" "$idf".out.*
+}
+
+for np in $(printf '%s\n' 1 "$ngpu" | sort -un); do
+  echo "== all_reduce float sum, $np GPU(s): NVIDIA NCCL vs strata, 3 interleaved rounds, medians"
+  out=$(mktemp -d)
+  for round in 1 2 3; do
+    run "$nv/lib" "$np" > "$out/nvidia.$round"
+    run "$PWD/target/strata-lib" "$np" > "$out/strata.$round"
+  done
+  python3 - "$out" <<'PY'
+import statistics, sys, glob
+d = sys.argv[1]
+def load(who):
+    rows = {}
+    for f in glob.glob(f"{d}/{who}.*"):
+        for line in open(f):
+            b, t, bw = line.split()
+            rows.setdefault(int(b), []).append((float(t), float(bw)))
+    return {b: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for b, v in rows.items()}
+nv, st = load("nvidia"), load("strata")
+print(f"{'bytes':>12} {'nccl us':>10} {'strata us':>10} {'nccl busbw':>11} {'strata busbw':>13} {'ratio':>6}")
+for b in sorted(nv):
+    (tn, bn), (ts, bs) = nv[b], st.get(b, (float('nan'), float('nan')))
+    print(f"{b:>12} {tn:>10.1f} {ts:>10.1f} {bn:>11.2f} {bs:>13.2f} {bs / bn if bn else float('nan'):>6.2f}")
+PY
+  rm -rf "$out"
+  echo "== collbench --device cuda, $np GPU(s)"
+  target/release/collbench --np "$np" --device cuda -b 8 -e "$max" -f 4 -n 20 -w 5
+done

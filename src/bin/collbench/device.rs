@@ -1,0 +1,120 @@
+//! `--device cuda`: buffers on the GPU, calls enqueued on a stream and timed with CUDA events
+//! around the timed iterations, as nccl-tests times them.
+
+use super::*;
+use strata::gpu::{DeviceBuffer, DeviceRange, Event, Stream};
+
+/// The GPU of this rank: its position among the ranks of its host, modulo the GPUs visible.
+pub(super) fn local_device(comm: &Communicator) -> Result<i32, String> {
+    let info = strata::gpu::driver().map_err(|e| e.to_string())?;
+    let me = &comm.peers()[comm.rank()].host;
+    let local = comm.peers()[..comm.rank()]
+        .iter()
+        .filter(|p| &p.host == me)
+        .count();
+    Ok((local % info.devices) as i32)
+}
+
+/// One enqueue of the benchmark's call on device buffers.
+#[allow(clippy::too_many_arguments)]
+fn enqueue_once(
+    comm: &Communicator,
+    spec: CallSpec,
+    in_place: bool,
+    send: &DeviceBuffer,
+    recv: &DeviceBuffer,
+    in_bytes: usize,
+    stream: &Stream,
+) -> strata::Result<()> {
+    if spec.collective == Collective::Send {
+        let (n, rank) = (comm.size(), comm.rank());
+        let peer = rank ^ 1;
+        let bytes = spec.count * spec.dtype.size();
+        if peer >= n || bytes == 0 {
+            return Ok(());
+        }
+        let (s, r, dtype) = (send.ptr(), recv.ptr(), spec.dtype);
+        let ranges = vec![
+            DeviceRange {
+                ptr: s,
+                len: bytes,
+                read: true,
+                write: false,
+            },
+            DeviceRange {
+                ptr: r,
+                len: bytes,
+                read: false,
+                write: true,
+            },
+        ];
+        return comm.enqueue_device(
+            &[stream],
+            ranges,
+            Box::new(move |comm, staged| {
+                let missing = || strata::Error::Transport("internal: buffer not staged".into());
+                let hs = staged.host(s).ok_or_else(missing)?;
+                let hr = staged.host(r).ok_or_else(missing)?;
+                // SAFETY: staged copies of `bytes` bytes each, used by this call alone.
+                let (sb, rb) = unsafe {
+                    (
+                        std::slice::from_raw_parts(hs, bytes),
+                        std::slice::from_raw_parts_mut(hr, bytes),
+                    )
+                };
+                send_recv(comm, dtype, bytes / dtype.size(), sb, rb)
+            }),
+        );
+    }
+    if in_place {
+        comm.call_device(spec, None, recv, stream)
+    } else {
+        let _ = in_bytes;
+        comm.call_device(spec, Some(send), recv, stream)
+    }
+}
+
+/// Times `spec` on device buffers: (microseconds per call, wrong elements on this rank).
+pub(super) fn time_on_device(
+    args: &Args,
+    comm: &Communicator,
+    spec: CallSpec,
+    in_place: bool,
+    in_bytes: usize,
+    out_bytes: usize,
+) -> Result<(f64, u64), String> {
+    let err = |e: strata::Error| e.to_string();
+    let device = local_device(comm)?;
+    let stream = Stream::new(device).map_err(err)?;
+    let es = spec.dtype.size();
+    let send = DeviceBuffer::alloc(device, in_bytes.max(spec.count * es).max(1)).map_err(err)?;
+    let recv = DeviceBuffer::alloc(device, out_bytes.max(in_bytes).max(spec.count * es).max(1))
+        .map_err(err)?;
+    let once = || enqueue_once(comm, spec, in_place, &send, &recv, in_bytes, &stream);
+    for _ in 0..args.warmup {
+        once().map_err(err)?;
+    }
+    stream.synchronize().map_err(err)?;
+    comm.barrier().map_err(err)?;
+    let (start, end) = (
+        Event::new(true).map_err(err)?,
+        Event::new(true).map_err(err)?,
+    );
+    start.record(&stream).map_err(err)?;
+    for _ in 0..args.iters {
+        once().map_err(err)?;
+    }
+    end.record(&stream).map_err(err)?;
+    end.synchronize().map_err(err)?;
+    if let Some(e) = comm.async_error() {
+        return Err(e.to_string());
+    }
+    let us = end.elapsed_ms_since(&start).map_err(err)? as f64 * 1e3 / args.iters.max(1) as f64;
+    let mut wrong = 0u64;
+    if args.check != 0 && spec.collective != Collective::Send {
+        wrong = check::run_and_check_device(comm, spec, in_place, &stream, device)
+            .map_err(err)?
+            .wrong as u64;
+    }
+    Ok((us, wrong))
+}

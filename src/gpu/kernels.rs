@@ -1,0 +1,229 @@
+//! strata's reduction kernels on the GPU: `kernels/reduce.cu`, compiled at run time with NVRTC
+//! (loaded through cudarc, like the driver) for the device's architecture, once per process,
+//! and launched on a stream.
+
+use super::driver::{call, check};
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::reduce::Combine;
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::{Mutex, OnceLock};
+
+/// The kernel source (also compiled in CI for sm_80 and sm_90, and as C by the stand-in).
+pub const REDUCE_SOURCE: &str = include_str!("kernels/reduce.cu");
+
+/// The kernels' name suffix for a type.
+fn suffix(d: DataType) -> &'static str {
+    match d {
+        DataType::Int8 => "i8",
+        DataType::Uint8 => "u8",
+        DataType::Int32 => "i32",
+        DataType::Uint32 => "u32",
+        DataType::Int64 => "i64",
+        DataType::Uint64 => "u64",
+        DataType::Float16 => "f16",
+        DataType::Float32 => "f32",
+        DataType::Float64 => "f64",
+        DataType::Bfloat16 => "bf16",
+        DataType::Float8E4M3 => "e4m3",
+        DataType::Float8E5M2 => "e5m2",
+    }
+}
+
+/// PTX per architecture (`compute_XY`), compiled once per process.
+fn ptx_for(arch: &str) -> Result<String> {
+    static CACHE: OnceLock<Mutex<HashMap<String, std::result::Result<String, String>>>> =
+        OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    let r = c.entry(arch.to_string()).or_insert_with(|| {
+        if !super::driver::keep_loaded(&["libnvrtc.so.12", "libnvrtc.so"]) {
+            return Err("NVRTC (libnvrtc.so.12) is not on the library path".into());
+        }
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+            name: Some("reduce.cu".into()),
+            ..Default::default()
+        };
+        // NVRTC is a compiler and recurses deeply: it gets a thread with a large stack rather
+        // than whatever thread binds the communicator (2 MiB for Rust's, less for some).
+        let compiled = std::thread::Builder::new()
+            .name("strata-nvrtc".into())
+            .stack_size(256 << 20)
+            .spawn(move || {
+                std::panic::catch_unwind(|| {
+                    cudarc::nvrtc::compile_ptx_with_opts(REDUCE_SOURCE, opts)
+                        .map(|ptx| ptx.to_src())
+                        .map_err(|e| format!("{e:?}"))
+                })
+            })
+            .map_err(|e| format!("cannot start the NVRTC thread: {e}"))?
+            .join();
+        match compiled {
+            Ok(Ok(r)) => r.map_err(|e| format!("NVRTC failed on reduce.cu for {arch}: {e}")),
+            _ => Err("NVRTC lacks a function strata needs".to_string()),
+        }
+    });
+    r.clone()
+        .map_err(|why| Error::Unsupported(format!("GPU reduction kernels are unavailable: {why}")))
+}
+
+/// The kernels loaded into one device's context.
+pub(crate) struct Kernels {
+    module: sys::CUmodule,
+    functions: Mutex<HashMap<String, usize>>,
+}
+
+// SAFETY: module and function handles may be used from any thread of the context.
+unsafe impl Send for Kernels {}
+// SAFETY: as above; the table is locked.
+unsafe impl Sync for Kernels {}
+
+/// Threads per block of every launch, and the most blocks.
+const BLOCK: u32 = 512;
+const MAX_BLOCKS: u64 = 1024;
+
+impl Kernels {
+    /// Compiles (once per architecture) and loads the kernels for `device`, whose context
+    /// must be current.
+    pub(crate) fn load(device: i32) -> Result<Self> {
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: valid out-pointers.
+        call("cuDeviceGet", || unsafe {
+            sys::cuDeviceGet(&mut dev, device)
+        })?;
+        let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
+            let mut v = 0;
+            // SAFETY: as above.
+            call("cuDeviceGetAttribute", || unsafe {
+                sys::cuDeviceGetAttribute(&mut v, a, dev)
+            })?;
+            Ok(v)
+        };
+        use sys::CUdevice_attribute::*;
+        let (major, minor) = (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let ptx = ptx_for(&format!("compute_{major}{minor}"))?;
+        let image = CString::new(ptx).map_err(|_| Error::Transport("PTX with a NUL".into()))?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated PTX image; valid out-pointer.
+        call("cuModuleLoadData", || unsafe {
+            sys::cuModuleLoadData(&mut module, image.as_ptr().cast())
+        })?;
+        Ok(Self {
+            module,
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn function(&self, name: &str) -> Result<sys::CUfunction> {
+        let mut f = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&h) = f.get(name) {
+            return Ok(h as sys::CUfunction);
+        }
+        let cname = CString::new(name).map_err(|_| Error::InvalidArgument(name.into()))?;
+        let mut h: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: a loaded module and a NUL-terminated name.
+        call("cuModuleGetFunction", || unsafe {
+            sys::cuModuleGetFunction(&mut h, self.module, cname.as_ptr())
+        })?;
+        f.insert(name.into(), h as usize);
+        Ok(h)
+    }
+
+    fn launch(&self, name: &str, stream: sys::CUstream, args: &mut [u64], n: u64) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(name)?;
+        let blocks = n.div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS) as u32;
+        let mut params: Vec<*mut c_void> =
+            args.iter_mut().map(|a| (a as *mut u64).cast()).collect();
+        // SAFETY: the kernel takes exactly these 8-byte arguments; `params` outlives the call
+        // (the driver copies arguments at launch).
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+            sys::cuLaunchKernel(
+                f,
+                blocks,
+                1,
+                1,
+                BLOCK,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }))
+        .map_err(|_| Error::Unsupported("the CUDA driver has no cuLaunchKernel".into()))?;
+        check(r, name)
+    }
+
+    /// Enqueues `dst = a op b` over `n` elements of `dtype` on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn combine(
+        &self,
+        dtype: DataType,
+        op: Combine,
+        dst: u64,
+        a: u64,
+        b: u64,
+        n: usize,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        let op = match op {
+            Combine::Sum => "sum",
+            Combine::Prod => "prod",
+            Combine::Min => "min",
+            Combine::Max => "max",
+        };
+        let name = format!("strata_combine_{op}_{}", suffix(dtype));
+        self.launch(&name, stream, &mut [dst, a, b, n as u64], n as u64)
+    }
+
+    /// Enqueues `buf /= divisor` (avg) over `n` elements.
+    pub(crate) fn divide(
+        &self,
+        dtype: DataType,
+        buf: u64,
+        divisor: usize,
+        n: usize,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        let name = format!("strata_divide_{}", suffix(dtype));
+        self.launch(
+            &name,
+            stream,
+            &mut [buf, divisor as u64, n as u64],
+            n as u64,
+        )
+    }
+
+    /// Enqueues `dst = src * scalar` (PreMulSum's first step) over `n` elements.
+    pub(crate) fn scale(
+        &self,
+        scalar: &crate::dtype::Scalar,
+        dst: u64,
+        src: u64,
+        n: usize,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        let name = format!("strata_scale_{}", suffix(scalar.dtype));
+        let bits = u64::from_le_bytes(scalar.bytes);
+        self.launch(&name, stream, &mut [dst, src, bits, n as u64], n as u64)
+    }
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        // SAFETY: loaded by cuModuleLoadData; nothing launches from it any more.
+        let _ = call("cuModuleUnload", || unsafe {
+            sys::cuModuleUnload(self.module)
+        });
+    }
+}

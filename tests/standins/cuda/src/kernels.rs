@@ -1,0 +1,192 @@
+//! Modules and kernel launches: a module is PTX text whose `.entry` names the stand-in looks
+//! up in its host versions of strata's kernels (`src/gpu/kernels/*.cu` compiled as C).
+
+use crate::memory::device_view;
+use crate::{code, current, put, ready, status, stream};
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_uint, c_void};
+use std::sync::{Mutex, OnceLock};
+
+#[repr(C)]
+struct Entry {
+    name: *const c_char,
+    fn_: *const c_void,
+    kind: i32,
+    size: i32,
+}
+
+unsafe extern "C" {
+    static strata_kernel_table: [Entry; 73];
+}
+
+type CombineFn = unsafe extern "C" fn(*mut u8, *const u8, *const u8, u64);
+type DivideFn = unsafe extern "C" fn(*mut u8, u64, u64);
+type ScaleFn = unsafe extern "C" fn(*mut u8, *const u8, u64, u64);
+
+/// Host version `index` of the table, if `name` is one.
+fn host_kernel(name: &str) -> Option<usize> {
+    // SAFETY: a static table ending with a NULL name.
+    let table = unsafe { &strata_kernel_table };
+    table
+        .iter()
+        .take_while(|e| !e.name.is_null())
+        // SAFETY: NUL-terminated static strings.
+        .position(|e| unsafe { CStr::from_ptr(e.name) }.to_str() == Ok(name))
+}
+
+/// Modules: handle → the entry names of its PTX.
+fn modules() -> &'static Mutex<HashMap<usize, Vec<String>>> {
+    static M: OnceLock<Mutex<HashMap<usize, Vec<String>>>> = OnceLock::new();
+    M.get_or_init(Default::default)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadData(out: *mut usize, image: *const c_void) -> i32 {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0x3d3d_0000);
+    status(current().and_then(|_| {
+        if image.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        // SAFETY: a PTX image is NUL-terminated text (the driver's contract for PTX).
+        let text = unsafe { CStr::from_ptr(image.cast()) }.to_string_lossy();
+        if !text.contains(".version") || !text.contains(".target") {
+            return Err(218); // CUDA_ERROR_INVALID_PTX
+        }
+        let entries: Vec<String> = text
+            .split(".entry")
+            .skip(1)
+            .filter_map(|rest| {
+                let name: String = rest
+                    .trim_start()
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                (!name.is_empty()).then_some(name)
+            })
+            .collect();
+        let handle = NEXT.fetch_add(16, std::sync::atomic::Ordering::Relaxed);
+        modules()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle, entries);
+        // SAFETY: out-parameter.
+        unsafe { put(out, handle) }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleUnload(module: usize) -> i32 {
+    status(ready().and_then(|_| {
+        modules()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&module)
+            .map(|_| ())
+            .ok_or(code::INVALID_HANDLE)
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    out: *mut usize,
+    module: usize,
+    name: *const c_char,
+) -> i32 {
+    status(current().and_then(|_| {
+        if name.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        // SAFETY: a NUL-terminated name.
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_str()
+            .map_err(|_| code::INVALID_VALUE)?;
+        let m = modules().lock().unwrap_or_else(|p| p.into_inner());
+        let entries = m.get(&module).ok_or(code::INVALID_HANDLE)?;
+        if !entries.iter().any(|e| e == name) {
+            return Err(500); // CUDA_ERROR_NOT_FOUND: not in the module's PTX
+        }
+        let index = host_kernel(name).ok_or(500)?;
+        // SAFETY: out-parameter.
+        unsafe { put(out, 0x4b4b_0000 + index * 16) }
+    }))
+}
+
+/// Reads launch parameter `i` (a pointer to the value, as `kernelParams` holds them).
+unsafe fn param(params: *mut *mut c_void, i: usize) -> u64 {
+    // SAFETY: the caller passed as many parameters as the kernel takes, each 8 bytes.
+    unsafe { (*params.add(i) as *const u64).read_unaligned() }
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: usize,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    _shared: c_uint,
+    s: usize,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> i32 {
+    status(current().and_then(|_| {
+        if f < 0x4b4b_0000 || !(f - 0x4b4b_0000).is_multiple_of(16) {
+            return Err(code::INVALID_HANDLE);
+        }
+        // SAFETY: a static table; the index came from cuModuleGetFunction.
+        let e = unsafe { &strata_kernel_table[(f - 0x4b4b_0000) / 16] };
+        if [gx, gy, gz, bx, by, bz].contains(&0) || bx * by * bz > 1024 {
+            return Err(code::INVALID_VALUE);
+        }
+        if params.is_null() || !extra.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let size = e.size as usize;
+        let count = if e.kind == 1 { 3 } else { 4 };
+        // SAFETY: as many parameters as the kernel's signature has.
+        let p: Vec<u64> = (0..count).map(|i| unsafe { param(params, i) }).collect();
+        let (kind, fn_) = (e.kind, e.fn_ as usize);
+        let op: Box<dyn FnOnce() + Send> = match kind {
+            0 => {
+                let n = p[3] as usize;
+                let (d, a, b) = (
+                    device_view(p[0], n * size)? as usize,
+                    device_view(p[1], n * size)? as usize,
+                    device_view(p[2], n * size)? as usize,
+                );
+                Box::new(move || {
+                    // SAFETY: the host version of a combine kernel on resolved views.
+                    let k: CombineFn = unsafe { std::mem::transmute(fn_) };
+                    unsafe { k(d as *mut u8, a as *const u8, b as *const u8, n as u64) }
+                })
+            }
+            1 => {
+                let n = p[2] as usize;
+                let d = device_view(p[0], n * size)? as usize;
+                let divisor = p[1];
+                Box::new(move || {
+                    // SAFETY: as above, a divide kernel.
+                    let k: DivideFn = unsafe { std::mem::transmute(fn_) };
+                    unsafe { k(d as *mut u8, divisor, n as u64) }
+                })
+            }
+            _ => {
+                let n = p[3] as usize;
+                let (d, a) = (
+                    device_view(p[0], n * size)? as usize,
+                    device_view(p[1], n * size)? as usize,
+                );
+                let bits = p[2];
+                Box::new(move || {
+                    // SAFETY: as above, a scale kernel.
+                    let k: ScaleFn = unsafe { std::mem::transmute(fn_) };
+                    unsafe { k(d as *mut u8, a as *const u8, bits, n as u64) }
+                })
+            }
+        };
+        stream::enqueue(s, op)
+    }))
+}
