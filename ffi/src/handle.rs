@@ -140,8 +140,13 @@ impl CommHandle {
             Ok(c) => {
                 let _ = self.shape.set((c.rank(), c.size()));
                 // As NCCL binds a communicator to the current device at init: the GPU path's
-                // resources are made now, before any stream waits on them.
-                if crate::device::driver_loaded()
+                // resources are made now, before any stream waits on them. Binding is
+                // collective, so not where one thread inits several ranks of this process
+                // (ncclCommInitAll, grouped splits): those bind at their first GPU call.
+                let me = c.peers()[c.rank()].process;
+                let one_here = c.peers().iter().filter(|p| p.process == me).count() == 1;
+                if one_here
+                    && crate::device::driver_loaded()
                     && let Ok(Some(dev)) = strata::gpu::current_device()
                     && let Err(e) = c.bind_device(dev)
                 {

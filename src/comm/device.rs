@@ -157,7 +157,9 @@ impl Communicator {
     /// stream's earlier work is done, and the stream's later work sees the result. `send` is
     /// `None` for the in-place form (as in [`call_bytes`](Communicator::call_bytes)). Buffer
     /// sizes are checked against the call now; a failure while it runs becomes the
-    /// communicator's [`async_error`](Communicator::async_error).
+    /// communicator's [`async_error`](Communicator::async_error). Dropping the communicator
+    /// fails the calls still queued (their streams are released); call
+    /// [`wait_device_idle`](Communicator::wait_device_idle) first to let them finish.
     pub fn call_device(
         &self,
         spec: CallSpec,

@@ -35,6 +35,7 @@ int cuStreamSynchronize(cudaStream_t);
 int cuMemHostAlloc(void**, size_t, unsigned);
 int cuMemHostGetDevicePointer_v2(CUdeviceptr*, void*, unsigned);
 int cuStreamWaitValue32_v2(cudaStream_t, CUdeviceptr, unsigned, unsigned);
+int cuPointerGetAttribute(void*, int, CUdeviceptr);
 
 static int rank_, n_, failures_;
 
@@ -319,6 +320,17 @@ int main(int argc, char** argv) {
   NCCL(ncclCommGetAsyncError(comm, &async));
   if (async != ncclSuccess) { fprintf(stderr, "rank %d: FAILED async error %d\n", rank_, (int)async); failures_++; }
   free(h);
+
+  /* ncclMemAlloc gives device memory when the driver is loaded and a device is current. */
+  void* m;
+  unsigned memory_type = 0;
+  NCCL(ncclMemAlloc(&m, 1 << 20));
+  CU(cuPointerGetAttribute(&memory_type, 2 /* MEMORY_TYPE */, (CUdeviceptr)m));
+  if (memory_type != 2 /* DEVICE */) {
+    fprintf(stderr, "rank %d: FAILED ncclMemAlloc gave memory of type %u\n", rank_, memory_type);
+    failures_++;
+  }
+  NCCL(ncclMemFree(m));
   NCCL(ncclCommDestroy(comm));
   if (failures_) {
     fprintf(stderr, "rank %d: %d checks failed\n", rank_, failures_);
