@@ -137,52 +137,17 @@ fn device_of(rank: usize) -> i32 {
 }
 
 #[test]
-fn every_collective_type_and_operator_on_device_buffers_at_2_3_and_4_processes() {
+fn every_collective_type_and_operator_host_staged_on_device_buffers_at_2_3_and_4_processes() {
     if let Some((comm, rank, n)) = worker() {
-        let device = device_of(rank);
-        let stream = Stream::new(device).unwrap();
-        let mut failures = Vec::new();
-        for collective in Collective::WITH_BUFFERS {
-            for dtype in DataType::ALL {
-                let ops: Vec<ReduceOp> = if collective.reduces() {
-                    let mut v = ReduceOp::BASIC.to_vec();
-                    v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
-                    v
-                } else {
-                    vec![ReduceOp::Sum]
-                };
-                for op in ops {
-                    for in_place in [false, true] {
-                        // Small, and big enough for several pipeline chunks (64 KiB here).
-                        for count in [1usize, 4099, 70_000] {
-                            let spec = CallSpec {
-                                op,
-                                root: n - 1,
-                                ..CallSpec::new(collective, dtype, count)
-                            };
-                            match check::run_and_check_device(
-                                &comm, spec, in_place, &stream, device,
-                            ) {
-                                Ok(c) if c.first.is_none() => {}
-                                Ok(c) => failures.push(format!(
-                                    "{collective} {dtype} {op} {count} in_place {in_place}: {:?}",
-                                    c.first
-                                )),
-                                Err(e) => failures.push(format!(
-                                    "{collective} {dtype} {op} {count} in_place {in_place}: {e}"
-                                )),
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        assert!(failures.is_empty(), "rank {rank}: {}", failures.join("\n"));
-        comm.wait_device_idle(Duration::from_secs(10)).unwrap();
+        device_matrix(&comm, rank, n);
+        assert!(
+            !comm.uses_gpu_ipc(),
+            "STRATA_GPU_PATH=staged went through IPC"
+        );
         return;
     }
     for n in [2, 3, 4] {
-        let name = "every_collective_type_and_operator_on_device_buffers_at_2_3_and_4_processes";
+        let name = "every_collective_type_and_operator_host_staged_on_device_buffers_at_2_3_and_4_processes";
         let env = [("STRATA_GPU_CHUNK", "64K"), ("STRATA_GPU_PATH", "staged")];
         assert_all_ok(&spawn(name, n, &env, Duration::from_secs(300)));
     }
@@ -234,40 +199,54 @@ fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_ne_bytes()).collect()
 }
 
-#[test]
-fn all_reduce_through_cuda_ipc_and_gpu_kernels_every_type_and_operator_at_2_3_and_4_processes() {
-    if let Some((comm, rank, _)) = worker() {
-        let device = device_of(rank);
-        let stream = Stream::new(device).unwrap();
-        comm.bind_device(device).unwrap();
-        assert!(comm.uses_gpu_ipc(), "STRATA_GPU_PATH=ipc bound without IPC");
-        let mut failures = Vec::new();
+/// Every collective × type × operator, in and out of place, on device buffers: the body of
+/// the two matrix tests (host-staged, and through CUDA IPC).
+fn device_matrix(comm: &Communicator, rank: usize, n: usize) {
+    let device = device_of(rank);
+    let stream = Stream::new(device).unwrap();
+    let mut failures = Vec::new();
+    for collective in Collective::WITH_BUFFERS {
         for dtype in DataType::ALL {
-            let mut ops = ReduceOp::BASIC.to_vec();
-            ops.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
+            let ops: Vec<ReduceOp> = if collective.reduces() {
+                let mut v = ReduceOp::BASIC.to_vec();
+                v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
+                v
+            } else {
+                vec![ReduceOp::Sum]
+            };
             for op in ops {
                 for in_place in [false, true] {
+                    // Small, and big enough for several chunks (64 KiB here).
                     for count in [1usize, 4099, 70_000] {
                         let spec = CallSpec {
                             op,
-                            ..CallSpec::new(Collective::AllReduce, dtype, count)
+                            root: n - 1,
+                            ..CallSpec::new(collective, dtype, count)
                         };
-                        match check::run_and_check_device(&comm, spec, in_place, &stream, device) {
+                        let what = format!("{collective} {dtype} {op} {count} in_place {in_place}");
+                        match check::run_and_check_device(comm, spec, in_place, &stream, device) {
                             Ok(c) if c.first.is_none() => {}
-                            Ok(c) => failures
-                                .push(format!("{dtype} {op} {count} {in_place}: {:?}", c.first)),
-                            Err(e) => {
-                                failures.push(format!("{dtype} {op} {count} {in_place}: {e}"))
-                            }
+                            Ok(c) => failures.push(format!("{what}: {:?}", c.first)),
+                            Err(e) => failures.push(format!("{what}: {e}")),
                         }
                     }
                 }
             }
         }
-        assert!(failures.is_empty(), "rank {rank}: {}", failures.join("\n"));
+    }
+    assert!(failures.is_empty(), "rank {rank}: {}", failures.join("\n"));
+    comm.wait_device_idle(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn every_collective_type_and_operator_through_cuda_ipc_and_gpu_kernels_at_2_3_and_4_processes() {
+    if let Some((comm, rank, n)) = worker() {
+        comm.bind_device(device_of(rank)).unwrap();
+        assert!(comm.uses_gpu_ipc(), "STRATA_GPU_PATH=ipc bound without IPC");
+        device_matrix(&comm, rank, n);
         return;
     }
-    let test = "all_reduce_through_cuda_ipc_and_gpu_kernels_every_type_and_operator_at_2_3_and_4_processes";
+    let test = "every_collective_type_and_operator_through_cuda_ipc_and_gpu_kernels_at_2_3_and_4_processes";
     if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
         eprintln!(
             "SKIPPED {test}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"

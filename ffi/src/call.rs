@@ -232,6 +232,12 @@ pub(crate) fn run_group(
     comm.send_recv(&mut transfers)
 }
 
+/// Whether `send` sits at NCCL's in-place position of `recv` for `spec` on `rank`.
+fn nccl_in_place(spec: &CallSpec, rank: usize, send: u64, recv: u64) -> bool {
+    let (in_off, out_off) = spec.in_place_offsets(rank);
+    send.wrapping_sub(in_off as u64) == recv.wrapping_sub(out_off as u64)
+}
+
 /// Device ranges of `c` on `rank` of `p`: the input read, the output written (in place they
 /// overlap and are merged into one range read and written).
 fn coll_ranges(c: &Coll, rank: usize, p: usize, out: &mut Vec<DeviceRange>) -> Result<(), Error> {
@@ -273,26 +279,33 @@ pub(crate) fn enqueue_device(
         .map(|&s| unsafe { Stream::borrowed(s as *mut _) })
         .collect();
     if let [Call::Coll(c)] = calls.as_slice() {
-        let elementwise = matches!(
-            c.spec.collective,
-            Collective::AllReduce | Collective::Broadcast | Collective::Reduce
-        );
         let deferred = c
             .user_op
             .and_then(|i| ops.get(i).copied().flatten())
             .is_some_and(|o| matches!(o, UserOp::Deferred(..)));
-        if elementwise && !deferred && streams.len() == 1 {
+        if !deferred && streams.len() == 1 {
+            // One collective: strata's own path (pipelined, or through CUDA IPC on one host).
             check_coll(c, rank, p).map_err(Error::InvalidArgument)?;
             let spec = CallSpec {
                 op: resolve_op(c, &ops)?,
                 ..c.spec
             };
-            let send = if c.send.is_null() {
-                c.recv as u64
-            } else {
-                c.send as u64
-            };
-            return comm.enqueue_elementwise(spec, send, c.recv as u64, &streams[0]);
+            let (ib, ob) = buffer_bytes(&spec, rank, p).map_err(Error::InvalidArgument)?;
+            let (send, recv) = (c.send as u64, c.recv as u64);
+            if ib > 0
+                && ob > 0
+                && !nccl_in_place(&spec, rank, send, recv)
+                && send < recv + ob as u64
+                && recv < send + ib as u64
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: sendbuff and recvbuff overlap without following NCCL's in-place layout",
+                    spec.collective
+                )));
+            }
+            // Where this rank reads no input, its sendbuff may be anything: use recvbuff.
+            let send = if ib == 0 { recv } else { send };
+            return comm.enqueue_call(spec, send, recv, &streams[0]);
         }
     }
     let mut ranges = Vec::new();

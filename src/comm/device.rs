@@ -167,6 +167,25 @@ impl Communicator {
         recv: &DeviceBuffer,
         stream: &Stream,
     ) -> Result<()> {
+        let (ib, ob) = self.call_sizes(&spec)?;
+        let (in_off, out_off) = spec.in_place_offsets(self.rank());
+        match send {
+            Some(s) => {
+                need(s.len(), ib, "sendbuff")?;
+                need(recv.len(), ob, "recvbuff")?;
+                self.enqueue_call(spec, s.ptr(), recv.ptr(), stream)
+            }
+            None => {
+                let whole = (in_off + ib).max(out_off + ob);
+                need(recv.len(), whole, "the in-place buffer")?;
+                let base = recv.ptr();
+                self.enqueue_call(spec, base + in_off as u64, base + out_off as u64, stream)
+            }
+        }
+    }
+
+    /// Bytes this rank reads and writes for `spec`, after checking the call's shape.
+    fn call_sizes(&self, spec: &CallSpec) -> Result<(usize, usize)> {
         let (rank, p) = (self.rank(), self.size());
         if matches!(spec.collective, Collective::Send | Collective::Recv) {
             return Err(Error::InvalidArgument(
@@ -181,40 +200,63 @@ impl Communicator {
         }
         let es = spec.dtype.size();
         let (ie, oe) = spec.collective.buffer_elems(spec.count, p, rank, spec.root);
-        let (ib, ob) = (ie * es, oe * es);
-        let (in_off, out_off) = spec.in_place_offsets(rank);
-        match send {
-            Some(s) => need(s.len(), ib, "sendbuff")?,
-            None => need(
-                recv.len(),
-                (in_off + ib).max(out_off + ob),
-                "the in-place buffer",
-            )?,
-        }
-        need(recv.len(), ob, "recvbuff")?;
+        Ok((ie * es, oe * es))
+    }
+
+    /// Enqueues `spec` from device address `send` to `recv` on `stream`, with NCCL's buffer
+    /// rules (in place when `send` sits at the in-place position of `recv`). Through CUDA IPC
+    /// and the GPU kernels when the communicator has that path, else through host memory.
+    /// The caller vouches that the buffers hold what the call reads and writes.
+    pub fn enqueue_call(
+        &self,
+        spec: CallSpec,
+        send: u64,
+        recv: u64,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (ib, ob) = self.call_sizes(&spec)?;
         if matches!(
             spec.collective,
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce
         ) {
-            let s = send.map_or(recv.ptr(), DeviceBuffer::ptr);
-            return self.enqueue_elementwise(spec, s, recv.ptr(), stream);
+            return self.enqueue_elementwise(spec, send, recv, stream);
         }
-        let (rptr, rlen) = (recv.ptr(), recv.len());
-        let mut ranges = vec![DeviceRange {
-            ptr: rptr,
-            len: if send.is_some() { ob } else { rlen },
-            read: send.is_none(),
-            write: true,
-        }];
-        if let Some(s) = send {
-            ranges.push(DeviceRange {
-                ptr: s.ptr(),
-                len: ib,
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let (in_off, out_off) = spec.in_place_offsets(self.rank());
+        let in_place = ib > 0
+            && ob > 0
+            && send.wrapping_sub(in_off as u64) == recv.wrapping_sub(out_off as u64);
+        let base = recv.wrapping_sub(out_off as u64);
+        let whole = (in_off + ib).max(out_off + ob);
+        let mut ranges = if in_place {
+            vec![DeviceRange {
+                ptr: base,
+                len: whole,
                 read: true,
-                write: false,
-            });
+                write: true,
+            }]
+        } else {
+            vec![
+                DeviceRange {
+                    ptr: send,
+                    len: ib,
+                    read: true,
+                    write: false,
+                },
+                DeviceRange {
+                    ptr: recv,
+                    len: ob,
+                    read: false,
+                    write: true,
+                },
+            ]
+        };
+        ranges.retain(|r| r.len > 0);
+        if ranges.is_empty() {
+            return Ok(());
         }
-        let sptr = send.map(DeviceBuffer::ptr);
         let work: DeviceWork = Box::new(move |comm, staged| {
             let host = |ptr: u64, len: usize| -> Result<&mut [u8]> {
                 if len == 0 {
@@ -227,26 +269,27 @@ impl Communicator {
                 // call and used by it alone.
                 Ok(unsafe { std::slice::from_raw_parts_mut(h, len) })
             };
-            let out = host(rptr, if sptr.is_some() { ob } else { rlen })?;
-            match sptr {
-                Some(s) => {
-                    let input = host(s, ib)?;
-                    comm.call_bytes(spec, Some(input), out)
-                }
-                None => comm.call_bytes(spec, None, out),
+            if in_place {
+                comm.call_bytes(spec, None, host(base, whole)?)
+            } else {
+                let input = host(send, ib)?;
+                comm.call_bytes(spec, Some(input), host(recv, ob)?)
             }
         });
-        ranges.retain(|r| r.len > 0);
-        if ranges.is_empty() {
-            return Ok(());
-        }
         let ptrs: Vec<(u64, &str)> = ranges.iter().map(|r| (r.ptr, "a buffer")).collect();
         let device = Self::device_of(&ptrs)?;
+        let call = Elementwise {
+            spec,
+            send,
+            recv,
+            reads: ib > 0,
+            writes: ob > 0,
+        };
         self.gpu_queue(device)?
-            .enqueue(&[stream.raw()], JobKind::Staged(ranges, work))
+            .enqueue(&[stream.raw()], JobKind::Collective { call, ranges, work })
     }
 
-    /// Whether this communicator's all-reduce on device buffers goes GPU to GPU through CUDA
+    /// Whether this communicator's collectives on device buffers go GPU to GPU through CUDA
     /// IPC (bound, one host, kernels loaded), rather than through host memory.
     pub fn uses_gpu_ipc(&self) -> bool {
         let q = self.inner.gpu.lock().unwrap_or_else(|p| p.into_inner());

@@ -1,5 +1,5 @@
-//! GPU to GPU inside a host: all-reduce through CUDA IPC, with the reductions in GPU kernels,
-//! so the data never crosses host memory.
+//! GPU to GPU inside a host: collectives through CUDA IPC, with the reductions in GPU
+//! kernels, so the data never crosses host memory.
 //!
 //! Each rank owns an exchange buffer of two halves, IN and OUT, of one chunk each, and maps
 //! every peer's through `cuIpcOpenMemHandle` (handles travel by a host all-gather at bind).
@@ -7,8 +7,10 @@
 //! rank r reduces segment r of every peer's IN into its OUT with the combine kernels (and
 //! divides for avg); barrier; every rank copies every segment from its owner's OUT into its
 //! output. The barriers run over strata's host transports; the copies and kernels run on the
-//! progress thread's copy stream. Peers read a rank's buffers only between two barriers that
-//! the rank also crosses, so no buffer is overwritten while a peer reads it.
+//! progress thread's copy stream. The other collectives stage the blocks each rank
+//! contributes into its IN and read them from the peers' INs after a barrier (reducing with
+//! the kernels for reduce and reduce-scatter). Peers read a rank's buffers only between two
+//! barriers that the rank also crosses, so no buffer is overwritten while a peer reads it.
 
 use super::driver::call;
 use super::kernels::Kernels;
@@ -24,11 +26,11 @@ use strata_algorithms::Collective;
 /// Which data path a communicator's GPU calls take (`STRATA_GPU_PATH`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GpuPath {
-    /// IPC for all-reduce when every rank is on one host and the kernels load, else staged.
+    /// IPC when every rank is on one host and the kernels load, else staged.
     Auto,
     /// Always through pinned host memory.
     Staged,
-    /// IPC for all-reduce, or fail at bind.
+    /// IPC, or fail at bind.
     Ipc,
 }
 
@@ -182,8 +184,124 @@ impl IpcPath {
         }
     }
 
-    /// Runs all-reduce of `spec` from device address `send` to `recv` (equal in place).
-    pub(crate) fn all_reduce(
+    /// Runs `spec` from device address `send` to `recv` (NCCL's in-place layout allowed).
+    pub(crate) fn run(
+        &self,
+        comm: &Communicator,
+        spec: CallSpec,
+        send: u64,
+        recv: u64,
+        copy: &Stream,
+    ) -> Result<()> {
+        match spec.collective {
+            Collective::AllReduce => self.all_reduce(comm, spec, send, recv, copy),
+            _ => self.exchange(comm, spec, send, recv, copy),
+        }
+    }
+
+    /// Every collective but all-reduce, chunk by chunk: each rank stages the blocks it
+    /// contributes into its IN (scaled for PreMulSum); barrier; each rank reads what it needs
+    /// from its peers' INs into its output (reducing with the kernels where the collective
+    /// reduces); barrier.
+    fn exchange(
+        &self,
+        comm: &Communicator,
+        spec: CallSpec,
+        send: u64,
+        recv: u64,
+        copy: &Stream,
+    ) -> Result<()> {
+        use Collective::*;
+        let (rank, p) = (comm.rank(), comm.size());
+        let (es, count, root) = (spec.dtype.size(), spec.count, spec.root);
+        let s = copy.raw();
+        let is_root = rank == root;
+        // Blocks of `count` this rank stages, and the most any rank stages.
+        let (blocks, most) = match spec.collective {
+            ReduceScatter | AllToAll => (p, p),
+            Scatter => (if is_root { p } else { 0 }, p),
+            Broadcast => (usize::from(is_root), 1),
+            _ => (1, 1),
+        };
+        let chunk = (self.half / (es * most)).max(1);
+        let inn = |q: usize| self.bases[q];
+        let at = |base: u64, i: usize| base + (i * es) as u64;
+        let dtod = |dst: u64, src: u64, bytes: usize| -> Result<()> {
+            if bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: device ranges of the call and of the exchange buffers.
+            call("cuMemcpyDtoDAsync", || unsafe {
+                sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, s)
+            })
+        };
+        let combine = match spec.op {
+            ReduceOp::Prod => Combine::Prod,
+            ReduceOp::Min => Combine::Min,
+            ReduceOp::Max => Combine::Max,
+            _ => Combine::Sum,
+        };
+        // dst = the reduction over every rank q of `src(q)`, n elements.
+        let reduce_into = |dst: u64, src: &dyn Fn(usize) -> u64, n: usize| -> Result<()> {
+            if p == 1 {
+                return dtod(dst, src(0), n * es);
+            }
+            self.kernels
+                .combine(spec.dtype, combine, dst, src(0), src(1), n, s)?;
+            for q in 2..p {
+                self.kernels
+                    .combine(spec.dtype, combine, dst, dst, src(q), n, s)?;
+            }
+            if spec.op == ReduceOp::Avg {
+                self.kernels.divide(spec.dtype, dst, p, n, s)?;
+            }
+            Ok(())
+        };
+        let mut first = 0;
+        while first < count {
+            let n = chunk.min(count - first);
+            for b in 0..blocks {
+                let (dst, src) = (at(inn(rank), b * n), at(send, b * count + first));
+                match (&spec.op, spec.collective.reduces()) {
+                    (ReduceOp::PreMulSum(scalar), true) => {
+                        self.kernels.scale(scalar, dst, src, n, s)?
+                    }
+                    _ => dtod(dst, src, n * es)?,
+                }
+            }
+            copy.synchronize()?;
+            comm.barrier()?;
+            match spec.collective {
+                AllGather => {
+                    for q in 0..p {
+                        dtod(at(recv, q * count + first), inn(q), n * es)?;
+                    }
+                }
+                AllToAll => {
+                    for q in 0..p {
+                        dtod(at(recv, q * count + first), at(inn(q), rank * n), n * es)?;
+                    }
+                }
+                Gather if is_root => {
+                    for q in 0..p {
+                        dtod(at(recv, q * count + first), inn(q), n * es)?;
+                    }
+                }
+                Scatter => dtod(at(recv, first), at(inn(root), rank * n), n * es)?,
+                Broadcast => dtod(at(recv, first), inn(root), n * es)?,
+                ReduceScatter => reduce_into(at(recv, first), &|q| at(inn(q), rank * n), n)?,
+                Reduce if is_root => reduce_into(at(recv, first), &|q| inn(q), n)?,
+                _ => {}
+            }
+            copy.synchronize()?;
+            comm.barrier()?;
+            first += n;
+        }
+        Ok(())
+    }
+
+    /// All-reduce of `spec` from device address `send` to `recv` (equal in place).
+    fn all_reduce(
         &self,
         comm: &Communicator,
         spec: CallSpec,

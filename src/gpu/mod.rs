@@ -3,8 +3,8 @@
 //!
 //! A collective on device buffers is *enqueued* on a stream, as in NCCL: the call returns at
 //! once, the collective starts when the stream's earlier work is done, and the stream's later
-//! work sees its result. [`queue`] says how. Two data paths: all-reduce among ranks of one
-//! host goes GPU to GPU through CUDA IPC with the reductions in GPU kernels ([`ipc`]); the
+//! work sees its result. [`queue`] says how. Two data paths: collectives among ranks of one
+//! host go GPU to GPU through CUDA IPC with the reductions in GPU kernels ([`ipc`]); the
 //! rest is host-staged: device → pinned host memory → strata's shared-memory or TCP
 //! transports → device, in chunks whose copies overlap the transfers (`STRATA_GPU_CHUNK`,
 //! default 4 MiB). `STRATA_GPU_PATH` (`auto`, `staged`, `ipc`) chooses.

@@ -82,8 +82,18 @@ pub(crate) struct Elementwise {
 pub(crate) enum JobKind {
     /// Stage every range through host memory, run `work` on the host copies, copy back.
     Staged(Vec<DeviceRange>, DeviceWork),
-    /// A pipelined elementwise collective.
+    /// A pipelined elementwise collective (through IPC when the communicator has it).
     Elementwise(Elementwise),
+    /// Any other collective: through IPC when the communicator has it, else staged whole
+    /// (the ranges and work given).
+    Collective {
+        /// The call, with device addresses of input and output.
+        call: Elementwise,
+        /// The staged fallback's ranges.
+        ranges: Vec<DeviceRange>,
+        /// The staged fallback.
+        work: DeviceWork,
+    },
 }
 
 /// Set by the host function when the stream reaches the call.
@@ -206,7 +216,7 @@ impl StreamQueue {
         let _ = self.shared.ipc.set(path);
     }
 
-    /// Whether all-reduce goes through CUDA IPC and GPU kernels.
+    /// Whether collectives go through CUDA IPC and GPU kernels.
     pub(crate) fn has_ipc(&self) -> bool {
         self.shared.ipc.get().is_some()
     }
@@ -475,13 +485,13 @@ fn run(
         return Err(e);
     }
     match (kind, ipc) {
-        (JobKind::Elementwise(e), Some(ipc))
-            if e.spec.collective == strata_algorithms::Collective::AllReduce =>
-        {
-            ipc.all_reduce(comm, e.spec, e.send, e.recv, &stage.copy)
+        (JobKind::Elementwise(e), Some(ipc)) | (JobKind::Collective { call: e, .. }, Some(ipc)) => {
+            ipc.run(comm, e.spec, e.send, e.recv, &stage.copy)
         }
-        (JobKind::Staged(ranges, work), _) => run_staged(comm, stage, ranges, work),
-        (JobKind::Elementwise(e), _) => run_elementwise(comm, stage, e),
+        (JobKind::Staged(ranges, work), _) | (JobKind::Collective { ranges, work, .. }, None) => {
+            run_staged(comm, stage, ranges, work)
+        }
+        (JobKind::Elementwise(e), None) => run_elementwise(comm, stage, e),
     }
 }
 

@@ -122,7 +122,7 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
             env!("CARGO_PKG_VERSION"),
             if on_gpu {
                 let path = if comm.uses_gpu_ipc() {
-                    "CUDA IPC for all_reduce"
+                    "collectives through CUDA IPC"
                 } else {
                     "host-staged"
                 };
