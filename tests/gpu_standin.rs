@@ -308,6 +308,57 @@ fn a_call_returns_before_its_stream_runs_it_and_later_work_sees_the_result() {
 }
 
 #[test]
+fn a_host_call_after_stream_calls_waits_for_them_so_every_rank_keeps_its_order() {
+    if let Some((comm, rank, n)) = worker() {
+        let device = device_of(rank);
+        let stream = Stream::new(device).unwrap();
+        comm.bind_device(device).unwrap();
+        let count = 1024;
+        let buf = DeviceBuffer::alloc(device, count * 4).unwrap();
+        buf.upload(&f32s(&vec![1.0; count]), &stream).unwrap();
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, count);
+        // Rank 0's device call cannot start for 300 ms; its host call, made right after,
+        // must still come second, as on rank 1 (a different count would be a mismatch).
+        let gate = (rank == 0).then(|| {
+            let g = Gate::new();
+            g.close_on(&stream);
+            g
+        });
+        comm.call_device(spec, None, &buf, &stream).unwrap();
+        let opener = gate.map(|g| {
+            let host = g.host as usize;
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                // SAFETY: the pinned word outlives the test process's use of it.
+                unsafe { std::ptr::write_volatile(host as *mut u32, 1) };
+            })
+        });
+        if rank != 0 {
+            // Here the device call surely runs first: rank 0's host call must wait for its own.
+            stream.synchronize().unwrap();
+        }
+        let mut host = vec![rank as f32 + 1.0; 8];
+        comm.all_reduce_in_place(&mut host, ReduceOp::Sum).unwrap();
+        assert_eq!(host, vec![(n * (n + 1) / 2) as f32; 8]);
+        let mut out = vec![0u8; count * 4];
+        buf.download(&mut out, &stream).unwrap();
+        assert_eq!(out, f32s(&vec![n as f32; count]));
+        if let Some(t) = opener {
+            t.join().unwrap();
+        }
+        assert!(comm.async_error().is_none());
+        return;
+    }
+    let name = "a_host_call_after_stream_calls_waits_for_them_so_every_rank_keeps_its_order";
+    assert_all_ok(&spawn(
+        name,
+        2,
+        &[("STRATA_TIMEOUT", "10")],
+        Duration::from_secs(60),
+    ));
+}
+
+#[test]
 fn abort_while_calls_wait_on_a_stream_releases_the_stream_and_says_why() {
     if let Some((comm, rank, _)) = worker() {
         let device = device_of(rank);

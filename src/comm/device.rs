@@ -24,25 +24,35 @@ impl Communicator {
     /// The progress thread for device buffers on `device`, started on first use. A
     /// communicator drives one GPU, as in NCCL.
     fn gpu_queue(&self, device: i32) -> Result<Arc<StreamQueue>> {
-        let mut q = self.inner.gpu.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(q) = q.as_ref() {
+        let bound = |q: &Arc<StreamQueue>| {
             if q.device() != device {
                 return Err(Error::InvalidArgument(format!(
                     "this communicator drives GPU {}, and the buffer is on GPU {device}",
                     q.device()
                 )));
             }
-            return Ok(q.clone());
+            Ok(q.clone())
+        };
+        if let Some(q) = self
+            .inner
+            .gpu
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            return bound(q);
         }
+        // Collective: every rank binds (at init, or at its first call on device buffers). The
+        // lock is not held meanwhile: the IPC path's set-up runs host collectives, which look
+        // at the queue.
         let path = gpu::GpuPath::from_env()?;
         let started = Arc::new(StreamQueue::start(Arc::downgrade(&self.inner), device)?);
-        // Collective: every rank binds (at init, or at its first call on device buffers).
         let half = crate::gpu::queue::chunk_bytes();
         if let Some(ipc) = gpu::ipc::IpcPath::build(self, device, half, path)? {
             started.set_ipc(ipc);
         }
-        *q = Some(started.clone());
-        Ok(started)
+        let mut q = self.inner.gpu.lock().unwrap_or_else(|p| p.into_inner());
+        bound(q.get_or_insert(started))
     }
 
     /// Binds the communicator to `device` and makes its GPU resources (progress thread, copy
@@ -294,6 +304,21 @@ impl Communicator {
     pub fn uses_gpu_ipc(&self) -> bool {
         let q = self.inner.gpu.lock().unwrap_or_else(|p| p.into_inner());
         q.as_ref().is_some_and(|q| q.has_ipc())
+    }
+
+    /// Before a call from any thread but the progress thread: waits for the stream-ordered
+    /// calls enqueued so far, so that every rank runs its calls in the order it made them.
+    pub(super) fn wait_for_stream_calls(&self) -> Result<()> {
+        let q = self
+            .inner
+            .gpu
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match q {
+            Some(q) if !q.is_progress_thread() => q.wait_idle(self.timeout()),
+            _ => Ok(()),
+        }
     }
 
     /// Waits until every stream-ordered call enqueued so far has run, or `limit` passes.

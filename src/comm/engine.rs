@@ -5,6 +5,9 @@ use super::*;
 
 impl Communicator {
     pub(super) fn lock_state(&self) -> Result<std::sync::MutexGuard<'_, State>> {
+        // A call made on this thread after stream-ordered calls follows them on every rank:
+        // it waits until the progress thread has run them (unless it is that thread).
+        self.wait_for_stream_calls()?;
         self.inner
             .state
             .lock()

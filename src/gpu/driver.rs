@@ -61,7 +61,7 @@ pub(crate) fn keep_loaded(names: &[&str]) -> bool {
             return false;
         };
         // SAFETY: dlopen of a library name; the handle is deliberately never closed.
-        !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
+        !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) }.is_null()
     })
 }
 

@@ -216,6 +216,11 @@ impl StreamQueue {
         let _ = self.shared.ipc.set(path);
     }
 
+    /// Whether the calling thread is this queue's progress thread.
+    pub(crate) fn is_progress_thread(&self) -> bool {
+        self.thread_id.get() == Some(&std::thread::current().id())
+    }
+
     /// Whether collectives go through CUDA IPC and GPU kernels.
     pub(crate) fn has_ipc(&self) -> bool {
         self.shared.ipc.get().is_some()
