@@ -6,10 +6,11 @@
 //! `ncclResult_t` (the full message goes to `ncclGetLastError`) and never lets a panic cross
 //! the boundary.
 //!
-//! Differences from NCCL, all documented in the README: buffers are host memory (a GPU pointer
-//! is `ncclInvalidArgument`); outside a group a call on a blocking communicator completes
-//! before it returns, so the stream argument is ignored and may be NULL; a non-blocking
-//! communicator runs its calls on a worker thread and returns `ncclInProgress`.
+//! Differences from NCCL, all documented in the README: a call on GPU buffers is enqueued on
+//! its stream (strata's progress thread runs it; see `strata::gpu`), while a call on host
+//! buffers completes before it returns outside a group, so its stream is ignored and may be
+//! NULL; a non-blocking communicator runs host calls on a worker thread and returns
+//! `ncclInProgress`.
 
 mod call;
 mod device;
