@@ -445,7 +445,15 @@ fn progress(comm: std::sync::Weak<crate::comm::Inner>, shared: Arc<Shared>, stag
             (Some(_), Err(e)) => Err(e.clone()),
             (Some(c), Ok(stage)) => {
                 let ipc = shared.ipc.get();
-                let r = wait_ready(&c, &job.ready).and_then(|_| run(&c, stage, ipc, job.kind));
+                // A panic in a call must not leave its streams waiting forever.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    wait_ready(&c, &job.ready).and_then(|_| run(&c, stage, ipc, job.kind))
+                }))
+                .unwrap_or_else(|_| {
+                    Err(Error::Transport(
+                        "internal: a stream-ordered call panicked".into(),
+                    ))
+                });
                 if let Err(e) = &r {
                     c.record_stream_fault(e);
                 }
