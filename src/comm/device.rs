@@ -23,36 +23,31 @@ impl Communicator {
 
     /// The progress thread for device buffers on `device`, started on first use. A
     /// communicator drives one GPU, as in NCCL.
-    fn gpu_queue(&self, device: i32) -> Result<Arc<StreamQueue>> {
-        let bound = |q: &Arc<StreamQueue>| {
+    fn gpu_queue(&self, device: i32) -> Result<&StreamQueue> {
+        let bound = |q: &StreamQueue| -> Result<()> {
             if q.device() != device {
                 return Err(Error::InvalidArgument(format!(
                     "this communicator drives GPU {}, and the buffer is on GPU {device}",
                     q.device()
                 )));
             }
-            Ok(q.clone())
+            Ok(())
         };
-        if let Some(q) = self
-            .inner
-            .gpu
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            return bound(q);
+        if let Some(q) = self.inner.gpu.get() {
+            return bound(q).map(|_| q);
         }
-        // Collective: every rank binds (at init, or at its first call on device buffers). The
-        // lock is not held meanwhile: the IPC path's set-up runs host collectives, which look
-        // at the queue.
+        // Collective: every rank binds (at init, or at its first call on device buffers). No
+        // lock is held meanwhile: the IPC path's set-up runs host collectives, which look at
+        // the queue.
         let path = gpu::GpuPath::from_env()?;
-        let started = Arc::new(StreamQueue::start(Arc::downgrade(&self.inner), device)?);
+        let started = StreamQueue::start(Arc::downgrade(&self.inner), device)?;
         let half = crate::gpu::queue::chunk_bytes();
         if let Some(ipc) = gpu::ipc::IpcPath::build(self, device, half, path)? {
             started.set_ipc(ipc);
         }
-        let mut q = self.inner.gpu.lock().unwrap_or_else(|p| p.into_inner());
-        bound(q.get_or_insert(started))
+        // A thread that bound at the same time wins; ours is dropped.
+        let q = self.inner.gpu.get_or_init(|| started);
+        bound(q).map(|_| q)
     }
 
     /// Binds the communicator to `device` and makes its GPU resources (progress thread, copy
@@ -302,20 +297,14 @@ impl Communicator {
     /// Whether this communicator's collectives on device buffers go GPU to GPU through CUDA
     /// IPC (bound, one host, kernels loaded), rather than through host memory.
     pub fn uses_gpu_ipc(&self) -> bool {
-        let q = self.inner.gpu.lock().unwrap_or_else(|p| p.into_inner());
-        q.as_ref().is_some_and(|q| q.has_ipc())
+        self.inner.gpu.get().is_some_and(StreamQueue::has_ipc)
     }
 
     /// Before a call from any thread but the progress thread: waits for the stream-ordered
     /// calls enqueued so far, so that every rank runs its calls in the order it made them.
+    /// Costs one load on a communicator that never used device buffers.
     pub(super) fn wait_for_stream_calls(&self) -> Result<()> {
-        let q = self
-            .inner
-            .gpu
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        match q {
+        match self.inner.gpu.get() {
             Some(q) if !q.is_progress_thread() => q.wait_idle(self.timeout()),
             _ => Ok(()),
         }
@@ -323,15 +312,6 @@ impl Communicator {
 
     /// Waits until every stream-ordered call enqueued so far has run, or `limit` passes.
     pub fn wait_device_idle(&self, limit: Duration) -> Result<()> {
-        let q = self
-            .inner
-            .gpu
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        match q {
-            Some(q) => q.wait_idle(limit),
-            None => Ok(()),
-        }
+        self.inner.gpu.get().map_or(Ok(()), |q| q.wait_idle(limit))
     }
 }

@@ -273,7 +273,7 @@ impl Communicator {
                 tiers,
                 tuner,
                 spin: executor::SpinPolicy::for_host(local_ranks),
-                gpu: Mutex::new(None),
+                gpu: std::sync::OnceLock::new(),
             }),
         })
     }

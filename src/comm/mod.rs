@@ -133,7 +133,7 @@ pub(crate) struct Inner {
     tuner: Tuner,
     spin: executor::SpinPolicy,
     /// The progress thread of stream-ordered calls on device buffers, started by the first.
-    gpu: Mutex<Option<Arc<crate::gpu::StreamQueue>>>,
+    gpu: std::sync::OnceLock<crate::gpu::StreamQueue>,
 }
 
 /// The four communicators of a 4D parallel layout ([`Communicator::split_layout`]).
