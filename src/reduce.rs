@@ -24,6 +24,18 @@ pub enum Combine {
     Max,
 }
 
+/// The combining step of `op`: avg and PreMulSum combine by summing (avg then divides,
+/// PreMulSum first scales).
+pub(crate) fn combine_of(op: crate::dtype::ReduceOp) -> Combine {
+    use crate::dtype::ReduceOp;
+    match op {
+        ReduceOp::Prod => Combine::Prod,
+        ReduceOp::Min => Combine::Min,
+        ReduceOp::Max => Combine::Max,
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => Combine::Sum,
+    }
+}
+
 const BLOCK: usize = 512;
 
 /// The decode tables of the two fp8 formats.

@@ -4,6 +4,7 @@
 //! subnormals included). The same source is what NVRTC compiles for the GPU; CI also compiles
 //! it for sm_80 and sm_90 (`scripts/compile-kernels.sh`).
 
+use strata::gpu::kernel_suffix;
 use strata::reduce::{Combine, divide, reduce_into, scale};
 use strata::{DataType, Scalar};
 use strata_cuda_standin as _; // links the host kernels
@@ -34,23 +35,6 @@ fn kernel(name: &str) -> *const std::ffi::c_void {
         .find(|e| unsafe { std::ffi::CStr::from_ptr(e.name) }.to_str() == Ok(name))
         .unwrap_or_else(|| panic!("no kernel {name}"))
         .fn_
-}
-
-fn suffix(d: DataType) -> &'static str {
-    match d {
-        DataType::Int8 => "i8",
-        DataType::Uint8 => "u8",
-        DataType::Int32 => "i32",
-        DataType::Uint32 => "u32",
-        DataType::Int64 => "i64",
-        DataType::Uint64 => "u64",
-        DataType::Float16 => "f16",
-        DataType::Float32 => "f32",
-        DataType::Float64 => "f64",
-        DataType::Bfloat16 => "bf16",
-        DataType::Float8E4M3 => "e4m3",
-        DataType::Float8E5M2 => "e5m2",
-    }
 }
 
 /// Random bytes, with every fp8 and 16-bit code covered for the narrow types.
@@ -95,7 +79,7 @@ fn host_kernels_match_the_host_reductions_bit_for_bit() {
             let mut got = vec![0u8; a.len()];
             let f: CombineFn =
                 // SAFETY: a combine kernel's host version has this signature.
-                unsafe { std::mem::transmute(kernel(&format!("strata_combine_{name}_{}", suffix(d)))) };
+                unsafe { std::mem::transmute(kernel(&format!("strata_combine_{name}_{}", kernel_suffix(d)))) };
             // SAFETY: buffers of n elements.
             unsafe { f(got.as_mut_ptr(), a.as_ptr(), b.as_ptr(), n as u64) };
             assert_same(d, name, &got, &want);
@@ -105,8 +89,9 @@ fn host_kernels_match_the_host_reductions_bit_for_bit() {
             divide(d, &mut want, divisor);
             let mut got = a.clone();
             // SAFETY: as above.
-            let f: DivideFn =
-                unsafe { std::mem::transmute(kernel(&format!("strata_divide_{}", suffix(d)))) };
+            let f: DivideFn = unsafe {
+                std::mem::transmute(kernel(&format!("strata_divide_{}", kernel_suffix(d))))
+            };
             // SAFETY: a buffer of n elements.
             unsafe { f(got.as_mut_ptr(), divisor as u64, n as u64) };
             assert_same(d, &format!("divide by {divisor}"), &got, &want);
@@ -123,7 +108,7 @@ fn host_kernels_match_the_host_reductions_bit_for_bit() {
         let mut got = vec![0u8; a.len()];
         // SAFETY: as above.
         let f: ScaleFn =
-            unsafe { std::mem::transmute(kernel(&format!("strata_scale_{}", suffix(d)))) };
+            unsafe { std::mem::transmute(kernel(&format!("strata_scale_{}", kernel_suffix(d)))) };
         // SAFETY: buffers of n elements.
         unsafe {
             f(

@@ -134,11 +134,8 @@ impl Communicator {
             };
             let (combine, divide_by) = match spec.op {
                 _ if !spec.collective.reduces() => (Combine::Sum, None),
-                ReduceOp::Sum | ReduceOp::PreMulSum(_) => (Combine::Sum, None),
-                ReduceOp::Prod => (Combine::Prod, None),
-                ReduceOp::Min => (Combine::Min, None),
-                ReduceOp::Max => (Combine::Max, None),
                 ReduceOp::Avg => (Combine::Sum, Some(p)),
+                op => (reduce::combine_of(op), None),
             };
             let dtype = if spec.collective == Collective::Barrier {
                 DataType::Uint8

@@ -19,7 +19,6 @@ use super::stream::Stream;
 use crate::comm::{CallSpec, Communicator};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::reduce::Combine;
 use cudarc::driver::sys;
 use strata_algorithms::Collective;
 
@@ -199,6 +198,65 @@ impl IpcPath {
         }
     }
 
+    /// Rank `q`'s IN half, as this process addresses it.
+    fn inn(&self, q: usize) -> u64 {
+        self.bases[q]
+    }
+
+    /// Rank `q`'s OUT half.
+    fn out(&self, q: usize) -> u64 {
+        self.bases[q] + self.half as u64
+    }
+
+    /// Enqueues a device-to-device copy of `bytes` (none for 0) on `s`.
+    fn copy(&self, dst: u64, src: u64, bytes: usize, s: sys::CUstream) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: device ranges of the call and of the exchange buffers.
+        call("cuMemcpyDtoDAsync", || unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, s)
+        })
+    }
+
+    /// Enqueues the staging of `n` input elements into `dst`: a copy, or for PreMulSum of a
+    /// reducing collective the scale by this rank's scalar.
+    fn stage(&self, spec: &CallSpec, dst: u64, src: u64, n: usize, s: sys::CUstream) -> Result<()> {
+        match &spec.op {
+            ReduceOp::PreMulSum(scalar) if spec.collective.reduces() => {
+                self.kernels.scale(scalar, dst, src, n, s)
+            }
+            _ => self.copy(dst, src, n * spec.dtype.size(), s),
+        }
+    }
+
+    /// Enqueues `dst` = the reduction of `src(q)` over the `p` ranks, `n` elements (then the
+    /// divide, for avg).
+    fn reduce_over(
+        &self,
+        spec: &CallSpec,
+        p: usize,
+        dst: u64,
+        src: &dyn Fn(usize) -> u64,
+        n: usize,
+        s: sys::CUstream,
+    ) -> Result<()> {
+        if p == 1 {
+            return self.copy(dst, src(0), n * spec.dtype.size(), s);
+        }
+        let combine = crate::reduce::combine_of(spec.op);
+        self.kernels
+            .combine(spec.dtype, combine, dst, src(0), src(1), n, s)?;
+        for q in 2..p {
+            self.kernels
+                .combine(spec.dtype, combine, dst, dst, src(q), n, s)?;
+        }
+        if spec.op == ReduceOp::Avg {
+            self.kernels.divide(spec.dtype, dst, p, n, s)?;
+        }
+        Ok(())
+    }
+
     /// Every collective but all-reduce, chunk by chunk: each rank stages the blocks it
     /// contributes into its IN (scaled for PreMulSum); barrier; each rank reads what it needs
     /// from its peers' INs into its output (reducing with the kernels where the collective
@@ -224,73 +282,46 @@ impl IpcPath {
             _ => (1, 1),
         };
         let chunk = (self.half / (es * most)).max(1);
-        let inn = |q: usize| self.bases[q];
         let at = |base: u64, i: usize| base + (i * es) as u64;
-        let dtod = |dst: u64, src: u64, bytes: usize| -> Result<()> {
-            if bytes == 0 {
-                return Ok(());
-            }
-            // SAFETY: device ranges of the call and of the exchange buffers.
-            call("cuMemcpyDtoDAsync", || unsafe {
-                sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, s)
-            })
-        };
-        let combine = match spec.op {
-            ReduceOp::Prod => Combine::Prod,
-            ReduceOp::Min => Combine::Min,
-            ReduceOp::Max => Combine::Max,
-            _ => Combine::Sum,
-        };
-        // dst = the reduction over every rank q of `src(q)`, n elements.
-        let reduce_into = |dst: u64, src: &dyn Fn(usize) -> u64, n: usize| -> Result<()> {
-            if p == 1 {
-                return dtod(dst, src(0), n * es);
-            }
-            self.kernels
-                .combine(spec.dtype, combine, dst, src(0), src(1), n, s)?;
-            for q in 2..p {
-                self.kernels
-                    .combine(spec.dtype, combine, dst, dst, src(q), n, s)?;
-            }
-            if spec.op == ReduceOp::Avg {
-                self.kernels.divide(spec.dtype, dst, p, n, s)?;
-            }
-            Ok(())
-        };
         let mut first = 0;
         while first < count {
             let n = chunk.min(count - first);
             for b in 0..blocks {
-                let (dst, src) = (at(inn(rank), b * n), at(send, b * count + first));
-                match (&spec.op, spec.collective.reduces()) {
-                    (ReduceOp::PreMulSum(scalar), true) => {
-                        self.kernels.scale(scalar, dst, src, n, s)?
-                    }
-                    _ => dtod(dst, src, n * es)?,
-                }
+                self.stage(
+                    &spec,
+                    at(self.inn(rank), b * n),
+                    at(send, b * count + first),
+                    n,
+                    s,
+                )?;
             }
             copy.synchronize()?;
             comm.barrier()?;
+            let block = |q: usize, b: usize| at(self.inn(q), b * n);
             match spec.collective {
                 AllGather => {
                     for q in 0..p {
-                        dtod(at(recv, q * count + first), inn(q), n * es)?;
+                        self.copy(at(recv, q * count + first), block(q, 0), n * es, s)?;
                     }
                 }
                 AllToAll => {
                     for q in 0..p {
-                        dtod(at(recv, q * count + first), at(inn(q), rank * n), n * es)?;
+                        self.copy(at(recv, q * count + first), block(q, rank), n * es, s)?;
                     }
                 }
                 Gather if is_root => {
                     for q in 0..p {
-                        dtod(at(recv, q * count + first), inn(q), n * es)?;
+                        self.copy(at(recv, q * count + first), block(q, 0), n * es, s)?;
                     }
                 }
-                Scatter => dtod(at(recv, first), at(inn(root), rank * n), n * es)?,
-                Broadcast => dtod(at(recv, first), inn(root), n * es)?,
-                ReduceScatter => reduce_into(at(recv, first), &|q| at(inn(q), rank * n), n)?,
-                Reduce if is_root => reduce_into(at(recv, first), &|q| inn(q), n)?,
+                Scatter => self.copy(at(recv, first), block(root, rank), n * es, s)?,
+                Broadcast => self.copy(at(recv, first), block(root, 0), n * es, s)?,
+                ReduceScatter => {
+                    self.reduce_over(&spec, p, at(recv, first), &|q| block(q, rank), n, s)?
+                }
+                Reduce if is_root => {
+                    self.reduce_over(&spec, p, at(recv, first), &|q| block(q, 0), n, s)?
+                }
                 _ => {}
             }
             copy.synchronize()?;
@@ -312,70 +343,25 @@ impl IpcPath {
         let (rank, p) = (comm.rank(), comm.size());
         let es = spec.dtype.size();
         let chunk = (self.half / es).max(1);
-        let combine = match spec.op {
-            ReduceOp::Prod => Combine::Prod,
-            ReduceOp::Min => Combine::Min,
-            ReduceOp::Max => Combine::Max,
-            _ => Combine::Sum,
-        };
         let s = copy.raw();
-        let inn = |q: usize| self.bases[q];
-        let out = |q: usize| self.bases[q] + self.half as u64;
         let segment = |q: usize, n: usize| (q * n / p, (q + 1) * n / p);
-        let dtod = |dst: u64, src: u64, bytes: usize| -> Result<()> {
-            if bytes == 0 {
-                return Ok(());
-            }
-            // SAFETY: device ranges of the call and of the exchange buffers.
-            call("cuMemcpyDtoDAsync", || unsafe {
-                sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, s)
-            })
-        };
+        let at = |base: u64, i: usize| base + (i * es) as u64;
         let mut first = 0;
         while first < spec.count {
             let n = chunk.min(spec.count - first);
-            let at = |base: u64, i: usize| base + (i * es) as u64;
-            match &spec.op {
-                ReduceOp::PreMulSum(scalar) => {
-                    self.kernels
-                        .scale(scalar, inn(rank), at(send, first), n, s)?
-                }
-                _ => dtod(inn(rank), at(send, first), n * es)?,
-            }
+            self.stage(&spec, self.inn(rank), at(send, first), n, s)?;
             copy.synchronize()?;
             comm.barrier()?;
             let (lo, hi) = segment(rank, n);
             if hi > lo {
-                let dst = at(out(rank), lo);
-                self.kernels.combine(
-                    spec.dtype,
-                    combine,
-                    dst,
-                    at(inn(0), lo),
-                    at(inn(1), lo),
-                    hi - lo,
-                    s,
-                )?;
-                for q in 2..p {
-                    self.kernels.combine(
-                        spec.dtype,
-                        combine,
-                        dst,
-                        dst,
-                        at(inn(q), lo),
-                        hi - lo,
-                        s,
-                    )?;
-                }
-                if spec.op == ReduceOp::Avg {
-                    self.kernels.divide(spec.dtype, dst, p, hi - lo, s)?;
-                }
+                let dst = at(self.out(rank), lo);
+                self.reduce_over(&spec, p, dst, &|q| at(self.inn(q), lo), hi - lo, s)?;
             }
             copy.synchronize()?;
             comm.barrier()?;
             for q in 0..p {
                 let (lo, hi) = segment(q, n);
-                dtod(at(recv, first + lo), at(out(q), lo), (hi - lo) * es)?;
+                self.copy(at(recv, first + lo), at(self.out(q), lo), (hi - lo) * es, s)?;
             }
             copy.synchronize()?;
             first += n;

@@ -14,8 +14,8 @@ use std::sync::{Mutex, OnceLock};
 /// The kernel source (also compiled in CI for sm_80 and sm_90, and as C by the stand-in).
 pub const REDUCE_SOURCE: &str = include_str!("kernels/reduce.cu");
 
-/// The kernels' name suffix for a type.
-fn suffix(d: DataType) -> &'static str {
+/// The kernels' name suffix for a type (`strata_combine_sum_<suffix>`).
+pub fn kernel_suffix(d: DataType) -> &'static str {
     match d {
         DataType::Int8 => "i8",
         DataType::Uint8 => "u8",
@@ -182,7 +182,7 @@ impl Kernels {
             Combine::Min => "min",
             Combine::Max => "max",
         };
-        let name = format!("strata_combine_{op}_{}", suffix(dtype));
+        let name = format!("strata_combine_{op}_{}", kernel_suffix(dtype));
         self.launch(&name, stream, &mut [dst, a, b, n as u64], n as u64)
     }
 
@@ -195,7 +195,7 @@ impl Kernels {
         n: usize,
         stream: sys::CUstream,
     ) -> Result<()> {
-        let name = format!("strata_divide_{}", suffix(dtype));
+        let name = format!("strata_divide_{}", kernel_suffix(dtype));
         self.launch(
             &name,
             stream,
@@ -213,7 +213,7 @@ impl Kernels {
         n: usize,
         stream: sys::CUstream,
     ) -> Result<()> {
-        let name = format!("strata_scale_{}", suffix(scalar.dtype));
+        let name = format!("strata_scale_{}", kernel_suffix(scalar.dtype));
         let bits = u64::from_le_bytes(scalar.bytes);
         self.launch(&name, stream, &mut [dst, src, bits, n as u64], n as u64)
     }

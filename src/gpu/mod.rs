@@ -20,7 +20,7 @@ mod stream;
 pub use cudarc::driver::sys;
 pub use driver::{DriverInfo, Memory, available, current_device, driver, memory_of, set_device};
 pub use ipc::GpuPath;
-pub use kernels::REDUCE_SOURCE;
+pub use kernels::{REDUCE_SOURCE, kernel_suffix};
 pub use memory::{DeviceBuffer, read_device};
 pub(crate) use queue::StreamQueue;
 pub use queue::{DeviceRange, DeviceWork, Staged};
