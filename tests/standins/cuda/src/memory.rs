@@ -97,6 +97,65 @@ fn host_only(ptr: *const c_void, len: usize) -> Result<*mut u8, i32> {
     Ok(ptr as *mut u8)
 }
 
+/// Maps `len` bytes of the memory file `fd` as device memory of `device`: a no-access range
+/// at the next device address, and the driver's own read-write alias. Takes `fd` (closed on
+/// failure) and returns the device address.
+fn map_device(fd: i32, len: usize, device: i32, ipc: bool) -> Result<u64, i32> {
+    let size = (len as u64).next_multiple_of(GRANULE) as usize;
+    // SAFETY: fresh mappings of a memory file this function owns.
+    unsafe {
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let alias = libc::mmap(std::ptr::null_mut(), size, prot, libc::MAP_SHARED, fd, 0);
+        if alias == libc::MAP_FAILED {
+            libc::close(fd);
+            return Err(code::OUT_OF_MEMORY);
+        }
+        let mut t = table();
+        let addr = t.next;
+        t.next += size as u64 + GRANULE; // a gap: running off the end faults
+        let flags = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE;
+        let dev = libc::mmap(addr as *mut c_void, size, libc::PROT_NONE, flags, fd, 0);
+        if dev != addr as *mut c_void {
+            libc::munmap(alias, size);
+            libc::close(fd);
+            return Err(code::OUT_OF_MEMORY);
+        }
+        let kind = Kind::Device {
+            device,
+            alias: alias.cast(),
+            fd,
+            ipc,
+        };
+        t.allocs.insert(addr, Alloc { len, kind });
+        Ok(addr)
+    }
+}
+
+/// Undoes `map_device` for the allocation at `ptr`, which must be device memory allocated
+/// here (`ipc` false) or opened from a handle (`ipc` true). Waits for every stream first.
+fn unmap_device(ptr: u64, ipc: bool) -> Result<(), i32> {
+    stream::synchronize_all();
+    let mut t = table();
+    match t.allocs.get(&ptr) {
+        Some(Alloc {
+            kind: Kind::Device { ipc: i, .. },
+            ..
+        }) if *i == ipc => {}
+        _ => return Err(code::INVALID_VALUE),
+    }
+    let a = t.allocs.remove(&ptr).ok_or(code::INVALID_VALUE)?;
+    if let Kind::Device { alias, fd, .. } = a.kind {
+        let size = (a.len as u64).next_multiple_of(GRANULE) as usize;
+        // SAFETY: the mappings and file made by map_device, used by nothing now.
+        unsafe {
+            libc::munmap(alias.cast(), size);
+            libc::munmap(ptr as *mut c_void, size);
+            libc::close(fd);
+        }
+    }
+    Ok(())
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(out: *mut u64, len: usize) -> i32 {
     status(current().and_then(|device| {
@@ -106,84 +165,27 @@ pub unsafe extern "C" fn cuMemAlloc_v2(out: *mut u64, len: usize) -> i32 {
         // An allocation synchronises with every stream, as the driver's does.
         stream::synchronize_all();
         let size = (len as u64).next_multiple_of(GRANULE);
-        // SAFETY: plain system calls on a fresh file and fresh mappings.
-        unsafe {
-            let fd = libc::memfd_create(c"strata-standin-device".as_ptr(), libc::MFD_CLOEXEC);
-            if fd < 0 || libc::ftruncate(fd, size as i64) != 0 {
-                return Err(code::OUT_OF_MEMORY);
+        // SAFETY: plain system calls on a fresh file.
+        let fd =
+            unsafe { libc::memfd_create(c"strata-standin-device".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: as above.
+        if fd < 0 || unsafe { libc::ftruncate(fd, size as i64) } != 0 {
+            if fd >= 0 {
+                // SAFETY: the file made above.
+                unsafe { libc::close(fd) };
             }
-            let prot = libc::PROT_READ | libc::PROT_WRITE;
-            let alias = libc::mmap(
-                std::ptr::null_mut(),
-                size as usize,
-                prot,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
-            if alias == libc::MAP_FAILED {
-                libc::close(fd);
-                return Err(code::OUT_OF_MEMORY);
-            }
-            let mut t = table();
-            let addr = t.next;
-            t.next += size + GRANULE; // a gap: running off the end faults
-            let flags = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE;
-            let dev = libc::mmap(
-                addr as *mut c_void,
-                size as usize,
-                libc::PROT_NONE,
-                flags,
-                fd,
-                0,
-            );
-            if dev != addr as *mut c_void {
-                libc::munmap(alias, size as usize);
-                libc::close(fd);
-                return Err(code::OUT_OF_MEMORY);
-            }
-            t.allocs.insert(
-                addr,
-                Alloc {
-                    len,
-                    kind: Kind::Device {
-                        device,
-                        alias: alias.cast(),
-                        fd,
-                        ipc: false,
-                    },
-                },
-            );
-            put(out, addr)
+            return Err(code::OUT_OF_MEMORY);
         }
+        let addr = map_device(fd, len, device, false)?;
+        // SAFETY: out-parameter.
+        unsafe { put(out, addr) }
     }))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(ptr: u64) -> i32 {
-    status(current().and_then(|_| {
-        // As cudaFree does: the device finishes the work that may still use it.
-        stream::synchronize_all();
-        let mut t = table();
-        match t.allocs.get(&ptr) {
-            Some(Alloc {
-                kind: Kind::Device { ipc: false, .. },
-                ..
-            }) => {}
-            _ => return Err(code::INVALID_VALUE),
-        }
-        let a = t.allocs.remove(&ptr).ok_or(code::INVALID_VALUE)?;
-        if let Kind::Device { alias, fd, .. } = a.kind {
-            let size = (a.len as u64).next_multiple_of(GRANULE) as usize;
-            // SAFETY: the mappings and file made by cuMemAlloc, used by nothing now.
-            unsafe {
-                libc::munmap(alias.cast(), size);
-                libc::munmap(ptr as *mut c_void, size);
-                libc::close(fd);
-            }
-        }
-        Ok(())
-    }))
+    // As cudaFree does, the device finishes the work that may still use it (unmap_device).
+    status(current().and_then(|_| unmap_device(ptr, false)))
 }
 
 const HOSTALLOC_DEVICEMAP: c_uint = 2;
@@ -461,7 +463,7 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(out: *mut IpcHandle, ptr: u64) -> i32
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(out: *mut u64, h: IpcHandle, _flags: c_uint) -> i32 {
-    status(current().and_then(|device| {
+    status(current().and_then(|_| {
         if h.magic != IPC_MAGIC {
             return Err(code::INVALID_VALUE);
         }
@@ -469,72 +471,18 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(out: *mut u64, h: IpcHandle, _fla
             return Err(code::INVALID_CONTEXT); // a process cannot open its own handle
         }
         let path = format!("/proc/{}/fd/{}\0", h.pid, h.fd);
-        let size = h.len.next_multiple_of(GRANULE) as usize;
-        // SAFETY: plain system calls on the exporter's memory file and fresh mappings.
-        unsafe {
-            let fd = libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(code::INVALID_VALUE);
-            }
-            let prot = libc::PROT_READ | libc::PROT_WRITE;
-            let alias = libc::mmap(std::ptr::null_mut(), size, prot, libc::MAP_SHARED, fd, 0);
-            if alias == libc::MAP_FAILED {
-                libc::close(fd);
-                return Err(code::OUT_OF_MEMORY);
-            }
-            let mut t = table();
-            let addr = t.next;
-            t.next += size as u64 + GRANULE;
-            let flags = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE;
-            let dev = libc::mmap(addr as *mut c_void, size, libc::PROT_NONE, flags, fd, 0);
-            if dev != addr as *mut c_void {
-                libc::munmap(alias, size);
-                libc::close(fd);
-                return Err(code::OUT_OF_MEMORY);
-            }
-            t.allocs.insert(
-                addr,
-                Alloc {
-                    len: h.len as usize,
-                    kind: Kind::Device {
-                        device: if h.device as i32 == device {
-                            device
-                        } else {
-                            h.device as i32
-                        },
-                        alias: alias.cast(),
-                        fd,
-                        ipc: true,
-                    },
-                },
-            );
-            put(out, addr)
+        // SAFETY: opens the exporter's memory file by a NUL-terminated path.
+        let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(code::INVALID_VALUE);
         }
+        let addr = map_device(fd, h.len as usize, h.device as i32, true)?;
+        // SAFETY: out-parameter.
+        unsafe { put(out, addr) }
     }))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuIpcCloseMemHandle(ptr: u64) -> i32 {
-    status(current().and_then(|_| {
-        stream::synchronize_all();
-        let mut t = table();
-        match t.allocs.get(&ptr) {
-            Some(Alloc {
-                kind: Kind::Device { ipc: true, .. },
-                ..
-            }) => {}
-            _ => return Err(code::INVALID_VALUE),
-        }
-        let a = t.allocs.remove(&ptr).ok_or(code::INVALID_VALUE)?;
-        if let Kind::Device { alias, fd, .. } = a.kind {
-            let size = (a.len as u64).next_multiple_of(GRANULE) as usize;
-            // SAFETY: the mappings and file made by cuIpcOpenMemHandle.
-            unsafe {
-                libc::munmap(alias.cast(), size);
-                libc::munmap(ptr as *mut c_void, size);
-                libc::close(fd);
-            }
-        }
-        Ok(())
-    }))
+    status(current().and_then(|_| unmap_device(ptr, true)))
 }
