@@ -180,6 +180,9 @@ pub struct PeerInfo {
     /// Its GPU, NIC and switch path, from which every rank computes the same tiers.
     #[serde(default)]
     pub place: strata_topology::RankPlace,
+    /// The RDMA providers it can use (probed only when `STRATA_TRANSPORT` allows RDMA).
+    #[serde(default)]
+    pub rdma: crate::transport::rdma::RdmaCaps,
 }
 
 impl PeerInfo {
@@ -223,6 +226,8 @@ pub(crate) enum Msg {
     Ack,
     /// Connection refused, with the reason.
     Nack { reason: String },
+    /// An RDMA connection set up on the listener's side: its half of the setup.
+    RdmaAccept(crate::transport::rdma::protocol::RdmaSetup),
     /// A rank's answer to `ConnectKind::Status`: what it is doing.
     Status(crate::watchdog::Progress),
 }
@@ -258,6 +263,9 @@ pub(crate) enum TransportSetup {
     Shm { name: String },
     /// A ring segment registered in this process under this key.
     InProcess { key: String },
+    /// RDMA: the connecting side's queue pairs or endpoints and clear-to-send ring; answered
+    /// with `Msg::RdmaAccept` (the listener's) instead of `Ack`.
+    Rdma(crate::transport::rdma::protocol::RdmaSetup),
 }
 
 fn mac(key: &[u8; 32], label: &[u8], a: &[u8], b: &[u8]) -> [u8; 32] {

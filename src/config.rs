@@ -4,13 +4,22 @@ use crate::error::{Error, Result};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-/// Which transport to use between ranks of one host.
+/// Which transports connect ranks (`STRATA_TRANSPORT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransportPolicy {
-    /// In-process rings between threads, shared memory within a host, TCP between hosts.
+    /// In-process rings between threads, shared memory within a host; between hosts verbs if
+    /// both ranks have a usable device, else libfabric with a hardware provider, else TCP.
     Auto,
-    /// TCP everywhere (`STRATA_TRANSPORT=tcp`), so one host can test the network path.
+    /// Shared memory within a host and TCP between hosts: no RDMA (`shm`).
+    Shm,
+    /// TCP everywhere (`tcp`), so one host can test the network path.
     Tcp,
+    /// RDMA everywhere, verbs if usable, else libfabric (`rdma`).
+    Rdma,
+    /// Verbs everywhere (`verbs`).
+    Verbs,
+    /// libfabric everywhere, whatever its provider (`ofi`).
+    Ofi,
 }
 
 /// The order flat schedules visit the ranks in.
@@ -29,8 +38,10 @@ pub struct Config {
     pub timeout: Duration,
     /// Deadline of init (`STRATA_INIT_TIMEOUT`, seconds; default 120).
     pub init_timeout: Duration,
-    /// Transport choice (`STRATA_TRANSPORT=auto|tcp`).
+    /// Transport choice (`STRATA_TRANSPORT=auto|shm|tcp|rdma|verbs|ofi`).
     pub transport: TransportPolicy,
+    /// RDMA settings (`NCCL_IB_*`, `STRATA_RDMA_*`, `STRATA_OFI_PROVIDER`).
+    pub rdma: crate::transport::rdma::RdmaConfig,
     /// TCP streams per peer (`STRATA_TCP_STREAMS`, default 2).
     pub tcp_streams: usize,
     /// Bytes per stripe across TCP streams (`STRATA_TCP_STRIPE`, default 512 KiB).
@@ -94,13 +105,19 @@ impl Config {
     pub fn from_env() -> Result<Self> {
         let transport = match env("STRATA_TRANSPORT").map(|s| s.to_ascii_lowercase()) {
             None => TransportPolicy::Auto,
-            Some(s) if s == "auto" || s == "shm" => TransportPolicy::Auto,
-            Some(s) if s == "tcp" || s == "socket" => TransportPolicy::Tcp,
-            Some(s) => {
-                return Err(Error::InvalidArgument(format!(
-                    "STRATA_TRANSPORT={s}: valid values are auto, shm, tcp"
-                )));
-            }
+            Some(s) => match s.as_str() {
+                "auto" => TransportPolicy::Auto,
+                "shm" => TransportPolicy::Shm,
+                "tcp" | "socket" => TransportPolicy::Tcp,
+                "rdma" => TransportPolicy::Rdma,
+                "verbs" | "ib" => TransportPolicy::Verbs,
+                "ofi" | "libfabric" => TransportPolicy::Ofi,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "STRATA_TRANSPORT={s}: valid values are auto, shm, tcp, rdma, verbs, ofi"
+                    )));
+                }
+            },
         };
         let shm_slot_size: usize = parse_env("STRATA_SHM_SLOT_SIZE", 32 << 10)?;
         let shm_slots: u32 = parse_env("STRATA_SHM_SLOTS", 32)?;
@@ -121,10 +138,14 @@ impl Config {
             ));
         }
         let ifname = env("STRATA_SOCKET_IFNAME").or_else(|| env("NCCL_SOCKET_IFNAME"));
+        let listen_ip = pick_interface(ifname.as_deref())?;
+        let mut rdma = crate::transport::rdma::RdmaConfig::from_env()?;
+        rdma.interface = interface_of(listen_ip);
         Ok(Self {
             timeout: secs("STRATA_TIMEOUT", 600.0)?,
             init_timeout: secs("STRATA_INIT_TIMEOUT", 120.0)?,
             transport,
+            rdma,
             tcp_streams,
             tcp_stripe: parse_env("STRATA_TCP_STRIPE", 512 << 10)?,
             socket_buffer: parse_env("STRATA_SOCKET_BUFFER", 4 << 20)?,
@@ -146,7 +167,7 @@ impl Config {
                 Some(path) => crate::tuning::load_rules(std::path::Path::new(&path))?,
             },
             handshake_timeout: secs("STRATA_HANDSHAKE_TIMEOUT", 5.0)?,
-            listen_ip: pick_interface(ifname.as_deref())?,
+            listen_ip,
             heartbeat_interval: Duration::from_millis(parse_env("STRATA_HEARTBEAT_MS", 1000u64)?),
             heartbeat_misses: match parse_env("STRATA_HEARTBEAT_MISSES", 3u32)? {
                 0 => {

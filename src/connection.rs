@@ -10,6 +10,7 @@ use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret, TransportSetup}
 use crate::config::{Config, TransportPolicy};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
+use crate::transport::rdma::protocol::RdmaTransport;
 use crate::transport::ring::{Geometry, HeapMemory, Memory, RingEndpoint, ShmMemory};
 use crate::transport::tcp::{TcpTransport, tune_socket};
 use crate::watchdog::{Health, Progress};
@@ -390,6 +391,7 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
         | ConnectKind::Status
         | ConnectKind::Shrink { .. } => Ok(()),
         ConnectKind::Control { transport } => {
+            let mut accepted_rdma = false;
             let data: Box<dyn Transport> = match transport {
                 TransportSetup::Tcp { streams, stripe } => {
                     if streams == 0 || streams > 64 {
@@ -432,6 +434,26 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
                             .map_err(|e| Error::io("shm ring", e))?,
                     )
                 }
+                TransportSetup::Rdma(theirs) => {
+                    let opened = crate::transport::rdma::open(theirs.provider, &sh.cfg.rdma)
+                        .map_err(|e| e.to_string())
+                        .and_then(|f| {
+                            let mut t =
+                                RdmaTransport::new(f, theirs.lanes, theirs.slots, theirs.slot_size)
+                                    .map_err(|e| e.to_string())?;
+                            t.connect(&theirs, false).map_err(|e| e.to_string())?;
+                            Ok(t)
+                        });
+                    let t = match opened {
+                        Ok(t) => t,
+                        Err(e) => {
+                            return refuse(&mut s, format!("{}: {e}", theirs.provider.name()));
+                        }
+                    };
+                    bootstrap::send_msg(&mut s, &Msg::RdmaAccept(t.setup()))?;
+                    accepted_rdma = true;
+                    Box::new(t)
+                }
                 TransportSetup::InProcess { key } => {
                     let mem = inproc_registry()
                         .lock()
@@ -447,7 +469,9 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
                     )
                 }
             };
-            bootstrap::send_msg(&mut s, &Msg::Ack)?;
+            if !accepted_rdma {
+                bootstrap::send_msg(&mut s, &Msg::Ack)?;
+            }
             let conn = Connection::new(from, data, s)?;
             let mut ready = sh
                 .ready
@@ -683,48 +707,54 @@ pub(crate) fn connect(
         slots: cfg.shm_slots,
         slot_size: cfg.shm_slot_size,
     };
-    let (setup, data): (TransportSetup, Box<dyn Transport>) =
-        if cfg.transport == TransportPolicy::Tcp || !same_host {
-            let mut streams = Vec::with_capacity(cfg.tcp_streams);
-            for index in 0..cfg.tcp_streams {
-                let mut s = open()?;
-                tune_socket(&s, cfg.socket_buffer).map_err(|e| Error::io("socket options", e))?;
-                bootstrap::send_msg(&mut s, &connect_msg(ConnectKind::TcpStream { index }))?;
-                streams.push(s);
-            }
-            let t = TcpTransport::new(streams, cfg.tcp_stripe)
-                .map_err(|e| Error::io("tcp transport", e))?;
-            (
-                TransportSetup::Tcp {
-                    streams: cfg.tcp_streams,
-                    stripe: cfg.tcp_stripe,
-                },
-                Box::new(t),
-            )
-        } else if me.process == peer.process {
-            let mem = Arc::new(
-                HeapMemory::new(geo.segment_bytes())
-                    .map_err(|e| Error::io("ring allocation", e))?,
-            );
-            let ep = RingEndpoint::create(mem.clone(), geo, "inproc")
-                .map_err(|e| Error::io("inproc ring", e))?;
-            let key = format!("{comm}-{}-{}-{}", me.rank, peer.rank, random_hex());
-            inproc_registry()
-                .lock()
-                .map_err(|_| Error::Transport("registry lock poisoned".into()))?
-                .insert(key.clone(), mem);
-            (TransportSetup::InProcess { key }, Box::new(ep))
-        } else {
-            let name = format!("/strata-{}-{}", std::process::id(), random_hex());
-            let mem = Arc::new(
-                ShmMemory::create(&name, geo.segment_bytes())
-                    .map_err(|e| Error::io(format!("creating {name}"), e))?,
-            );
-            let ep = RingEndpoint::create(mem.clone(), geo, "shm")
-                .map_err(|e| Error::io("shm ring", e))?;
-            shm_mem = Some(mem);
-            (TransportSetup::Shm { name }, Box::new(ep))
-        };
+    let rdma = crate::transport::rdma::choose(cfg.transport, &me.rdma, &peer.rdma, same_host);
+    let (setup, data): (TransportSetup, Box<dyn Transport>) = if let Some(kind) = rdma {
+        let fabric = crate::transport::rdma::open(kind, &cfg.rdma)
+            .map_err(|e| Error::Unsupported(format!("{}: {e}", kind.name())))?;
+        let t = RdmaTransport::from_config(fabric, &cfg.rdma)
+            .map_err(|e| Error::io(format!("{} transport", kind.name()), e))?;
+        (TransportSetup::Rdma(t.setup()), Box::new(t))
+    } else if cfg.transport == TransportPolicy::Tcp || !same_host {
+        let mut streams = Vec::with_capacity(cfg.tcp_streams);
+        for index in 0..cfg.tcp_streams {
+            let mut s = open()?;
+            tune_socket(&s, cfg.socket_buffer).map_err(|e| Error::io("socket options", e))?;
+            bootstrap::send_msg(&mut s, &connect_msg(ConnectKind::TcpStream { index }))?;
+            streams.push(s);
+        }
+        let t = TcpTransport::new(streams, cfg.tcp_stripe)
+            .map_err(|e| Error::io("tcp transport", e))?;
+        (
+            TransportSetup::Tcp {
+                streams: cfg.tcp_streams,
+                stripe: cfg.tcp_stripe,
+            },
+            Box::new(t),
+        )
+    } else if me.process == peer.process {
+        let mem = Arc::new(
+            HeapMemory::new(geo.segment_bytes()).map_err(|e| Error::io("ring allocation", e))?,
+        );
+        let ep = RingEndpoint::create(mem.clone(), geo, "inproc")
+            .map_err(|e| Error::io("inproc ring", e))?;
+        let key = format!("{comm}-{}-{}-{}", me.rank, peer.rank, random_hex());
+        inproc_registry()
+            .lock()
+            .map_err(|_| Error::Transport("registry lock poisoned".into()))?
+            .insert(key.clone(), mem);
+        (TransportSetup::InProcess { key }, Box::new(ep))
+    } else {
+        let name = format!("/strata-{}-{}", std::process::id(), random_hex());
+        let mem = Arc::new(
+            ShmMemory::create(&name, geo.segment_bytes())
+                .map_err(|e| Error::io(format!("creating {name}"), e))?,
+        );
+        let ep =
+            RingEndpoint::create(mem.clone(), geo, "shm").map_err(|e| Error::io("shm ring", e))?;
+        shm_mem = Some(mem);
+        (TransportSetup::Shm { name }, Box::new(ep))
+    };
+    let mut data = data;
     let mut control = open()?;
     bootstrap::send_msg(
         &mut control,
@@ -752,7 +782,31 @@ pub(crate) fn connect(
         m.unlink();
     }
     match reply? {
-        Msg::Ack => Connection::new(peer.rank, data, control),
+        Msg::Ack if !matches!(setup, TransportSetup::Rdma(_)) => {
+            Connection::new(peer.rank, data, control)
+        }
+        Msg::RdmaAccept(theirs) => {
+            let t = data
+                .as_any_mut()
+                .and_then(|a| a.downcast_mut::<RdmaTransport>())
+                .ok_or_else(|| {
+                    Error::Transport(format!(
+                        "rank {} answered RDMA to a non-RDMA setup",
+                        peer.rank
+                    ))
+                })?;
+            t.connect(&theirs, true).map_err(|e| {
+                peer_failed(
+                    peer,
+                    format!(
+                        "connecting to its {} ({}) failed: {e}",
+                        theirs.provider.name(),
+                        theirs.device
+                    ),
+                )
+            })?;
+            Connection::new(peer.rank, data, control)
+        }
         Msg::Nack { reason } => Err(Error::Transport(format!(
             "rank {} refused the connection: {reason}",
             peer.rank

@@ -705,11 +705,12 @@ impl OpRun<'_> {
             });
         }
         self.check_control(waits)?;
-        let sleep = MAX_SLEEP.min(deadline - now);
+        let mut sleep = MAX_SLEEP.min(deadline - now);
         let mut futexes: Vec<(*const AtomicU32, u32, *const AtomicU32)> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
         for &(peer, dir) in waits {
             match self.conn(peer)?.data.wait_for(dir) {
+                Wait::Within(d) => sleep = sleep.min(d),
                 Wait::Futex {
                     word,
                     expected,
@@ -744,7 +745,7 @@ impl OpRun<'_> {
             let t = if only_control {
                 sleep
             } else {
-                Duration::from_millis(1)
+                sleep.min(Duration::from_millis(1))
             };
             futex::wait_any(&words, t);
             for (_, _, f) in &futexes {
@@ -756,12 +757,17 @@ impl OpRun<'_> {
                 unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
             }
         } else {
-            // SAFETY: valid pollfd array.
+            let ts = libc::timespec {
+                tv_sec: sleep.as_secs() as libc::time_t,
+                tv_nsec: sleep.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: valid pollfd array and timeout.
             unsafe {
-                libc::poll(
+                libc::ppoll(
                     fds.as_mut_ptr(),
                     fds.len() as libc::nfds_t,
-                    sleep.as_millis().max(1) as i32,
+                    &ts,
+                    std::ptr::null(),
                 )
             };
         }

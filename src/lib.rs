@@ -37,6 +37,7 @@ pub use config::{Config, RankOrder, TransportPolicy};
 pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};
 pub use error::{Error, Result};
 pub use strata_algorithms::{Algorithm, Collective};
+pub use transport::rdma;
 pub use watchdog::{FlightRecord, Progress};
 
 /// Host and fabric topology: discovery, NCCL XML, Slurm and strata topology files, tiers.

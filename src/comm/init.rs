@@ -158,6 +158,7 @@ impl Communicator {
             process: bootstrap::process_nonce(),
             listen,
             place,
+            rdma: crate::transport::rdma::caps_for(&cfg)?,
         };
         let peers = bootstrap::rendezvous(id, nranks, me, &cfg)?;
         tracing::debug!(rank, nranks, "communicator initialised");

@@ -3,9 +3,10 @@
 //! Every transport is a pair of ordered byte streams (one per direction) with non-blocking
 //! `send_some` / `recv_some` calls, so the executor can progress many transfers at once and
 //! bound every wait by a deadline and the abort flag. [`Transport::wait_for`] says what to
-//! sleep on when nothing can move.
+//! sleep on when nothing can move. Shared memory and TCP are here; RDMA is in [`rdma`].
 
 pub(crate) mod futex;
+pub mod rdma;
 pub(crate) mod ring;
 pub(crate) mod tcp;
 
@@ -34,13 +35,15 @@ pub(crate) enum Wait {
         /// The "someone sleeps" flag of this direction.
         flag: *const AtomicU32,
     },
-    /// Poll a socket for these events.
+    /// Poll a descriptor (a socket, a completion channel) for these events.
     Fd {
-        /// The socket.
+        /// The descriptor.
         fd: RawFd,
         /// `POLLIN` or `POLLOUT`.
         events: i16,
     },
+    /// Nothing to sleep on: poll again within this long (zero: at once).
+    Within(std::time::Duration),
 }
 
 /// One connection's data path.
@@ -66,8 +69,13 @@ pub(crate) trait Transport: Send {
             done += b.len();
         })
     }
-    /// What to sleep on until the given direction can make progress.
-    fn wait_for(&self, dir: Direction) -> Wait;
+    /// What to sleep on until the given direction can make progress (a transport may arm a
+    /// notification here).
+    fn wait_for(&mut self, dir: Direction) -> Wait;
+    /// The transport as `Any`, for the setup steps only one kind has (RDMA's second half).
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }
 
 /// Sleeps until one of `fds` is readable (or closed) or `timeout` passes.

@@ -308,7 +308,7 @@ impl Transport for RingEndpoint {
         Ok(consumed)
     }
 
-    fn wait_for(&self, dir: Direction) -> Wait {
+    fn wait_for(&mut self, dir: Direction) -> Wait {
         match dir {
             Direction::Recv => {
                 let ctl = self.control(self.rx);

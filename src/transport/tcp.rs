@@ -183,7 +183,7 @@ impl Transport for TcpTransport {
         Ok(staged + self.read_streams(&mut dst[staged..])?)
     }
 
-    fn wait_for(&self, dir: Direction) -> Wait {
+    fn wait_for(&mut self, dir: Direction) -> Wait {
         match dir {
             Direction::Send => Wait::Fd {
                 fd: self.streams[self.next_stream(self.sent).0].as_raw_fd(),
