@@ -242,6 +242,13 @@ impl Communicator {
         &self.inner.cfg
     }
 
+    /// The transport of the connection to `peer` (`shm`, `inproc`, `tcp`, `verbs`, `ofi`), once
+    /// a call has opened it; `None` before.
+    pub fn transport_to(&self, peer: usize) -> Option<&'static str> {
+        let st = self.inner.state.lock().ok()?;
+        st.conns.get(peer)?.as_ref().map(|c| c.data.name())
+    }
+
     /// Makes the call in progress (from another thread) and every later call fail with
     /// `Aborted`. Returns at once; the waiting call notices within 50 ms.
     pub fn abort(&self) {

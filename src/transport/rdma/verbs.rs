@@ -104,7 +104,10 @@ pub fn device_ports() -> Result<Vec<DevicePort>, String> {
     // SAFETY: the list and its devices stay valid until freed below.
     let list = unsafe { (api.get_device_list)(&mut n) };
     if list.is_null() {
-        return Err("ibv_get_device_list failed (no RDMA kernel modules?)".into());
+        return Err(format!(
+            "no RDMA devices (ibv_get_device_list: {}; are the RDMA kernel modules loaded?)",
+            io::Error::last_os_error()
+        ));
     }
     for i in 0..n.max(0) as usize {
         // SAFETY: n entries.

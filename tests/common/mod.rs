@@ -1,0 +1,291 @@
+//! What the multi-process test binaries share: the worker side (a rank joins the communicator
+//! its parent set up), spawning ranks as processes under an outer deadline, and the full
+//! collective × type × reduction matrix one rank runs.
+//!
+//! `spawn` understands two markers in `env`: `STRATA_TEST_IBVERBS_STANDIN=1` puts the
+//! libibverbs stand-in first on the ranks' library path, and `STRATA_TEST_NETNS=<prefix>` runs
+//! rank r in network namespace `<prefix><r>` (an emulated host, address `STRATA_TEST_SUBNET`
+//! + (r + 1)) and has the ranks join through the launcher variables, rank 0 serving the
+//! rendezvous.
+
+#![allow(dead_code)] // each test binary uses part of this
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use strata::check;
+use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId};
+
+pub const WORKER: &str = "STRATA_TEST_WORKER";
+
+pub struct Worker {
+    pub comm: Communicator,
+    pub rank: usize,
+    pub n: usize,
+}
+
+/// In a worker process: joins the communicator the parent set up.
+pub fn worker() -> Option<Worker> {
+    std::env::var(WORKER).ok()?;
+    let rank: usize = std::env::var("STRATA_TEST_RANK").ok()?.parse().ok()?;
+    let n: usize = std::env::var("STRATA_TEST_NRANKS").ok()?.parse().ok()?;
+    let id = std::env::var("STRATA_TEST_ID").ok();
+    // STRATA_TEST_LEAVES=k deals the ranks round-robin over k leaf switches (through Slurm's
+    // variables), so the topology order differs from the launcher's.
+    if let Some(k) = std::env::var("STRATA_TEST_LEAVES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        // SAFETY: the worker is single-threaded until init.
+        unsafe {
+            std::env::set_var(
+                "SLURM_TOPOLOGY_ADDR",
+                format!("spine.leaf{}.node{rank}", rank % k),
+            );
+            std::env::set_var("SLURM_TOPOLOGY_ADDR_PATTERN", "switch.switch.node");
+        }
+    }
+    let comm = match id {
+        Some(hex) => Communicator::init(&UniqueId::from_hex(&hex).unwrap(), n, rank),
+        None => Communicator::from_env(),
+    }
+    .unwrap_or_else(|e| panic!("rank {rank}: init: {e}"));
+    Some(Worker { comm, rank, n })
+}
+
+/// `target/<profile>/ibverbs-standin/libibverbs.so.1`, copied from the stand-in this test built
+/// (a dev-dependency), so `dlopen("libibverbs.so.1")` finds it first.
+pub fn ibverbs_standin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let built = [profile.join("deps"), profile.clone()]
+        .into_iter()
+        .map(|d| d.join("libstrata_ibverbs_standin.so"))
+        .find(|p| p.exists())
+        .expect("the libibverbs stand-in cdylib (a dev-dependency) was built");
+    let dir = profile.join("ibverbs-standin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = dir.join(format!("libibverbs.so.1.{}", std::process::id()));
+    std::fs::copy(&built, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("libibverbs.so.1")).unwrap();
+    dir
+}
+
+pub fn is_worker() -> bool {
+    std::env::var_os(WORKER).is_some()
+}
+
+/// Spawns `n` ranks running test `name` (only `ranks_started` of them, to test init failures),
+/// and returns each rank's (success, combined output).
+pub fn spawn(
+    name: &str,
+    n: usize,
+    ranks_started: usize,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Vec<(bool, String)> {
+    // One job at a time: the machine has two cores and each job brings up to 8 processes.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: set before the root thread starts; every test in this binary sets the same value.
+    unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
+    let marker = |name: &str| env.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    let netns = marker("STRATA_TEST_NETNS");
+    let standin = marker("STRATA_TEST_IBVERBS_STANDIN").map(|_| ibverbs_standin_dir());
+    let hex = match netns {
+        Some(_) => None,
+        None => Some(UniqueId::new().unwrap().to_hex()),
+    };
+    let subnet = marker("STRATA_TEST_SUBNET").unwrap_or("198.18.2.");
+    let port = 29_000 + (std::process::id() % 900) as u16 * 2;
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<Child> = (0..ranks_started)
+        .map(|r| {
+            let mut c = match netns {
+                Some(prefix) => {
+                    let mut c = Command::new("ip");
+                    c.args(["netns", "exec", &format!("{prefix}{r}")]).arg(&exe);
+                    c.env("STRATA_SOCKET_IFNAME", "eth0")
+                        .env("RANK", r.to_string())
+                        .env("WORLD_SIZE", n.to_string())
+                        .env("MASTER_ADDR", format!("{subnet}1"))
+                        .env("MASTER_PORT", port.to_string())
+                        .env("STRATA_SECRET", format!("{:032x}", port as u128 * 7919 + n as u128));
+                    c
+                }
+                None => {
+                    let mut c = Command::new(&exe);
+                    c.env("STRATA_SOCKET_IFNAME", "=lo");
+                    c
+                }
+            };
+            c.args([name, "--exact", "--nocapture", "--test-threads=1"])
+                .env(WORKER, "1")
+                .env("STRATA_TEST_RANK", r.to_string())
+                .env("STRATA_TEST_NRANKS", n.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if let Some(hex) = &hex {
+                c.env("STRATA_TEST_ID", hex);
+            }
+            if let Some(dir) = &standin {
+                c.env("LD_LIBRARY_PATH", dir);
+            }
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c.spawn().unwrap()
+        })
+        .collect();
+    let start = Instant::now();
+    let mut done: Vec<Option<bool>> = vec![None; children.len()];
+    while done.iter().any(Option::is_none) {
+        for (r, c) in children.iter_mut().enumerate() {
+            if done[r].is_none()
+                && let Some(s) = c.try_wait().unwrap()
+            {
+                done[r] = Some(s.success());
+            }
+        }
+        if start.elapsed() > limit {
+            for c in &mut children {
+                let _ = c.kill();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    children
+        .into_iter()
+        .zip(done)
+        .map(|(c, ok)| {
+            let out = c.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (
+                ok == Some(true),
+                if ok.is_none() {
+                    format!("KILLED after {limit:?}\n{text}")
+                } else {
+                    text
+                },
+            )
+        })
+        .collect()
+}
+
+pub fn assert_all_ok(results: &[(bool, String)]) {
+    for (r, (ok, out)) in results.iter().enumerate() {
+        assert!(ok, "rank {r} failed:\n{out}");
+    }
+}
+
+pub const COLLECTIVES: [Collective; 8] = Collective::WITH_BUFFERS;
+
+pub fn all_ops(dtype: DataType) -> Vec<ReduceOp> {
+    let mut v = ReduceOp::BASIC.to_vec();
+    v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
+    v
+}
+
+/// Runs one call with checked inputs on this rank and describes the first wrong element.
+pub fn run_checked(w: &Worker, spec: CallSpec, in_place: bool) -> Result<(), String> {
+    let what = format!(
+        "{:?} {} {} count {} root {} in_place {in_place}",
+        spec.collective, spec.dtype, spec.op, spec.count, spec.root
+    );
+    match check::run_and_check(&w.comm, spec, in_place) {
+        Err(e) => Err(format!("{what}: {e}")),
+        Ok(c) => match c.first {
+            None => Ok(()),
+            Some((i, got, want)) => Err(format!(
+                "{what}: rank {} element {i} is {got}, expected {want}",
+                w.rank
+            )),
+        },
+    }
+}
+
+/// The full matrix for one communicator.
+pub fn matrix(w: &Worker, big: bool) {
+    let small_counts = [0usize, 1, 7, 4099];
+    for c in COLLECTIVES {
+        for dtype in DataType::ALL {
+            let ops = if c.reduces() {
+                all_ops(dtype)
+            } else {
+                vec![ReduceOp::Sum]
+            };
+            for op in ops {
+                for (k, &count) in small_counts.iter().enumerate() {
+                    let root = (k + dtype as usize) % w.n;
+                    for in_place in [false, true] {
+                        let spec = CallSpec {
+                            collective: c,
+                            dtype,
+                            count,
+                            op,
+                            root,
+                        };
+                        if let Err(e) = run_checked(w, spec, in_place) {
+                            panic!("{e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if big {
+        // 1 MiB + 5 elements: every collective in every type (sum), every reduction of
+        // all-reduce in every type, in place and out of place for f32.
+        let count = (1 << 20) + 5;
+        for c in COLLECTIVES {
+            for dtype in DataType::ALL {
+                let ops = if c == Collective::AllReduce {
+                    all_ops(dtype)
+                } else {
+                    vec![ReduceOp::Sum]
+                };
+                for op in ops {
+                    let spec = CallSpec {
+                        collective: c,
+                        dtype,
+                        count,
+                        op,
+                        root: w.n - 1,
+                    };
+                    run_checked(w, spec, false).unwrap_or_else(|e| panic!("{e}"));
+                    if dtype == DataType::Float32 {
+                        run_checked(w, spec, true).unwrap_or_else(|e| panic!("{e}"));
+                    }
+                }
+            }
+        }
+    }
+    // Barrier, and send/recv around the ring (even ranks send first so the pair never both
+    // block on a send).
+    w.comm.barrier().unwrap();
+    if w.n > 1 {
+        let next = (w.rank + 1) % w.n;
+        let prev = (w.rank + w.n - 1) % w.n;
+        let payload: Vec<u64> = (0..4099).map(|i| (w.rank * 1_000_000 + i) as u64).collect();
+        let mut got = vec![0u64; 4099];
+        if w.rank.is_multiple_of(2) {
+            w.comm.send(&payload, next).unwrap();
+            w.comm.recv(&mut got, prev).unwrap();
+        } else {
+            w.comm.recv(&mut got, prev).unwrap();
+            w.comm.send(&payload, next).unwrap();
+        }
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, v)| *v == (prev * 1_000_000 + i) as u64)
+        );
+    }
+    w.comm.barrier().unwrap();
+}
+

@@ -1,0 +1,374 @@
+//! The RDMA transport, each rank its own process.
+//!
+//! * Over the libibverbs stand-in (`tests/standins/ibverbs`, loaded as `libibverbs.so.1`
+//!   through the same `dlopen` path as rdma-core): every collective × type × reduction at 2, 3
+//!   and 4 processes, on InfiniBand and RoCE ports, with small slots and several queue pairs so
+//!   the credits wrap; a bad remote key and a pulled cable injected into the stand-in's NIC,
+//!   each named with the device and the verbs status; a dma-buf registration. Everything here is
+//!   protocol-level: the stand-in's wire is a Unix socket, so no figure from it is NIC speed.
+//! * Over libfabric's real `tcp` provider across 4 emulated hosts (network namespaces on a
+//!   bridge; needs root, `ip` and libfabric, and says so when it skips): the matrix, and a
+//!   peer killed in the middle of 4 MiB all-reduces named on every survivor.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use strata::ReduceOp;
+
+const VERBS: (&str, &str) = ("STRATA_TRANSPORT", "verbs");
+const STANDIN: (&str, &str) = ("STRATA_TEST_IBVERBS_STANDIN", "1");
+
+macro_rules! verbs_matrix_test {
+    ($name:ident, $n:expr, $big:expr, $env:expr) => {
+        #[test]
+        fn $name() {
+            if let Some(w) = worker() {
+                matrix(&w, $big);
+                assert_eq!(w.comm.transport_to((w.rank + 1) % w.n), Some("verbs"));
+                return;
+            }
+            if is_worker() {
+                return;
+            }
+            let mut env = vec![VERBS, STANDIN];
+            env.extend_from_slice($env);
+            assert_all_ok(&spawn(
+                stringify!($name),
+                $n,
+                $n,
+                &env,
+                Duration::from_secs(400),
+            ));
+        }
+    };
+}
+
+verbs_matrix_test!(matrix_2_processes_over_verbs_standin, 2, true, &[]);
+verbs_matrix_test!(
+    matrix_3_processes_over_verbs_standin_roce_small_slots_three_qps,
+    3,
+    false,
+    &[
+        ("STRATA_IBV_STANDIN_LINK", "roce"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "3"),
+        ("STRATA_RDMA_SLOTS", "4"),
+        ("STRATA_RDMA_SLOT_SIZE", "4096"),
+        ("NCCL_IB_TC", "106"),
+    ]
+);
+verbs_matrix_test!(matrix_4_processes_over_verbs_standin, 4, true, &[]);
+
+/// All-reduces until one fails; prints the error and the time it came, and exits 1.
+fn fail_eventually(w: &Worker, elems: usize) -> ! {
+    let mut v = vec![1f32; elems];
+    for _ in 0..100_000 {
+        if let Err(e) = w.comm.all_reduce_in_place(&mut v, ReduceOp::Sum) {
+            println!("FAILED_AT_US={} ERROR={e}", now_us());
+            std::process::exit(1);
+        }
+    }
+    println!("never failed");
+    std::process::exit(0);
+}
+
+fn now_us() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_bad_remote_key_is_named_with_the_device_and_the_verbs_status() {
+    if let Some(w) = worker() {
+        fail_eventually(&w, 1 << 14);
+    }
+    if is_worker() {
+        return;
+    }
+    let res = spawn(
+        "a_bad_remote_key_is_named_with_the_device_and_the_verbs_status",
+        3,
+        3,
+        &[VERBS, STANDIN, ("STRATA_IBV_STANDIN_FAULT", "rkey:50")],
+        Duration::from_secs(60),
+    );
+    let all: String = res.iter().map(|r| r.1.as_str()).collect();
+    assert!(res.iter().all(|r| !r.0), "every rank fails:\n{all}");
+    assert!(
+        all.contains("remote access error (IBV_WC_REM_ACCESS_ERR")
+            && all.contains("verbs standin_ib0 port 1 (InfiniBand"),
+        "the device and status are named:\n{all}"
+    );
+}
+
+#[test]
+fn a_pulled_cable_is_named_as_retry_exceeded_with_the_device() {
+    if let Some(w) = worker() {
+        fail_eventually(&w, 1 << 14);
+    }
+    if is_worker() {
+        return;
+    }
+    // 4.096 µs × 2^12 × (7 + 1) ≈ 134 ms before the NIC gives up.
+    let res = spawn(
+        "a_pulled_cable_is_named_as_retry_exceeded_with_the_device",
+        2,
+        2,
+        &[
+            VERBS,
+            STANDIN,
+            ("STRATA_IBV_STANDIN_FAULT", "drop:40"),
+            ("NCCL_IB_TIMEOUT", "12"),
+            ("STRATA_TIMEOUT", "60"),
+        ],
+        Duration::from_secs(60),
+    );
+    let all: String = res.iter().map(|r| r.1.as_str()).collect();
+    assert!(res.iter().all(|r| !r.0), "every rank fails:\n{all}");
+    assert!(
+        all.contains("transport retry counter exceeded (IBV_WC_RETRY_EXC_ERR")
+            && all.contains("standin_ib0"),
+        "the device and status are named:\n{all}"
+    );
+}
+
+#[test]
+fn forcing_verbs_without_a_device_fails_init_in_one_line() {
+    if is_worker() {
+        if let Err(e) = strata::Communicator::from_env() {
+            println!("INIT_ERROR={e}");
+        }
+        return;
+    }
+    // No stand-in on the library path: rdma-core (if installed) finds no device, or there is
+    // no libibverbs at all; either way init says so.
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "forcing_verbs_without_a_device_fails_init_in_one_line",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(WORKER, "1")
+        .env("STRATA_TRANSPORT", "verbs")
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "1")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", "29377")
+        .env("STRATA_SOCKET_IFNAME", "=lo")
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("INIT_ERROR="))
+        .unwrap_or_else(|| panic!("init should fail:\n{text}"));
+    assert!(
+        line.contains("STRATA_TRANSPORT=verbs but verbs:")
+            && (line.contains("no RDMA devices") || line.contains("libibverbs.so.1")),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_dma_buf_registers_once_and_is_found_in_the_cache() {
+    if is_worker() {
+        use std::os::fd::AsRawFd;
+        let cfg = strata::rdma::RdmaConfig::from_env().unwrap();
+        // A memfd stands in for exported GPU memory.
+        let f = std::fs::File::from(
+            rustix_memfd().expect("memfd_create (the dma-buf stand-in) works"),
+        );
+        f.set_len(1 << 20).unwrap();
+        let iova = 0x7f00_0000_0000u64;
+        let a = strata::rdma::DmabufRegion::register(&cfg, f.as_raw_fd(), 0, 1 << 20, iova)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // A range inside the first is a cache hit: the same keys.
+        let b = strata::rdma::DmabufRegion::register(&cfg, f.as_raw_fd(), 4096, 4096, iova + 4096)
+            .unwrap();
+        assert_eq!((a.rkey(), a.lkey()), (b.rkey(), b.lkey()));
+        assert_ne!(a.rkey(), 0);
+        println!("DMABUF_OK");
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_dma_buf_registers_once_and_is_found_in_the_cache",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(WORKER, "1")
+        .env("LD_LIBRARY_PATH", ibverbs_standin_dir())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && text.contains("DMABUF_OK"), "{text}");
+}
+
+/// An anonymous memory file.
+fn rustix_memfd() -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a plain syscall with a static name; the descriptor is owned below.
+    let fd = unsafe { libc::memfd_create(c"strata-dmabuf".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+// ---- libfabric's tcp provider across emulated hosts -------------------------------------
+
+/// Four emulated hosts `st-o0` … `st-o3` (198.18.2.1-4/24) on one bridge in `st-osw`; removed
+/// on drop.
+struct Hosts;
+
+const HOSTS: usize = 4;
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Hosts {
+    /// The hosts, or why they cannot be built here.
+    fn build() -> Result<Self, String> {
+        // SAFETY: a plain query.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root for network namespaces".into());
+        }
+        if !ip(&["-V"]) {
+            return Err("needs ip (iproute2)".into());
+        }
+        if let Err(e) = strata::rdma::ofi::providers(Some("tcp")) {
+            return Err(format!("needs libfabric's tcp provider (Debian: libfabric1): {e}"));
+        }
+        Self::teardown();
+        let ok = ip(&["netns", "add", "st-osw"])
+            && ip(&["-n", "st-osw", "link", "add", "br0", "type", "bridge"])
+            && ip(&["-n", "st-osw", "link", "set", "br0", "up"])
+            && (0..HOSTS).all(|h| {
+                let (ns, a, b) = (format!("st-o{h}"), format!("st-oe{h}"), format!("st-op{h}"));
+                let addr = format!("198.18.2.{}/24", h + 1);
+                ip(&["netns", "add", &ns])
+                    && ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])
+                    && ip(&["link", "set", &a, "netns", &ns])
+                    && ip(&["link", "set", &b, "netns", "st-osw"])
+                    && ip(&["-n", &ns, "link", "set", &a, "name", "eth0"])
+                    && ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])
+                    && ip(&["-n", &ns, "link", "set", "eth0", "up"])
+                    && ip(&["-n", &ns, "link", "set", "lo", "up"])
+                    && ip(&["-n", "st-osw", "link", "set", &b, "master", "br0", "up"])
+            });
+        if !ok {
+            Self::teardown();
+            return Err("building the namespaces failed".into());
+        }
+        Ok(Hosts)
+    }
+
+    fn teardown() {
+        for h in 0..HOSTS {
+            ip(&["netns", "del", &format!("st-o{h}")]);
+        }
+        ip(&["netns", "del", "st-osw"]);
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        Self::teardown();
+    }
+}
+
+const OFI_HOSTS: [(&str, &str); 3] = [
+    ("STRATA_TRANSPORT", "ofi"),
+    ("STRATA_OFI_PROVIDER", "tcp"),
+    ("STRATA_TEST_NETNS", "st-o"),
+];
+
+#[test]
+fn matrix_4_hosts_over_libfabric_tcp() {
+    if let Some(w) = worker() {
+        matrix(&w, true);
+        let t = w.comm.transport_to((w.rank + 1) % w.n);
+        assert_eq!(t, Some("ofi"), "rank {}", w.rank);
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let _hosts = match Hosts::build() {
+        Ok(h) => h,
+        Err(why) => {
+            println!("skipped: matrix_4_hosts_over_libfabric_tcp {why}");
+            return;
+        }
+    };
+    assert_all_ok(&spawn(
+        "matrix_4_hosts_over_libfabric_tcp",
+        HOSTS,
+        HOSTS,
+        &OFI_HOSTS,
+        Duration::from_secs(500),
+    ));
+}
+
+#[test]
+fn a_peer_killed_mid_transfer_over_libfabric_is_named_on_every_survivor() {
+    const VICTIM: usize = 2;
+    if let Some(w) = worker() {
+        if w.rank == VICTIM {
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(700));
+                println!("KILLED_AT_US={}", now_us());
+                // SAFETY: killing this process, as a crash or the OOM killer would.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            });
+        }
+        fail_eventually(&w, 1 << 20);
+    }
+    if is_worker() {
+        return;
+    }
+    let _hosts = match Hosts::build() {
+        Ok(h) => h,
+        Err(why) => {
+            println!("skipped: a_peer_killed_mid_transfer_over_libfabric {why}");
+            return;
+        }
+    };
+    let res = spawn(
+        "a_peer_killed_mid_transfer_over_libfabric_is_named_on_every_survivor",
+        HOSTS,
+        HOSTS,
+        &OFI_HOSTS,
+        Duration::from_secs(60),
+    );
+    let field = |text: &str, key: &str| -> Option<u128> {
+        let at = text.find(key)? + key.len();
+        text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    let killed = field(&res[VICTIM].1, "KILLED_AT_US=").expect("the victim says when it died");
+    for (r, (_, out)) in res.iter().enumerate().filter(|(r, _)| *r != VICTIM) {
+        let failed = field(out, "FAILED_AT_US=").unwrap_or_else(|| panic!("rank {r}:\n{out}"));
+        let ms = (failed.saturating_sub(killed)) as f64 / 1000.0;
+        println!("rank {r} named the dead rank {ms:.0} ms after the kill");
+        assert!(
+            out.contains(&format!("rank {VICTIM}")),
+            "rank {r} names rank {VICTIM}:\n{out}"
+        );
+        assert!(ms < 10_000.0, "rank {r} took {ms} ms:\n{out}");
+    }
+}
