@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One emulated host cut off from the network in the middle of all-reduces.
 #
-#   sudo scripts/faults_netns.sh [--trials N]
+#   sudo scripts/faults_netns.sh [--trials N] [--transport tcp|ofi]
 #
 # Builds 4 hosts as network namespaces (st-f0 … st-f3, 198.18.1.1-4/24) on one bridge in a
 # switch namespace (st-fsw), runs collbench on them (one rank per host, small all-reduces in a
@@ -9,14 +9,17 @@
 # so only the watchdog's missed heartbeats can tell. Each survivor must exit with an error
 # naming rank 2 within a deadline; the script prints how long each took (from the cut to the
 # rank's exit) and the median and maximum over all trials. Everything it creates is removed
-# on exit, failure or interrupt; every rank runs under `timeout`.
+# on exit, failure or interrupt; every rank runs under `timeout`. --transport ofi runs the ranks
+# over libfabric's tcp provider (the RDMA protocol) instead of strata's TCP transport.
 set -euo pipefail
 
 TRIALS=3
+TRANSPORT=tcp
 while [ $# -gt 0 ]; do
     case "$1" in
         --trials) TRIALS="$2"; shift ;;
-        *) echo "usage: $0 [--trials N]" >&2; exit 2 ;;
+        --transport) TRANSPORT="$2"; shift ;;
+        *) echo "usage: $0 [--trials N] [--transport tcp|ofi]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -75,7 +78,7 @@ for t in $(seq 1 "$TRIALS"); do
         ip netns exec "st-f$r" unshare --uts sh -c 'hostname "$0"; exec "$@"' "st-f$r" \
             timeout 60 env RANK="$r" WORLD_SIZE="$HOSTS" \
             MASTER_ADDR=198.18.1.1 MASTER_PORT="$PORT" STRATA_SOCKET_IFNAME="^lo" \
-            STRATA_TRANSPORT=tcp STRATA_INIT_TIMEOUT=30 \
+            STRATA_TRANSPORT="$TRANSPORT" STRATA_OFI_PROVIDER=tcp STRATA_INIT_TIMEOUT=30 \
             "$BIN" --op all_reduce -b 4K -e 4K -n 100000000 -w 0 --no-in-place \
             >"$WORK/out$r" 2>"$WORK/err$r" &
         pids+=($!)
@@ -126,5 +129,5 @@ for t in $(seq 1 "$TRIALS"); do
 done
 printf '%s\n' "${ALL[@]}" | sort -n | awk -v trials="$TRIALS" '
     { v[NR] = $1 } END {
-        printf "host %d cut off: every survivor exited naming it; cut to exit median %d ms, max %d ms (%d trials, %d survivors)\n",
+        printf "'"$TRANSPORT"': host %d cut off: every survivor exited naming it; cut to exit median %d ms, max %d ms (%d trials, %d survivors)\n",
             '"$VICTIM"', v[int((NR + 1) / 2)], v[NR], trials, NR }'

@@ -205,6 +205,13 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
             if total_wrong == 0 { "OK" } else { "FAILED" }
         );
         println!("# Avg bus bandwidth    : {avg:.4}");
+        let mut used: Vec<String> = (1..n)
+            .filter_map(|p| comm.transport_to(p).map(|t| format!("rank {p} {t}")))
+            .collect();
+        used.truncate(8);
+        if !used.is_empty() {
+            println!("# Connections of rank 0: {}", used.join(", "));
+        }
         println!("#");
         if let Some(path) = &args.json {
             let report = Report {

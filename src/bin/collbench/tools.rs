@@ -278,6 +278,81 @@ pub(super) fn load_hwloc_xml(
 }
 
 /// `collbench topo`.
+/// What each local rank would use between hosts under `STRATA_TRANSPORT`.
+fn rdma_choices(
+    inv: &strata::rdma::Inventory,
+    cfg: &strata::Config,
+    local_ranks: usize,
+) -> Vec<String> {
+    use strata::TransportPolicy as P;
+    (0..local_ranks)
+        .map(|local| {
+            let verbs = inv
+                .verbs
+                .as_ref()
+                .ok()
+                .and_then(|ports| strata::rdma::verbs::choose_port(ports, &cfg.rdma, local).ok());
+            let ofi = inv.chosen.ofi.as_ref();
+            let pick = match cfg.transport {
+                P::Tcp | P::Shm => None,
+                P::Verbs => verbs.map(|p| format!("verbs {} port {}", p.name, p.port)),
+                P::Ofi => ofi.map(|o| format!("ofi {o}")),
+                P::Auto | P::Rdma => verbs
+                    .map(|p| format!("verbs {} port {}", p.name, p.port))
+                    .or_else(|| {
+                        ofi.filter(|_| cfg.transport == P::Rdma || inv.chosen.ofi_hardware)
+                            .map(|o| format!("ofi {o}"))
+                    }),
+            };
+            format!(
+                "local rank {local}: {}",
+                pick.unwrap_or_else(|| "TCP (no RDMA for it)".into())
+            )
+        })
+        .collect()
+}
+
+/// The RDMA section of `collbench topo`.
+fn render_rdma(inv: &strata::rdma::Inventory, cfg: &strata::Config, local_ranks: usize) -> String {
+    let mut out = String::from("RDMA (between hosts)\n");
+    match &inv.verbs {
+        Ok(ports) => {
+            for p in ports {
+                out += &format!(
+                    "  verbs {} port {}: {}, {}{}\n",
+                    p.name,
+                    p.port,
+                    p.link,
+                    if p.active { "active" } else { "down" },
+                    p.pci.as_ref().map(|b| format!(", PCI {b}")).unwrap_or_default()
+                );
+            }
+        }
+        Err(e) => out += &format!("  verbs: {e}\n"),
+    }
+    match &inv.ofi {
+        Ok(provs) => {
+            for p in provs {
+                out += &format!(
+                    "  ofi {} on {}{}\n",
+                    p.provider,
+                    p.domain,
+                    if p.hardware { "" } else { " (software)" }
+                );
+            }
+        }
+        Err(e) => out += &format!("  ofi: {e}\n"),
+    }
+    out += &format!(
+        "  STRATA_TRANSPORT={}:\n",
+        format!("{:?}", cfg.transport).to_lowercase()
+    );
+    for line in rdma_choices(inv, cfg, local_ranks) {
+        out += &format!("    {line}\n");
+    }
+    out
+}
+
 pub(super) fn topo_main(t: &TopoArgs) -> ExitCode {
     use strata::topology::{fabric, nccl_xml, report, sysfs};
     let run = || -> Result<String, String> {
@@ -331,10 +406,21 @@ pub(super) fn topo_main(t: &TopoArgs) -> ExitCode {
         };
         let mut r = report::build(&host, fab.as_ref(), host_name.as_deref())?;
         r.notes.push(nvml_note);
+        // RDMA is this machine's, whatever file describes the host.
+        let cfg = strata::Config::from_env().map_err(|e| e.to_string())?;
+        let rdma = strata::rdma::inventory(&cfg.rdma);
+        let local_ranks = host.gpus().len().max(1);
         if t.json {
-            serde_json::to_string_pretty(&r).map_err(|e| e.to_string())
+            let mut v = serde_json::to_value(&r).map_err(|e| e.to_string())?;
+            v["rdma"] = serde_json::to_value(&rdma).map_err(|e| e.to_string())?;
+            v["rdma_per_local_rank"] = rdma_choices(&rdma, &cfg, local_ranks).into();
+            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())
         } else {
-            Ok(report::render(&r, &host))
+            Ok(format!(
+                "{}\n{}",
+                report::render(&r, &host),
+                render_rdma(&rdma, &cfg, local_ranks)
+            ))
         }
     };
     match run() {

@@ -37,10 +37,7 @@ impl Library {
                     .into_owned();
             }
         }
-        Err(format!(
-            "{} not found on the library path ({last})",
-            names.join(" or ")
-        ))
+        Err(format!("cannot load {}: {last}", names.join(" or ")))
     }
 
     /// The symbol `name` as a function pointer of type `T`.

@@ -204,6 +204,18 @@ pub(crate) fn open(cfg: &RdmaConfig) -> Result<Arc<VerbsFabric>, String> {
 fn open_uncached(cfg: &RdmaConfig) -> Result<VerbsFabric, String> {
     let api = api()?;
     let ports = device_ports()?;
+    let chosen = choose_port(&ports, cfg, local_rank())?;
+    open_device(api, chosen, cfg)
+}
+
+/// The port local rank `local` uses: among the active ports `NCCL_IB_HCA` allows, the one on
+/// the PCI function of the rank's network interface (its socket traffic leaves there), else the
+/// rank's rail (`local` mod the usable ports, the same on every host, so rails line up).
+pub fn choose_port<'a>(
+    ports: &'a [DevicePort],
+    cfg: &RdmaConfig,
+    local: usize,
+) -> Result<&'a DevicePort, String> {
     let usable: Vec<&DevicePort> = ports
         .iter()
         .filter(|p| p.active && cfg.hca_allows(&p.name, p.port))
@@ -218,16 +230,14 @@ fn open_uncached(cfg: &RdmaConfig) -> Result<VerbsFabric, String> {
                 .join(", ")
         ));
     }
-    // The NIC this rank's socket traffic leaves by, when it is an RDMA device; else the rail.
     let via = cfg.interface.as_deref().and_then(|ifname| {
         strata_topology::sysfs::pci_of_interface(std::path::Path::new("/"), ifname)
     });
-    let chosen = usable
+    Ok(usable
         .iter()
         .find(|p| p.pci.is_some() && p.pci == via)
         .copied()
-        .unwrap_or(usable[local_rank() % usable.len()]);
-    open_device(api, chosen, cfg)
+        .unwrap_or(usable[local % usable.len()]))
 }
 
 fn open_device(
