@@ -6,7 +6,6 @@
 //! `STRATA_TEST_WORKER` set does the rank's part and exits; otherwise it spawns the ranks, waits
 //! for them under an outer deadline (killing them if it passes) and checks every exit status.
 
-
 mod common;
 
 use common::*;

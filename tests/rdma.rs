@@ -9,6 +9,9 @@
 //! * Over libfabric's real `tcp` provider across 4 emulated hosts (network namespaces on a
 //!   bridge; needs root, `ip` and libfabric, and says so when it skips): the matrix, and a
 //!   peer killed in the middle of 4 MiB all-reduces named on every survivor.
+//!
+//! With `STRATA_RDMA_TESTS_REAL=1` (`scripts/rdma-check.sh`) the verbs matrices run on the
+//! machine's own rdma-core and devices, and the tests that need the stand-in say they skip.
 
 mod common;
 
@@ -19,6 +22,15 @@ use strata::ReduceOp;
 
 const VERBS: (&str, &str) = ("STRATA_TRANSPORT", "verbs");
 const STANDIN: (&str, &str) = ("STRATA_TEST_IBVERBS_STANDIN", "1");
+
+/// True (after printing why) when a test needs the stand-in but real devices are in use.
+fn skip_on_real_devices(test: &str, why: &str) -> bool {
+    let real = std::env::var_os("STRATA_RDMA_TESTS_REAL").is_some();
+    if real {
+        println!("skipped: {test} {why} (STRATA_RDMA_TESTS_REAL=1)");
+    }
+    real
+}
 
 macro_rules! verbs_matrix_test {
     ($name:ident, $n:expr, $big:expr, $env:expr) => {
@@ -88,6 +100,12 @@ fn a_bad_remote_key_is_named_with_the_device_and_the_verbs_status() {
     if is_worker() {
         return;
     }
+    if skip_on_real_devices(
+        "a_bad_remote_key_is_named_with_the_device_and_the_verbs_status",
+        "injects its fault into the stand-in's NIC",
+    ) {
+        return;
+    }
     let res = spawn(
         "a_bad_remote_key_is_named_with_the_device_and_the_verbs_status",
         3,
@@ -110,6 +128,12 @@ fn a_pulled_cable_is_named_as_retry_exceeded_with_the_device() {
         fail_eventually(&w, 1 << 14);
     }
     if is_worker() {
+        return;
+    }
+    if skip_on_real_devices(
+        "a_pulled_cable_is_named_as_retry_exceeded_with_the_device",
+        "injects its fault into the stand-in's NIC",
+    ) {
         return;
     }
     // 4.096 µs × 2^12 × (7 + 1) ≈ 134 ms before the NIC gives up.
@@ -136,11 +160,46 @@ fn a_pulled_cable_is_named_as_retry_exceeded_with_the_device() {
 }
 
 #[test]
+fn a_queue_pair_in_the_error_state_is_named_as_flushed() {
+    if let Some(w) = worker() {
+        fail_eventually(&w, 1 << 14);
+    }
+    if is_worker() {
+        return;
+    }
+    if skip_on_real_devices(
+        "a_queue_pair_in_the_error_state_is_named_as_flushed",
+        "injects its fault into the stand-in's NIC",
+    ) {
+        return;
+    }
+    let res = spawn(
+        "a_queue_pair_in_the_error_state_is_named_as_flushed",
+        2,
+        2,
+        &[VERBS, STANDIN, ("STRATA_IBV_STANDIN_FAULT", "qperr:30")],
+        Duration::from_secs(60),
+    );
+    let all: String = res.iter().map(|r| r.1.as_str()).collect();
+    assert!(res.iter().all(|r| !r.0), "every rank fails:\n{all}");
+    assert!(
+        all.contains("Work Request Flushed Error (IBV_WC_WR_FLUSH_ERR") && all.contains("lane "),
+        "the flush is named with the lane:\n{all}"
+    );
+}
+
+#[test]
 fn forcing_verbs_without_a_device_fails_init_in_one_line() {
     if is_worker() {
         if let Err(e) = strata::Communicator::from_env() {
             println!("INIT_ERROR={e}");
         }
+        return;
+    }
+    if skip_on_real_devices(
+        "forcing_verbs_without_a_device_fails_init_in_one_line",
+        "needs a machine without RDMA devices",
+    ) {
         return;
     }
     // No stand-in on the library path: rdma-core (if installed) finds no device, or there is
@@ -179,9 +238,8 @@ fn a_dma_buf_registers_once_and_is_found_in_the_cache() {
         use std::os::fd::AsRawFd;
         let cfg = strata::rdma::RdmaConfig::from_env().unwrap();
         // A memfd stands in for exported GPU memory.
-        let f = std::fs::File::from(
-            rustix_memfd().expect("memfd_create (the dma-buf stand-in) works"),
-        );
+        let f =
+            std::fs::File::from(rustix_memfd().expect("memfd_create (the dma-buf stand-in) works"));
         f.set_len(1 << 20).unwrap();
         let iova = 0x7f00_0000_0000u64;
         let a = strata::rdma::DmabufRegion::register(&cfg, f.as_raw_fd(), 0, 1 << 20, iova)
@@ -192,6 +250,12 @@ fn a_dma_buf_registers_once_and_is_found_in_the_cache() {
         assert_eq!((a.rkey(), a.lkey()), (b.rkey(), b.lkey()));
         assert_ne!(a.rkey(), 0);
         println!("DMABUF_OK");
+        return;
+    }
+    if skip_on_real_devices(
+        "a_dma_buf_registers_once_and_is_found_in_the_cache",
+        "registers a memfd, which only the stand-in takes as a dma-buf",
+    ) {
         return;
     }
     let out = Command::new(std::env::current_exe().unwrap())
@@ -252,7 +316,9 @@ impl Hosts {
             return Err("needs ip (iproute2)".into());
         }
         if let Err(e) = strata::rdma::ofi::providers(Some("tcp")) {
-            return Err(format!("needs libfabric's tcp provider (Debian: libfabric1): {e}"));
+            return Err(format!(
+                "needs libfabric's tcp provider (Debian: libfabric1): {e}"
+            ));
         }
         Self::teardown();
         let ok = ip(&["netns", "add", "st-osw"])
@@ -358,7 +424,11 @@ fn a_peer_killed_mid_transfer_over_libfabric_is_named_on_every_survivor() {
     );
     let field = |text: &str, key: &str| -> Option<u128> {
         let at = text.find(key)? + key.len();
-        text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        text[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
     };
     let killed = field(&res[VICTIM].1, "KILLED_AT_US=").expect("the victim says when it died");
     for (r, (_, out)) in res.iter().enumerate().filter(|(r, _)| *r != VICTIM) {

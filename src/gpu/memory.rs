@@ -135,6 +135,8 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if self.owned && self.ptr != 0 && set_device(self.device).is_ok() {
+            // A registration of this memory with a NIC must not outlive it.
+            crate::transport::rdma::regcache::invalidate(self.ptr as *const u8, self.len);
             // SAFETY: allocated by cuMemAlloc in this device's primary context.
             let _ = call("cuMemFree", || unsafe { sys::cuMemFree_v2(self.ptr) });
         }

@@ -4,9 +4,9 @@
 //!
 //! `spawn` understands two markers in `env`: `STRATA_TEST_IBVERBS_STANDIN=1` puts the
 //! libibverbs stand-in first on the ranks' library path, and `STRATA_TEST_NETNS=<prefix>` runs
-//! rank r in network namespace `<prefix><r>` (an emulated host, address `STRATA_TEST_SUBNET`
-//! + (r + 1)) and has the ranks join through the launcher variables, rank 0 serving the
-//! rendezvous.
+//! rank r in network namespace `<prefix><r>` (an emulated host whose address ends in r + 1,
+//! in subnet `STRATA_TEST_SUBNET`) and has the ranks join through the launcher variables, rank
+//! 0 serving the rendezvous.
 
 #![allow(dead_code)] // each test binary uses part of this
 
@@ -53,9 +53,14 @@ pub fn worker() -> Option<Worker> {
     Some(Worker { comm, rank, n })
 }
 
-/// `target/<profile>/ibverbs-standin/libibverbs.so.1`, copied from the stand-in this test built
-/// (a dev-dependency), so `dlopen("libibverbs.so.1")` finds it first.
+/// `target/<profile>/ibverbs-standin/libibverbs.so.1`, copied (once per test process) from the
+/// stand-in this test built (a dev-dependency), so `dlopen("libibverbs.so.1")` finds it first.
 pub fn ibverbs_standin_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(copy_ibverbs_standin).clone()
+}
+
+fn copy_ibverbs_standin() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
     let built = [profile.join("deps"), profile.clone()]
@@ -91,7 +96,10 @@ pub fn spawn(
     unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
     let marker = |name: &str| env.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
     let netns = marker("STRATA_TEST_NETNS");
-    let standin = marker("STRATA_TEST_IBVERBS_STANDIN").map(|_| ibverbs_standin_dir());
+    // STRATA_RDMA_TESTS_REAL=1 (scripts/rdma-check.sh): rdma-core's own library and devices.
+    let standin = marker("STRATA_TEST_IBVERBS_STANDIN")
+        .filter(|_| std::env::var_os("STRATA_RDMA_TESTS_REAL").is_none())
+        .map(|_| ibverbs_standin_dir());
     let hex = match netns {
         Some(_) => None,
         None => Some(UniqueId::new().unwrap().to_hex()),
@@ -110,7 +118,10 @@ pub fn spawn(
                         .env("WORLD_SIZE", n.to_string())
                         .env("MASTER_ADDR", format!("{subnet}1"))
                         .env("MASTER_PORT", port.to_string())
-                        .env("STRATA_SECRET", format!("{:032x}", port as u128 * 7919 + n as u128));
+                        .env(
+                            "STRATA_SECRET",
+                            format!("{:032x}", port as u128 * 7919 + n as u128),
+                        );
                     c
                 }
                 None => {
@@ -288,4 +299,3 @@ pub fn matrix(w: &Worker, big: bool) {
     }
     w.comm.barrier().unwrap();
 }
-

@@ -151,6 +151,8 @@ nccl_api! {
                     "{ptr:p} was not allocated by ncclMemAlloc (or was freed already)"
                 ))
             })?;
+            // A registration of this memory with a NIC must not outlive it.
+            strata::rdma::regcache::invalidate(ptr as *const u8, layout.size());
             // SAFETY: allocated by alloc_zeroed with this layout and not yet freed.
             unsafe { std::alloc::dealloc(ptr.cast(), layout) };
             Ok(NcclResult::Success)

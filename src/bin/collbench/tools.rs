@@ -287,11 +287,10 @@ fn rdma_choices(
     use strata::TransportPolicy as P;
     (0..local_ranks)
         .map(|local| {
-            let verbs = inv
-                .verbs
-                .as_ref()
-                .ok()
-                .and_then(|ports| strata::rdma::verbs::choose_port(ports, &cfg.rdma, local).ok());
+            let verbs =
+                inv.verbs.as_ref().ok().and_then(|ports| {
+                    strata::rdma::verbs::choose_port(ports, &cfg.rdma, local).ok()
+                });
             let ofi = inv.chosen.ofi.as_ref();
             let pick = match cfg.transport {
                 P::Tcp | P::Shm => None,
@@ -324,7 +323,10 @@ fn render_rdma(inv: &strata::rdma::Inventory, cfg: &strata::Config, local_ranks:
                     p.port,
                     p.link,
                     if p.active { "active" } else { "down" },
-                    p.pci.as_ref().map(|b| format!(", PCI {b}")).unwrap_or_default()
+                    p.pci
+                        .as_ref()
+                        .map(|b| format!(", PCI {b}"))
+                        .unwrap_or_default()
                 );
             }
         }

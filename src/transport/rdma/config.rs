@@ -35,6 +35,8 @@ pub struct RdmaConfig {
     pub gid_index: Option<u8>,
     /// Traffic class (`NCCL_IB_TC`, default 0).
     pub traffic_class: u8,
+    /// InfiniBand service level (`NCCL_IB_SL`, default 0).
+    pub service_level: u8,
     /// Local ACK timeout exponent: 4.096 µs × 2^timeout (`NCCL_IB_TIMEOUT`, default 20).
     pub timeout: u8,
     /// Transport retries (`NCCL_IB_RETRY_CNT`, default 7).
@@ -60,6 +62,7 @@ impl Default for RdmaConfig {
             hca_exact: false,
             gid_index: None,
             traffic_class: 0,
+            service_level: 0,
             timeout: 20,
             retry_cnt: 7,
             ib_disabled: false,
@@ -118,6 +121,7 @@ impl RdmaConfig {
                 None => None,
             },
             traffic_class: number("NCCL_IB_TC", 0u8, 0, 255)?,
+            service_level: number("NCCL_IB_SL", 0u8, 0, 15)?,
             timeout: number("NCCL_IB_TIMEOUT", d.timeout, 1, 31)?,
             retry_cnt: number("NCCL_IB_RETRY_CNT", d.retry_cnt, 0, 7)?,
             ib_disabled: number("NCCL_IB_DISABLE", 0u8, 0, 1)? == 1,

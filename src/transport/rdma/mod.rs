@@ -11,7 +11,7 @@ mod dl;
 pub mod ofi;
 mod ofi_sys;
 pub(crate) mod protocol;
-pub(crate) mod regcache;
+pub mod regcache;
 pub mod verbs;
 
 pub use config::RdmaConfig;
@@ -291,5 +291,67 @@ impl DmabufRegion {
 impl Drop for DmabufRegion {
     fn drop(&mut self) {
         self.fabric.deregister(&self.region);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TransportPolicy as P;
+
+    fn caps(verbs: bool, ofi: Option<bool>) -> RdmaCaps {
+        RdmaCaps {
+            verbs: verbs.then(|| "mlx5_0 port 1".into()),
+            ofi: ofi.map(|_| "efa on rdmap0".into()),
+            ofi_hardware: ofi == Some(true),
+        }
+    }
+
+    #[test]
+    fn auto_prefers_verbs_then_hardware_libfabric_then_tcp_and_never_within_a_host() {
+        let both = caps(true, Some(true));
+        assert_eq!(
+            choose(P::Auto, &both, &both, false),
+            Some(ProviderKind::Verbs)
+        );
+        assert_eq!(
+            choose(P::Auto, &both, &both, true),
+            None,
+            "shared memory inside a host"
+        );
+        let efa = caps(false, Some(true));
+        assert_eq!(choose(P::Auto, &both, &efa, false), Some(ProviderKind::Ofi));
+        let tcp_only = caps(false, Some(false));
+        assert_eq!(
+            choose(P::Auto, &tcp_only, &tcp_only, false),
+            None,
+            "software ofi: TCP"
+        );
+        assert_eq!(choose(P::Auto, &both, &caps(false, None), false), None);
+        for p in [P::Tcp, P::Shm] {
+            assert_eq!(choose(p, &both, &both, false), None);
+        }
+    }
+
+    #[test]
+    fn forced_policies_apply_to_every_pair() {
+        let tcp_only = caps(false, Some(false));
+        assert_eq!(
+            choose(P::Ofi, &tcp_only, &tcp_only, true),
+            Some(ProviderKind::Ofi)
+        );
+        assert_eq!(
+            choose(P::Rdma, &tcp_only, &tcp_only, true),
+            Some(ProviderKind::Ofi)
+        );
+        let both = caps(true, Some(false));
+        assert_eq!(
+            choose(P::Rdma, &both, &both, true),
+            Some(ProviderKind::Verbs)
+        );
+        assert_eq!(
+            choose(P::Verbs, &tcp_only, &tcp_only, false),
+            Some(ProviderKind::Verbs)
+        );
     }
 }

@@ -684,7 +684,7 @@ impl Link for VerbsLink {
                         traffic_class: self.cfg.traffic_class,
                     },
                     dlid: p.lid,
-                    sl: 0,
+                    sl: self.cfg.service_level,
                     src_path_bits: 0,
                     static_rate: 0,
                     is_global: u8::from(global),

@@ -167,6 +167,8 @@ enum Fault {
     Rkey(u64),
     /// Stop transmitting from the Nth write on.
     Drop(u64),
+    /// A fatal error on the QP at the Nth write: the QP goes to the error state and flushes.
+    QpError(u64),
 }
 
 fn fault() -> &'static Fault {
@@ -177,6 +179,7 @@ fn fault() -> &'static Fault {
         match v.split_once(':') {
             Some(("rkey", k)) => n(k).map_or(Fault::None, Fault::Rkey),
             Some(("drop", k)) => n(k).map_or(Fault::None, Fault::Drop),
+            Some(("qperr", k)) => n(k).map_or(Fault::None, Fault::QpError),
             _ => Fault::None,
         }
     })
@@ -224,6 +227,13 @@ fn send_loop(
         }
         let n = WRITES.fetch_add(1, Ordering::Relaxed) + 1;
         let start = Instant::now();
+        if matches!(fault(), Fault::QpError(k) if n == *k) {
+            if let Ok(mut st) = qp.st.lock() {
+                qp.fail(&mut st);
+            }
+            qp.complete_send(job.wr_id, job.signaled, wc_status::WR_FLUSH_ERR);
+            continue;
+        }
         let status = match fault() {
             Fault::Drop(k) if n >= *k => None,
             _ if broken => None,
