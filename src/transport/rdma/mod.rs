@@ -9,7 +9,6 @@
 mod config;
 mod dl;
 pub mod ofi;
-mod ofi_sys;
 pub(crate) mod protocol;
 pub mod regcache;
 pub mod verbs;

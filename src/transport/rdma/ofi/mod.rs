@@ -8,7 +8,8 @@
 //! `FI_MR_LOCAL` (descriptors are passed), `FI_MR_VIRT_ADDR` (remote addresses are virtual, else
 //! offsets), `FI_MR_PROV_KEY` (keys come from the provider, else strata picks them).
 
-use super::ofi_sys as sys;
+mod sys;
+
 use super::regcache::RegCache;
 use super::{Armed, Completion, Fabric, Link, ProviderKind, RdmaConfig, Region, dl::Library};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
