@@ -138,23 +138,52 @@ pub struct RdmaCaps {
     pub ofi_hardware: bool,
 }
 
-/// Probes both providers (once per process) and says what is usable, with the reason for
-/// each that is not.
-pub fn probe(cfg: &RdmaConfig) -> (RdmaCaps, Vec<String>) {
+/// Probes the providers `which` names (each opened once per process) and says what is usable,
+/// with the reason for each that is not.
+pub fn probe_some(cfg: &RdmaConfig, verbs: bool, ofi: bool) -> (RdmaCaps, Vec<String>) {
     let mut caps = RdmaCaps::default();
     let mut why = Vec::new();
-    match open(ProviderKind::Verbs, cfg) {
-        Ok(f) => caps.verbs = Some(f.device().to_string()),
-        Err(e) => why.push(format!("verbs: {e}")),
-    }
-    match ofi::open(cfg) {
-        Ok(f) => {
-            caps.ofi = Some(f.device().to_string());
-            caps.ofi_hardware = f.hardware();
+    if verbs {
+        match open(ProviderKind::Verbs, cfg) {
+            Ok(f) => caps.verbs = Some(f.device().to_string()),
+            Err(e) => why.push(format!("verbs: {e}")),
         }
-        Err(e) => why.push(format!("ofi: {e}")),
+    }
+    if ofi {
+        match ofi::open(cfg) {
+            Ok(f) => {
+                caps.ofi = Some(f.device().to_string());
+                caps.ofi_hardware = f.hardware();
+            }
+            Err(e) => why.push(format!("ofi: {e}")),
+        }
     }
     (caps, why)
+}
+
+/// Probes both providers.
+pub fn probe(cfg: &RdmaConfig) -> (RdmaCaps, Vec<String>) {
+    probe_some(cfg, true, true)
+}
+
+/// Where RDMA hardware would show itself: InfiniBand / RoCE / EFA devices, Slingshot (cxi),
+/// Omni-Path (hfi1). Checked before `auto` loads any library, since `fi_getinfo` alone takes
+/// ~0.4 s on a machine with none.
+fn rdma_hardware_present() -> Option<String> {
+    let listed = |dir: &str| {
+        std::fs::read_dir(dir)
+            .ok()
+            .and_then(|mut d| d.next())
+            .is_some()
+    };
+    if listed("/sys/class/infiniband") || listed("/sys/class/cxi") {
+        return Some("device".into());
+    }
+    std::fs::read_dir("/dev")
+        .ok()?
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("hfi1_"))
+        .then(|| "hfi1".into())
 }
 
 /// What this rank tells the others about its RDMA, under `cfg.transport`: nothing when RDMA is
@@ -167,7 +196,26 @@ pub(crate) fn caps_for(cfg: &crate::config::Config) -> crate::error::Result<Rdma
     if matches!(cfg.transport, P::Tcp | P::Shm) {
         return Ok(RdmaCaps::default());
     }
-    let (caps, why) = probe(&cfg.rdma);
+    // Under auto, a machine with no RDMA hardware (and no provider asked for) skips the
+    // libraries altogether.
+    if cfg.transport == P::Auto
+        && cfg.rdma.ofi_provider.is_none()
+        && rdma_hardware_present().is_none()
+    {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::info!(
+                "no RDMA between hosts, TCP instead (no /sys/class/infiniband, /sys/class/cxi \
+                 or /dev/hfi1_*)"
+            )
+        });
+        return Ok(RdmaCaps::default());
+    }
+    let (caps, why) = probe_some(
+        &cfg.rdma,
+        cfg.transport != P::Ofi,
+        cfg.transport != P::Verbs,
+    );
     let missing = |what: &str| {
         Error::Unsupported(format!(
             "STRATA_TRANSPORT={what} but {}",
