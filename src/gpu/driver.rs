@@ -161,6 +161,30 @@ pub fn current_device() -> Result<Option<i32>> {
     Ok(Some(dev))
 }
 
+/// The PCI bus id (`0000:18:00.0`) of the GPU current on this thread, if the process has
+/// already loaded the driver and a context is current. Never loads the driver.
+pub fn current_gpu_bus_id() -> Option<String> {
+    // SAFETY: RTLD_NOLOAD only looks the library up; the reference is given back below.
+    let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if lib.is_null() {
+        return None;
+    }
+    // SAFETY: the handle dlopen just returned.
+    unsafe { libc::dlclose(lib) };
+    let dev = current_device().ok()??;
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: a buffer of the length given.
+    call("cuDeviceGetPCIBusId", || unsafe {
+        sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev)
+    })
+    .ok()?;
+    // SAFETY: the driver wrote a NUL-terminated string.
+    let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(strata_topology::nvml::normalize_bus_id(
+        &id.to_string_lossy(),
+    ))
+}
+
 /// Where a pointer lives, as the driver says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Memory {

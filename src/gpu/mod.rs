@@ -18,7 +18,10 @@ mod stream;
 
 /// The raw driver API (cudarc's bindings, loaded at run time), for handles strata does not wrap.
 pub use cudarc::driver::sys;
-pub use driver::{DriverInfo, Memory, available, current_device, driver, memory_of, set_device};
+pub use driver::{
+    DriverInfo, Memory, available, current_device, current_gpu_bus_id, driver, memory_of,
+    set_device,
+};
 pub use ipc::GpuPath;
 pub use kernels::{REDUCE_SOURCE, kernel_suffix};
 pub use memory::{DeviceBuffer, read_device};

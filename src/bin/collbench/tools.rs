@@ -277,20 +277,23 @@ pub(super) fn load_hwloc_xml(
     )
 }
 
-/// `collbench topo`.
 /// What each local rank would use between hosts under `STRATA_TRANSPORT`.
 fn rdma_choices(
     inv: &strata::rdma::Inventory,
     cfg: &strata::Config,
-    local_ranks: usize,
+    gpus: &[strata::topology::GpuInfo],
 ) -> Vec<String> {
     use strata::TransportPolicy as P;
-    (0..local_ranks)
+    (0..gpus.len().max(1))
         .map(|local| {
-            let verbs =
-                inv.verbs.as_ref().ok().and_then(|ports| {
-                    strata::rdma::verbs::choose_port(ports, &cfg.rdma, local).ok()
-                });
+            // Local rank i drives GPU i, as one process per GPU does.
+            let near = gpus
+                .get(local)
+                .map(|g| g.nearest_nics.clone())
+                .unwrap_or_default();
+            let verbs = inv.verbs.as_ref().ok().and_then(|ports| {
+                strata::rdma::verbs::choose_port(ports, &cfg.rdma, local, &near).ok()
+            });
             let ofi = inv.chosen.ofi.as_ref();
             let pick = match cfg.transport {
                 P::Tcp | P::Shm => None,
@@ -312,7 +315,11 @@ fn rdma_choices(
 }
 
 /// The RDMA section of `collbench topo`.
-fn render_rdma(inv: &strata::rdma::Inventory, cfg: &strata::Config, local_ranks: usize) -> String {
+fn render_rdma(
+    inv: &strata::rdma::Inventory,
+    cfg: &strata::Config,
+    gpus: &[strata::topology::GpuInfo],
+) -> String {
     let mut out = String::from("RDMA (between hosts)\n");
     match &inv.verbs {
         Ok(ports) => {
@@ -349,12 +356,13 @@ fn render_rdma(inv: &strata::rdma::Inventory, cfg: &strata::Config, local_ranks:
         "  STRATA_TRANSPORT={}:\n",
         format!("{:?}", cfg.transport).to_lowercase()
     );
-    for line in rdma_choices(inv, cfg, local_ranks) {
+    for line in rdma_choices(inv, cfg, gpus) {
         out += &format!("    {line}\n");
     }
     out
 }
 
+/// `collbench topo`.
 pub(super) fn topo_main(t: &TopoArgs) -> ExitCode {
     use strata::topology::{fabric, nccl_xml, report, sysfs};
     let run = || -> Result<String, String> {
@@ -411,17 +419,17 @@ pub(super) fn topo_main(t: &TopoArgs) -> ExitCode {
         // RDMA is this machine's, whatever file describes the host.
         let cfg = strata::Config::from_env().map_err(|e| e.to_string())?;
         let rdma = strata::rdma::inventory(&cfg.rdma);
-        let local_ranks = host.gpus().len().max(1);
+        let gpus = host.gpus();
         if t.json {
             let mut v = serde_json::to_value(&r).map_err(|e| e.to_string())?;
             v["rdma"] = serde_json::to_value(&rdma).map_err(|e| e.to_string())?;
-            v["rdma_per_local_rank"] = rdma_choices(&rdma, &cfg, local_ranks).into();
+            v["rdma_per_local_rank"] = rdma_choices(&rdma, &cfg, &gpus).into();
             serde_json::to_string_pretty(&v).map_err(|e| e.to_string())
         } else {
             Ok(format!(
                 "{}\n{}",
                 report::render(&r, &host),
-                render_rdma(&rdma, &cfg, local_ranks)
+                render_rdma(&rdma, &cfg, &gpus)
             ))
         }
     };

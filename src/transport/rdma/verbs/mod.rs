@@ -207,17 +207,24 @@ pub(crate) fn open(cfg: &RdmaConfig) -> Result<Arc<VerbsFabric>, String> {
 fn open_uncached(cfg: &RdmaConfig) -> Result<VerbsFabric, String> {
     let api = api()?;
     let ports = device_ports()?;
-    let chosen = choose_port(&ports, cfg, local_rank())?;
+    // The NICs nearest this rank's GPU (by PCIe distance, from the host model), if it has one.
+    let near = crate::gpu::current_gpu_bus_id()
+        .map(|gpu| strata_topology::sysfs::discover(std::path::Path::new("/")).nearest_nics(&gpu))
+        .unwrap_or_default();
+    let chosen = choose_port(&ports, cfg, local_rank(), &near)?;
     open_device(api, chosen, cfg)
 }
 
-/// The port local rank `local` uses: among the active ports `NCCL_IB_HCA` allows, the one on
-/// the PCI function of the rank's network interface (its socket traffic leaves there), else the
-/// rank's rail (`local` mod the usable ports, the same on every host, so rails line up).
+/// The port local rank `local` uses, among the active ports `NCCL_IB_HCA` allows: one of the
+/// NICs `near` its GPU (PCI bus ids, nearest first; ties shared out by local rank), else the
+/// one on the PCI function of the rank's network interface (its socket traffic leaves
+/// there), else the rank's rail (`local` mod the usable ports, the same on every host, so
+/// rails line up).
 pub fn choose_port<'a>(
     ports: &'a [DevicePort],
     cfg: &RdmaConfig,
     local: usize,
+    near: &[String],
 ) -> Result<&'a DevicePort, String> {
     let usable: Vec<&DevicePort> = ports
         .iter()
@@ -232,6 +239,14 @@ pub fn choose_port<'a>(
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+    }
+    let nearest: Vec<&DevicePort> = usable
+        .iter()
+        .copied()
+        .filter(|p| p.pci.as_ref().is_some_and(|b| near.contains(b)))
+        .collect();
+    if !nearest.is_empty() {
+        return Ok(nearest[local % nearest.len()]);
     }
     let via = cfg.interface.as_deref().and_then(|ifname| {
         strata_topology::sysfs::pci_of_interface(std::path::Path::new("/"), ifname)
@@ -434,5 +449,60 @@ impl Fabric for VerbsFabric {
 
     fn link(&self, lanes: usize, depth: usize) -> io::Result<Box<dyn Link>> {
         VerbsLink::new(self, lanes, depth).map(|l| Box::new(l) as Box<dyn Link>)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(name: &str, pci: &str, active: bool) -> DevicePort {
+        DevicePort {
+            name: name.into(),
+            port: 1,
+            link: "InfiniBand".into(),
+            active,
+            pci: Some(pci.into()),
+        }
+    }
+
+    #[test]
+    fn the_nic_nearest_the_gpu_wins_then_the_rail() {
+        let ports = [
+            port("mlx5_0", "0000:0c:00.0", true),
+            port("mlx5_1", "0000:2a:00.0", true),
+            port("mlx5_2", "0000:41:00.0", false),
+            port("mlx5_3", "0000:5d:00.0", true),
+        ];
+        let cfg = RdmaConfig::default();
+        // Near a GPU: that NIC, whatever the local rank.
+        let near = vec!["0000:2a:00.0".to_string()];
+        assert_eq!(choose_port(&ports, &cfg, 0, &near).unwrap().name, "mlx5_1");
+        assert_eq!(choose_port(&ports, &cfg, 3, &near).unwrap().name, "mlx5_1");
+        // Two tie: shared out by local rank.
+        let two = vec!["0000:0c:00.0".to_string(), "0000:5d:00.0".to_string()];
+        assert_eq!(choose_port(&ports, &cfg, 1, &two).unwrap().name, "mlx5_3");
+        // No GPU: the rail, skipping the port that is down.
+        let rails: Vec<&str> = (0..4)
+            .map(|l| choose_port(&ports, &cfg, l, &[]).unwrap().name.as_str())
+            .collect();
+        assert_eq!(rails, ["mlx5_0", "mlx5_1", "mlx5_3", "mlx5_0"]);
+        // A nearest NIC that NCCL_IB_HCA excludes is not used.
+        let cfg = RdmaConfig {
+            hca: vec![super::super::config::HcaFilter {
+                name: "mlx5_1".into(),
+                port: None,
+            }],
+            hca_exclude: true,
+            hca_exact: true,
+            ..Default::default()
+        };
+        assert_eq!(choose_port(&ports, &cfg, 0, &near).unwrap().name, "mlx5_0");
+        let none: Vec<DevicePort> = vec![port("mlx5_0", "0000:0c:00.0", false)];
+        assert!(
+            choose_port(&none, &cfg, 0, &[])
+                .unwrap_err()
+                .contains("no active port")
+        );
     }
 }
