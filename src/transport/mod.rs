@@ -78,6 +78,27 @@ pub(crate) trait Transport: Send {
     }
 }
 
+/// How many of a slot's `avail` bytes to hand over now: at most `room`, in whole `granule`s;
+/// 0 means stop here. A slot that ends inside an element before anything was handed over is
+/// an error: the peer sent another type.
+pub(crate) fn whole_elements(
+    avail: usize,
+    room: usize,
+    granule: usize,
+    consumed: usize,
+) -> io::Result<usize> {
+    let granule = granule.max(1);
+    let take = avail.min(room);
+    let take = take - take % granule;
+    if take == 0 && avail > 0 && avail < granule && consumed == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "stream split inside an element (peer sent a different type?)",
+        ));
+    }
+    Ok(take)
+}
+
 /// Sleeps until one of `fds` is readable (or closed) or `timeout` passes.
 pub(crate) fn wait_readable(fds: &[std::os::fd::RawFd], timeout: std::time::Duration) {
     let mut polls: Vec<libc::pollfd> = fds

@@ -10,7 +10,7 @@
 //! futex and raise a flag so that the other side only pays for a wake when someone sleeps.
 
 use super::futex;
-use super::{Direction, Transport, Wait};
+use super::{Direction, Transport, Wait, whole_elements};
 use std::ffi::CString;
 use std::io;
 use std::sync::Arc;
@@ -271,16 +271,8 @@ impl Transport for RingEndpoint {
                 break;
             }
             let len = (hdr.len.load(Ordering::Relaxed) as usize).min(self.payload_capacity());
-            let avail = len - self.rx_offset;
-            let mut take = avail.min(max - consumed);
-            take -= take % granule.max(1);
+            let take = whole_elements(len - self.rx_offset, max - consumed, granule, consumed)?;
             if take == 0 {
-                if avail > 0 && avail < granule && consumed == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "stream split inside an element (peer sent a different type?)",
-                    ));
-                }
                 break;
             }
             // SAFETY: slots in [tail, head) belong to the consumer until tail moves; the range

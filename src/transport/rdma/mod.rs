@@ -75,6 +75,28 @@ pub(crate) enum Armed {
     Poll,
 }
 
+/// One RDMA write with immediate data: `len` bytes at `src` (inside `region`) to `dst` under
+/// `rkey`, on `lane`; its completion reports `wr_id`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Write {
+    /// The queue pair or endpoint.
+    pub lane: usize,
+    /// The registered region holding the source.
+    pub region: Region,
+    /// Source address.
+    pub src: u64,
+    /// Bytes.
+    pub len: usize,
+    /// Destination address, as the peer names it.
+    pub dst: u64,
+    /// The destination region's key.
+    pub rkey: u64,
+    /// Immediate data (verbs) or remote CQ data (libfabric).
+    pub imm: u32,
+    /// What the completion reports.
+    pub wr_id: u64,
+}
+
 /// A provider opened on one device (per process): registration, and new connections.
 pub(crate) trait Fabric: Send + Sync {
     /// The provider.
@@ -95,21 +117,9 @@ pub(crate) trait Link: Send {
     fn address(&self) -> Vec<u8>;
     /// Connects every lane to the peer's `address`; receives may be posted afterwards.
     fn connect(&mut self, remote: &[u8]) -> io::Result<()>;
-    /// Posts an RDMA write of `len` bytes at `src` (inside `region`) to `dst` under `rkey`,
-    /// with immediate data `imm`, on `lane`; its completion reports `wr_id`. `Ok(false)`: the
-    /// provider has no room now (nothing was posted; try again after polling).
-    #[allow(clippy::too_many_arguments)]
-    fn write(
-        &mut self,
-        lane: usize,
-        region: &Region,
-        src: u64,
-        len: usize,
-        dst: u64,
-        rkey: u64,
-        imm: u32,
-        wr_id: u64,
-    ) -> io::Result<bool>;
+    /// Posts `w`. `Ok(false)`: the provider has no room now (nothing was posted; try again
+    /// after polling).
+    fn write(&mut self, w: &Write) -> io::Result<bool>;
     /// Posts a receive on `lane` for one incoming write with immediate data.
     fn post_recv(&mut self, lane: usize) -> io::Result<()>;
     /// Appends the completions that are ready; an error completion is an `Err` that names

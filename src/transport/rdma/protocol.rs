@@ -18,8 +18,8 @@
 //! executor's (bounded by the operation's deadline and the abort flag); a completion error fails
 //! the connection with the provider's words, the device and the lane.
 
-use super::{Armed, Completion, Fabric, Link, ProviderKind, RdmaConfig, Region};
-use crate::transport::{Direction, Transport, Wait};
+use super::{Armed, Completion, Fabric, Link, ProviderKind, RdmaConfig, Region, Write};
+use crate::transport::{Direction, Transport, Wait, whole_elements};
 use serde::{Deserialize, Serialize};
 use std::io;
 use std::sync::Arc;
@@ -317,19 +317,17 @@ impl RdmaTransport {
             // SAFETY: the entry lies inside cts_out; the previous grant of this slot has been
             // read by the peer (it has since written data into the slot).
             unsafe { std::ptr::write_volatile(self.cts_out.at(off) as *mut Grant, grant) };
-            let (src, region) = (self.cts_out.at(off), self.cts_out.region);
-            let (dst, rkey) = (self.peer_cts.0 + off as u64, self.peer_cts.1);
-            let imm = IMM_CTS | ((slot as u32) << 24) | (seq & 0xff_ffff);
-            let posted = self.link_mut()?.write(
+            let w = Write {
                 lane,
-                &region,
-                src,
-                CTS_BYTES,
-                dst,
-                rkey,
-                imm,
-                WR_CTS | slot as u64,
-            )?;
+                region: self.cts_out.region,
+                src: self.cts_out.at(off),
+                len: CTS_BYTES,
+                dst: self.peer_cts.0 + off as u64,
+                rkey: self.peer_cts.1,
+                imm: IMM_CTS | ((slot as u32) << 24) | (seq & 0xff_ffff),
+                wr_id: WR_CTS | slot as u64,
+            };
+            let posted = self.link_mut()?.write(&w)?;
             if !posted {
                 break;
             }
@@ -477,11 +475,17 @@ impl Transport for RdmaTransport {
                     n,
                 )
             };
-            let (src, region) = (self.tx.at(off), self.tx.region);
-            let imm = ((slot as u32) << 24) | n as u32;
-            let posted =
-                self.link_mut()?
-                    .write(lane, &region, src, n, g.addr, g.rkey, imm, slot as u64);
+            let w = Write {
+                lane,
+                region: self.tx.region,
+                src: self.tx.at(off),
+                len: n,
+                dst: g.addr,
+                rkey: g.rkey,
+                imm: ((slot as u32) << 24) | n as u32,
+                wr_id: slot as u64,
+            };
+            let posted = self.link_mut()?.write(&w);
             match posted {
                 Ok(true) => {}
                 Ok(false) => break,
@@ -507,16 +511,8 @@ impl Transport for RdmaTransport {
         while consumed < max {
             let slot = self.rx_seq as usize % self.slots;
             let Some(len) = self.rx_len[slot] else { break };
-            let avail = len - self.rx_offset;
-            let mut take = avail.min(max - consumed);
-            take -= take % granule.max(1);
+            let take = whole_elements(len - self.rx_offset, max - consumed, granule, consumed)?;
             if take == 0 {
-                if avail > 0 && avail < granule && consumed == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "stream split inside an element (peer sent a different type?)",
-                    ));
-                }
                 break;
             }
             let at = self.rx.at(slot * self.slot_size + self.rx_offset);

@@ -11,7 +11,9 @@
 mod sys;
 
 use super::regcache::RegCache;
-use super::{Armed, Completion, Fabric, Link, ProviderKind, RdmaConfig, Region, dl::Library};
+use super::{
+    Armed, Completion, Fabric, Link, ProviderKind, RdmaConfig, Region, Write, dl::Library,
+};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -495,33 +497,46 @@ impl OfiLink {
             .then(|| (p - base) / size)
     }
 
+    /// Posts an operation standing for `op` with `post` (given the operation's context);
+    /// false if there is no free context or the provider said "try again".
+    fn post(
+        &mut self,
+        op: Op,
+        what: &str,
+        post: impl FnOnce(*mut c_void) -> isize,
+    ) -> io::Result<bool> {
+        let Some(ctx) = self.take_context(op) else {
+            return Ok(false);
+        };
+        let r = post(ctx);
+        if r == 0 {
+            return Ok(true);
+        }
+        let i = self.context_index(ctx as usize).unwrap_or(0);
+        self.give_back(i);
+        if r == -sys::FI_EAGAIN {
+            return Ok(false);
+        }
+        Err(fi_err(self.api, what, r))
+    }
+
     /// Posts a receive for remote CQ data on `lane`; false if the provider said "try again".
     fn try_post_recv(&mut self, lane: usize) -> io::Result<bool> {
-        let Some(ctx) = self.take_context(Op::Recv) else {
-            return Ok(false);
-        };
         let ep = self.eps[lane];
-        // SAFETY: our endpoint (fi_recv is inline: ep->msg->recv); no buffer is needed for
-        // remote CQ data.
-        let r = unsafe {
-            ((*(*ep).msg).recv)(
-                ep,
-                std::ptr::null_mut(),
-                0,
-                std::ptr::null_mut(),
-                u64::MAX,
-                ctx,
-            )
-        };
-        if r == -sys::FI_EAGAIN {
-            let i = self.context_index(ctx as usize).unwrap_or(0);
-            self.give_back(i);
-            return Ok(false);
-        }
-        if r != 0 {
-            return Err(fi_err(self.api, "fi_recv", r));
-        }
-        Ok(true)
+        self.post(Op::Recv, "fi_recv", |ctx| {
+            // SAFETY: our endpoint (fi_recv is inline: ep->msg->recv); no buffer is needed for
+            // remote CQ data.
+            unsafe {
+                ((*(*ep).msg).recv)(
+                    ep,
+                    std::ptr::null_mut(),
+                    0,
+                    std::ptr::null_mut(),
+                    u64::MAX,
+                    ctx,
+                )
+            }
+        })
     }
 
     fn read_error(&mut self) -> io::Error {
@@ -617,45 +632,26 @@ impl Link for OfiLink {
         Ok(())
     }
 
-    fn write(
-        &mut self,
-        lane: usize,
-        region: &Region,
-        src: u64,
-        len: usize,
-        dst: u64,
-        rkey: u64,
-        imm: u32,
-        wr_id: u64,
-    ) -> io::Result<bool> {
-        let Some(ctx) = self.take_context(Op::Write(wr_id)) else {
-            return Ok(false);
-        };
-        let ep = self.eps[lane];
-        // SAFETY: our endpoint (fi_writedata is inline: ep->rma->writedata); the source lies in
-        // a registered region whose descriptor is passed.
-        let r = unsafe {
-            ((*(*ep).rma).writedata)(
-                ep,
-                src as *const c_void,
-                len,
-                region.local as *mut c_void,
-                u64::from(imm),
-                self.peers[lane],
-                dst,
-                rkey,
-                ctx,
-            )
-        };
-        if r == -sys::FI_EAGAIN {
-            let i = self.context_index(ctx as usize).unwrap_or(0);
-            self.give_back(i);
-            return Ok(false);
-        }
-        if r != 0 {
-            return Err(fi_err(self.api, &format!("fi_writedata on lane {lane}"), r));
-        }
-        Ok(true)
+    fn write(&mut self, w: &Write) -> io::Result<bool> {
+        let (ep, peer) = (self.eps[w.lane], self.peers[w.lane]);
+        let what = format!("fi_writedata on lane {}", w.lane);
+        self.post(Op::Write(w.wr_id), &what, |ctx| {
+            // SAFETY: our endpoint (fi_writedata is inline: ep->rma->writedata); the source
+            // lies in a registered region whose descriptor is passed.
+            unsafe {
+                ((*(*ep).rma).writedata)(
+                    ep,
+                    w.src as *const c_void,
+                    w.len,
+                    w.region.local as *mut c_void,
+                    u64::from(w.imm),
+                    peer,
+                    w.dst,
+                    w.rkey,
+                    ctx,
+                )
+            }
+        })
     }
 
     fn post_recv(&mut self, lane: usize) -> io::Result<()> {

@@ -2,7 +2,7 @@
 //! with a completion channel to sleep on.
 
 use super::{Api, VerbsFabric};
-use crate::transport::rdma::{Armed, Completion, Link, RdmaConfig, Region};
+use crate::transport::rdma::{Armed, Completion, Link, RdmaConfig, Write};
 use serde::{Deserialize, Serialize};
 use std::ffi::{CStr, c_int, c_void};
 use std::io;
@@ -281,32 +281,22 @@ impl Link for VerbsLink {
         Ok(())
     }
 
-    fn write(
-        &mut self,
-        lane: usize,
-        region: &Region,
-        src: u64,
-        len: usize,
-        dst: u64,
-        rkey: u64,
-        imm: u32,
-        wr_id: u64,
-    ) -> io::Result<bool> {
+    fn write(&mut self, w: &Write) -> io::Result<bool> {
         let mut sge = ibv_sge {
-            addr: src,
-            length: len as u32,
-            lkey: region.local as u32,
+            addr: w.src,
+            length: w.len as u32,
+            lkey: w.region.local as u32,
         };
         let mut wr = ibv_send_wr {
-            wr_id,
+            wr_id: w.wr_id,
             sg_list: &mut sge,
             num_sge: 1,
             opcode: wr_opcode::RDMA_WRITE_WITH_IMM,
             send_flags: SEND_SIGNALED,
-            imm_data: imm.to_be(),
+            imm_data: w.imm.to_be(),
             rdma: RdmaTarget {
-                remote_addr: dst,
-                rkey: rkey as u32,
+                remote_addr: w.dst,
+                rkey: w.rkey as u32,
             },
             ..Default::default()
         };
@@ -316,10 +306,11 @@ impl Link for VerbsLink {
             .ok_or_else(|| io::Error::other("no post_send"))?;
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: our QP; the request and its list live across the call.
-        let r = unsafe { post(self.qps[lane], &mut wr, &mut bad) };
+        let r = unsafe { post(self.qps[w.lane], &mut wr, &mut bad) };
         if r != 0 {
             return Err(io::Error::other(format!(
-                "ibv_post_send on lane {lane}: {}",
+                "ibv_post_send on lane {}: {}",
+                w.lane,
                 io::Error::from_raw_os_error(r)
             )));
         }
