@@ -6,33 +6,12 @@
 //! `STRATA_TEST_WORKER` set does the rank's part and exits; otherwise it spawns the ranks, waits
 //! for them under an outer deadline (killing them if it passes) and checks every exit status.
 
+#[macro_use]
 mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
 use strata::{CallSpec, Collective, Communicator, DataType, Error, ReduceOp, UniqueId};
-
-macro_rules! matrix_test {
-    ($name:ident, $n:expr, $big:expr, $env:expr) => {
-        #[test]
-        fn $name() {
-            if let Some(w) = worker() {
-                matrix(&w, $big);
-                return;
-            }
-            if is_worker() {
-                return;
-            }
-            assert_all_ok(&spawn(
-                stringify!($name),
-                $n,
-                $n,
-                $env,
-                Duration::from_secs(300),
-            ));
-        }
-    };
-}
 
 matrix_test!(matrix_1_rank, 1, true, &[]);
 matrix_test!(matrix_2_ranks_shm, 2, true, &[]);

@@ -13,6 +13,7 @@
 //! With `STRATA_RDMA_TESTS_REAL=1` (`scripts/rdma-check.sh`) the verbs matrices run on the
 //! machine's own rdma-core and devices, and the tests that need the stand-in say they skip.
 
+#[macro_use]
 mod common;
 
 use common::*;
@@ -32,45 +33,35 @@ fn skip_on_real_devices(test: &str, why: &str) -> bool {
     real
 }
 
-macro_rules! verbs_matrix_test {
-    ($name:ident, $n:expr, $big:expr, $env:expr) => {
-        #[test]
-        fn $name() {
-            if let Some(w) = worker() {
-                matrix(&w, $big);
-                assert_eq!(w.comm.transport_to((w.rank + 1) % w.n), Some("verbs"));
-                return;
-            }
-            if is_worker() {
-                return;
-            }
-            let mut env = vec![VERBS, STANDIN];
-            env.extend_from_slice($env);
-            assert_all_ok(&spawn(
-                stringify!($name),
-                $n,
-                $n,
-                &env,
-                Duration::from_secs(400),
-            ));
-        }
-    };
-}
-
-verbs_matrix_test!(matrix_2_processes_over_verbs_standin, 2, true, &[]);
-verbs_matrix_test!(
+matrix_test!(
+    matrix_2_processes_over_verbs_standin,
+    2,
+    true,
+    &[VERBS, STANDIN],
+    Some("verbs")
+);
+matrix_test!(
     matrix_3_processes_over_verbs_standin_roce_small_slots_three_qps,
     3,
     false,
     &[
+        VERBS,
+        STANDIN,
         ("STRATA_IBV_STANDIN_LINK", "roce"),
         ("NCCL_IB_QPS_PER_CONNECTION", "3"),
         ("STRATA_RDMA_SLOTS", "4"),
         ("STRATA_RDMA_SLOT_SIZE", "4096"),
         ("NCCL_IB_TC", "106"),
-    ]
+    ],
+    Some("verbs")
 );
-verbs_matrix_test!(matrix_4_processes_over_verbs_standin, 4, true, &[]);
+matrix_test!(
+    matrix_4_processes_over_verbs_standin,
+    4,
+    true,
+    &[VERBS, STANDIN],
+    Some("verbs")
+);
 
 /// All-reduces until one fails; prints the error and the time it came, and exits 1.
 fn fail_eventually(w: &Worker, elems: usize) -> ! {
@@ -92,101 +83,65 @@ fn now_us() -> u128 {
         .unwrap_or(0)
 }
 
-#[test]
-fn a_bad_remote_key_is_named_with_the_device_and_the_verbs_status() {
-    if let Some(w) = worker() {
-        fail_eventually(&w, 1 << 14);
-    }
-    if is_worker() {
-        return;
-    }
-    if skip_on_real_devices(
-        "a_bad_remote_key_is_named_with_the_device_and_the_verbs_status",
-        "injects its fault into the stand-in's NIC",
-    ) {
-        return;
-    }
-    let res = spawn(
-        "a_bad_remote_key_is_named_with_the_device_and_the_verbs_status",
-        3,
-        3,
-        &[VERBS, STANDIN, ("STRATA_IBV_STANDIN_FAULT", "rkey:50")],
-        Duration::from_secs(60),
-    );
-    let all: String = res.iter().map(|r| r.1.as_str()).collect();
-    assert!(res.iter().all(|r| !r.0), "every rank fails:\n{all}");
-    assert!(
-        all.contains("remote access error (IBV_WC_REM_ACCESS_ERR")
-            && all.contains("verbs standin_ib0 port 1 (InfiniBand"),
-        "the device and status are named:\n{all}"
-    );
+/// A fault injected into the stand-in's NIC (`STRATA_IBV_STANDIN_FAULT`) on `n` ranks that
+/// all-reduce until one fails: every rank must fail, and together they must say each of
+/// `expect`.
+macro_rules! injected_fault_test {
+    ($name:ident, $n:expr, $env:expr, $expect:expr) => {
+        #[test]
+        fn $name() {
+            if let Some(w) = worker() {
+                fail_eventually(&w, 1 << 14);
+            }
+            if is_worker()
+                || skip_on_real_devices(
+                    stringify!($name),
+                    "injects its fault into the stand-in's NIC",
+                )
+            {
+                return;
+            }
+            let mut env = vec![VERBS, STANDIN];
+            env.extend_from_slice($env);
+            let res = spawn(stringify!($name), $n, $n, &env, Duration::from_secs(60));
+            let all: String = res.iter().map(|r| r.1.as_str()).collect();
+            assert!(res.iter().all(|r| !r.0), "every rank fails:\n{all}");
+            for want in $expect {
+                assert!(all.contains(want), "{want} is said:\n{all}");
+            }
+        }
+    };
 }
 
-#[test]
-fn a_pulled_cable_is_named_as_retry_exceeded_with_the_device() {
-    if let Some(w) = worker() {
-        fail_eventually(&w, 1 << 14);
-    }
-    if is_worker() {
-        return;
-    }
-    if skip_on_real_devices(
-        "a_pulled_cable_is_named_as_retry_exceeded_with_the_device",
-        "injects its fault into the stand-in's NIC",
-    ) {
-        return;
-    }
-    // 4.096 µs × 2^12 × (7 + 1) ≈ 134 ms before the NIC gives up.
-    let res = spawn(
-        "a_pulled_cable_is_named_as_retry_exceeded_with_the_device",
-        2,
-        2,
-        &[
-            VERBS,
-            STANDIN,
-            ("STRATA_IBV_STANDIN_FAULT", "drop:40"),
-            ("NCCL_IB_TIMEOUT", "12"),
-            ("STRATA_TIMEOUT", "60"),
-        ],
-        Duration::from_secs(60),
-    );
-    let all: String = res.iter().map(|r| r.1.as_str()).collect();
-    assert!(res.iter().all(|r| !r.0), "every rank fails:\n{all}");
-    assert!(
-        all.contains("transport retry counter exceeded (IBV_WC_RETRY_EXC_ERR")
-            && all.contains("standin_ib0"),
-        "the device and status are named:\n{all}"
-    );
-}
-
-#[test]
-fn a_queue_pair_in_the_error_state_is_named_as_flushed() {
-    if let Some(w) = worker() {
-        fail_eventually(&w, 1 << 14);
-    }
-    if is_worker() {
-        return;
-    }
-    if skip_on_real_devices(
-        "a_queue_pair_in_the_error_state_is_named_as_flushed",
-        "injects its fault into the stand-in's NIC",
-    ) {
-        return;
-    }
-    let res = spawn(
-        "a_queue_pair_in_the_error_state_is_named_as_flushed",
-        2,
-        2,
-        &[VERBS, STANDIN, ("STRATA_IBV_STANDIN_FAULT", "qperr:30")],
-        Duration::from_secs(60),
-    );
-    let all: String = res.iter().map(|r| r.1.as_str()).collect();
-    assert!(res.iter().all(|r| !r.0), "every rank fails:\n{all}");
-    assert!(
-        all.contains("Work Request Flushed Error (IBV_WC_WR_FLUSH_ERR") && all.contains("lane "),
-        "the flush is named with the lane:\n{all}"
-    );
-}
+injected_fault_test!(
+    a_bad_remote_key_is_named_with_the_device_and_the_verbs_status,
+    3,
+    &[("STRATA_IBV_STANDIN_FAULT", "rkey:50")],
+    [
+        "remote access error (IBV_WC_REM_ACCESS_ERR",
+        "verbs standin_ib0 port 1 (InfiniBand",
+    ]
+);
+// 4.096 µs × 2^12 × (7 + 1) ≈ 134 ms before the NIC gives up.
+injected_fault_test!(
+    a_pulled_cable_is_named_as_retry_exceeded_with_the_device,
+    2,
+    &[
+        ("STRATA_IBV_STANDIN_FAULT", "drop:40"),
+        ("NCCL_IB_TIMEOUT", "12"),
+        ("STRATA_TIMEOUT", "60"),
+    ],
+    [
+        "transport retry counter exceeded (IBV_WC_RETRY_EXC_ERR",
+        "standin_ib0",
+    ]
+);
+injected_fault_test!(
+    a_queue_pair_in_the_error_state_is_named_as_flushed,
+    2,
+    &[("STRATA_IBV_STANDIN_FAULT", "qperr:30")],
+    ["Work Request Flushed Error (IBV_WC_WR_FLUSH_ERR", "lane "]
+);
 
 #[test]
 fn forcing_verbs_without_a_device_fails_init_in_one_line() {

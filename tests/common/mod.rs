@@ -8,7 +8,38 @@
 //! in subnet `STRATA_TEST_SUBNET`) and has the ranks join through the launcher variables, rank
 //! 0 serving the rendezvous.
 
-#![allow(dead_code)] // each test binary uses part of this
+#![allow(dead_code, unused_macros)] // each test binary uses part of this
+
+/// A test that runs [`matrix`] on `$n` ranks (each its own process) with `$env`; with a
+/// transport name, every rank also checks that its connection to the next rank used it.
+macro_rules! matrix_test {
+    ($name:ident, $n:expr, $big:expr, $env:expr) => {
+        matrix_test!($name, $n, $big, $env, None);
+    };
+    ($name:ident, $n:expr, $big:expr, $env:expr, $transport:expr) => {
+        #[test]
+        fn $name() {
+            if let Some(w) = worker() {
+                matrix(&w, $big);
+                let want: Option<&str> = $transport;
+                if want.is_some() && w.n > 1 {
+                    assert_eq!(w.comm.transport_to((w.rank + 1) % w.n), want);
+                }
+                return;
+            }
+            if is_worker() {
+                return;
+            }
+            assert_all_ok(&spawn(
+                stringify!($name),
+                $n,
+                $n,
+                $env,
+                Duration::from_secs(400),
+            ));
+        }
+    };
+}
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -327,11 +327,30 @@ pub unsafe extern "C" fn ibv_modify_qp(
     0
 }
 
-/// `ibv_post_send` (through the context's ops table): RDMA writes only.
-pub(crate) unsafe extern "C" fn post_send(
+/// A work request of a chain.
+trait Chained {
+    fn next(&self) -> *mut Self;
+}
+
+impl Chained for ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl Chained for ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Posts each request of the chain `wr` on `qp` with `one`; the first refused one is named in
+/// `bad` and its error returned, as the verbs calls do.
+unsafe fn post_chain<W: Chained>(
     qp: *mut ibv_qp,
-    wr: *mut ibv_send_wr,
-    bad: *mut *mut ibv_send_wr,
+    wr: *mut W,
+    bad: *mut *mut W,
+    one: impl Fn(&Arc<QpInner>, &W) -> Result<(), c_int>,
 ) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
@@ -342,16 +361,26 @@ pub(crate) unsafe extern "C" fn post_send(
     while !cur.is_null() {
         // SAFETY: the caller's chain.
         let w = unsafe { &*cur };
-        if let Err(e) = post_one_send(inner, w) {
+        if let Err(e) = one(inner, w) {
             if !bad.is_null() {
                 // SAFETY: the caller's out-parameter.
                 unsafe { *bad = cur };
             }
             return e;
         }
-        cur = w.next;
+        cur = w.next();
     }
     0
+}
+
+/// `ibv_post_send` (through the context's ops table): RDMA writes only.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { post_chain(qp, wr, bad, post_one_send) }
 }
 
 fn post_one_send(inner: &Arc<QpInner>, w: &ibv_send_wr) -> Result<(), c_int> {
@@ -430,48 +459,33 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    if qp.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: made by ibv_create_qp.
-    let inner = unsafe { &(*(qp as *const Qp)).inner };
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's chain.
-        let w = unsafe { &*cur };
-        let fail = |e: c_int| {
-            if !bad.is_null() {
-                // SAFETY: the caller's out-parameter.
-                unsafe { *bad = cur };
-            }
-            e
-        };
-        let Ok(mut st) = inner.st.lock() else {
-            return fail(libc::EIO);
-        };
-        match st.state {
-            qp_state::RESET => return fail(libc::EINVAL),
-            qp_state::ERR => {
-                drop(st);
-                inner.recv_cq.push(wc(
-                    inner.qpn,
-                    w.wr_id,
-                    wc_status::WR_FLUSH_ERR,
-                    wc_opcode::RECV_RDMA_WITH_IMM,
-                ));
-            }
-            _ => {
-                if w.num_sge < 0 || w.num_sge as u32 > inner.cap.max_recv_sge {
-                    return fail(libc::EINVAL);
-                }
-                if st.rq.len() as u32 >= inner.cap.max_recv_wr {
-                    return fail(libc::ENOMEM);
-                }
-                st.rq.push_back(w.wr_id);
-                inner.cv.notify_all();
-            }
+    // SAFETY: forwarded from the caller.
+    unsafe { post_chain(qp, wr, bad, post_one_recv) }
+}
+
+fn post_one_recv(inner: &Arc<QpInner>, w: &ibv_recv_wr) -> Result<(), c_int> {
+    let mut st = inner.st.lock().map_err(|_| libc::EIO)?;
+    match st.state {
+        qp_state::RESET => return Err(libc::EINVAL),
+        qp_state::ERR => {
+            drop(st);
+            inner.recv_cq.push(wc(
+                inner.qpn,
+                w.wr_id,
+                wc_status::WR_FLUSH_ERR,
+                wc_opcode::RECV_RDMA_WITH_IMM,
+            ));
         }
-        cur = w.next;
+        _ => {
+            if w.num_sge < 0 || w.num_sge as u32 > inner.cap.max_recv_sge {
+                return Err(libc::EINVAL);
+            }
+            if st.rq.len() as u32 >= inner.cap.max_recv_wr {
+                return Err(libc::ENOMEM);
+            }
+            st.rq.push_back(w.wr_id);
+            inner.cv.notify_all();
+        }
     }
-    0
+    Ok(())
 }
