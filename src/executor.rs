@@ -708,8 +708,28 @@ impl OpRun<'_> {
         let mut sleep = MAX_SLEEP.min(deadline - now);
         let mut futexes: Vec<(*const AtomicU32, u32, *const AtomicU32)> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut sleep_on = Vec::with_capacity(waits.len());
         for &(peer, dir) in waits {
-            match self.conn(peer)?.data.wait_for(dir) {
+            sleep_on.push(self.conn(peer)?.data.wait_for(dir));
+        }
+        // A connection this call does not wait on can still fail under it (an RDMA completion
+        // error, or a credit it owes a peer that waits): let it progress, and wake for it.
+        for peer in 0..self.conns.len() {
+            if waits.iter().any(|w| w.0 == peer) {
+                continue;
+            }
+            // A peer that said goodbye may fail its side of the connection; that is no fault.
+            let Some(c) = self.conns[peer].as_mut().filter(|c| !c.gone) else {
+                continue;
+            };
+            match c.data.background() {
+                Ok(Some(w)) => sleep_on.push(w),
+                Ok(None) => {}
+                Err(e) => return Err(self.io_err(peer, e)),
+            }
+        }
+        for w in sleep_on {
+            match w {
                 Wait::Within(d) => sleep = sleep.min(d),
                 Wait::Futex {
                     word,

@@ -72,6 +72,12 @@ pub(crate) trait Transport: Send {
     /// What to sleep on until the given direction can make progress (a transport may arm a
     /// notification here).
     fn wait_for(&mut self, dir: Direction) -> Wait;
+    /// Progress the connection makes without a caller, for a connection the current call does
+    /// not wait on (reaping completions, sending credits it owes): an error if the connection
+    /// has failed, and what to also sleep on, if anything. Shared memory and TCP need none.
+    fn background(&mut self) -> io::Result<Option<Wait>> {
+        Ok(None)
+    }
     /// The transport as `Any`, for the setup steps only one kind has (RDMA's second half).
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
         None

@@ -546,6 +546,18 @@ impl Transport for RdmaTransport {
         if ready || self.error.is_some() {
             return Wait::Within(Duration::ZERO);
         }
+        self.arm()
+    }
+
+    fn background(&mut self) -> io::Result<Option<Wait>> {
+        self.progress()?;
+        Ok(Some(self.arm()))
+    }
+}
+
+impl RdmaTransport {
+    /// Arms the completion queue and says what to sleep on until the next completion.
+    fn arm(&mut self) -> Wait {
         match self.link.as_mut().map(|l| l.arm()) {
             Some(Ok(Armed::Sleep(fd))) => Wait::Fd {
                 fd,
