@@ -435,15 +435,7 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
                     )
                 }
                 TransportSetup::Rdma(theirs) => {
-                    let opened = crate::transport::rdma::open(theirs.provider, &sh.cfg.rdma)
-                        .map_err(|e| e.to_string())
-                        .and_then(|f| {
-                            let mut t =
-                                RdmaTransport::new(f, theirs.lanes, theirs.slots, theirs.slot_size)
-                                    .map_err(|e| e.to_string())?;
-                            t.connect(&theirs, false).map_err(|e| e.to_string())?;
-                            Ok(t)
-                        });
+                    let opened = RdmaTransport::accept(&theirs, &sh.cfg.rdma);
                     let t = match opened {
                         Ok(t) => t,
                         Err(e) => {
@@ -708,12 +700,16 @@ pub(crate) fn connect(
         slot_size: cfg.shm_slot_size,
     };
     let rdma = crate::transport::rdma::choose(cfg.transport, &me.rdma, &peer.rdma, same_host);
-    let (setup, data): (TransportSetup, Box<dyn Transport>) = if let Some(kind) = rdma {
+    // An RDMA transport is finished with the peer's half of its setup, from the reply.
+    let mut rdma_half: Option<RdmaTransport> = None;
+    let (setup, data): (TransportSetup, Option<Box<dyn Transport>>) = if let Some(kind) = rdma {
         let fabric = crate::transport::rdma::open(kind, &cfg.rdma)
             .map_err(|e| Error::Unsupported(format!("{}: {e}", kind.name())))?;
         let t = RdmaTransport::from_config(fabric, &cfg.rdma)
             .map_err(|e| Error::io(format!("{} transport", kind.name()), e))?;
-        (TransportSetup::Rdma(t.setup()), Box::new(t))
+        let setup = TransportSetup::Rdma(t.setup());
+        rdma_half = Some(t);
+        (setup, None)
     } else if cfg.transport == TransportPolicy::Tcp || !same_host {
         let mut streams = Vec::with_capacity(cfg.tcp_streams);
         for index in 0..cfg.tcp_streams {
@@ -729,7 +725,7 @@ pub(crate) fn connect(
                 streams: cfg.tcp_streams,
                 stripe: cfg.tcp_stripe,
             },
-            Box::new(t),
+            Some(Box::new(t)),
         )
     } else if me.process == peer.process {
         let mem = Arc::new(
@@ -742,7 +738,7 @@ pub(crate) fn connect(
             .lock()
             .map_err(|_| Error::Transport("registry lock poisoned".into()))?
             .insert(key.clone(), mem);
-        (TransportSetup::InProcess { key }, Box::new(ep))
+        (TransportSetup::InProcess { key }, Some(Box::new(ep)))
     } else {
         let name = format!("/strata-{}-{}", std::process::id(), random_hex());
         let mem = Arc::new(
@@ -752,9 +748,8 @@ pub(crate) fn connect(
         let ep =
             RingEndpoint::create(mem.clone(), geo, "shm").map_err(|e| Error::io("shm ring", e))?;
         shm_mem = Some(mem);
-        (TransportSetup::Shm { name }, Box::new(ep))
+        (TransportSetup::Shm { name }, Some(Box::new(ep)))
     };
-    let mut data = data;
     let mut control = open()?;
     bootstrap::send_msg(
         &mut control,
@@ -781,20 +776,9 @@ pub(crate) fn connect(
     if let Some(m) = &shm_mem {
         m.unlink();
     }
-    match reply? {
-        Msg::Ack if !matches!(setup, TransportSetup::Rdma(_)) => {
-            Connection::new(peer.rank, data, control)
-        }
-        Msg::RdmaAccept(theirs) => {
-            let t = data
-                .as_any_mut()
-                .and_then(|a| a.downcast_mut::<RdmaTransport>())
-                .ok_or_else(|| {
-                    Error::Transport(format!(
-                        "rank {} answered RDMA to a non-RDMA setup",
-                        peer.rank
-                    ))
-                })?;
+    match (reply?, data, rdma_half) {
+        (Msg::Ack, Some(data), None) => Connection::new(peer.rank, data, control),
+        (Msg::RdmaAccept(theirs), None, Some(mut t)) => {
             t.connect(&theirs, true).map_err(|e| {
                 peer_failed(
                     peer,
@@ -805,12 +789,12 @@ pub(crate) fn connect(
                     ),
                 )
             })?;
-            Connection::new(peer.rank, data, control)
+            Connection::new(peer.rank, Box::new(t), control)
         }
-        Msg::Nack { reason } => Err(Error::Transport(format!(
+        (Msg::Nack { reason }, ..) => Err(Error::Transport(format!(
             "rank {} refused the connection: {reason}",
             peer.rank
         ))),
-        other => Err(Error::Transport(format!("unexpected reply {other:?}"))),
+        (other, ..) => Err(Error::Transport(format!("unexpected reply {other:?}"))),
     }
 }

@@ -78,10 +78,6 @@ pub(crate) trait Transport: Send {
     fn background(&mut self) -> io::Result<Option<Wait>> {
         Ok(None)
     }
-    /// The transport as `Any`, for the setup steps only one kind has (RDMA's second half).
-    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
-        None
-    }
 }
 
 /// How many of a slot's `avail` bytes to hand over now: at most `room`, in whole `granule`s;

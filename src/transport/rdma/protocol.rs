@@ -225,6 +225,16 @@ impl RdmaTransport {
         Self::new(fabric, cfg.lanes, cfg.slots, cfg.slot_size)
     }
 
+    /// The accepting side of a connection: a transport with the connecting side's geometry,
+    /// connected to it, so it can receive before the reply goes back.
+    pub fn accept(theirs: &RdmaSetup, cfg: &RdmaConfig) -> Result<Self, String> {
+        let fabric = super::open(theirs.provider, cfg)?;
+        let mut t = Self::new(fabric, theirs.lanes, theirs.slots, theirs.slot_size)
+            .map_err(|e| e.to_string())?;
+        t.connect(theirs, false).map_err(|e| e.to_string())?;
+        Ok(t)
+    }
+
     /// What the peer needs to know about this side.
     pub fn setup(&self) -> RdmaSetup {
         RdmaSetup {
@@ -442,10 +452,6 @@ fn protocol(what: String) -> io::Error {
 impl Transport for RdmaTransport {
     fn name(&self) -> &'static str {
         self.name
-    }
-
-    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
-        Some(self)
     }
 
     fn send_some(&mut self, data: &[u8]) -> io::Result<usize> {
