@@ -8,7 +8,9 @@
 //! stream sees its result; abort, and a killed peer, while calls are in flight on a stream.
 //! Each test re-runs this binary as its ranks, with the stand-in first on `LD_LIBRARY_PATH`.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use strata::gpu::{self, DeviceBuffer, Stream, sys};
@@ -18,19 +20,7 @@ const WORKER: &str = "STRATA_TEST_WORKER";
 
 /// `target/<profile>/cuda-standin/libcuda.so.1`, copied from the stand-in this test built.
 fn standin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let built = [profile.join("deps"), profile.clone()]
-        .into_iter()
-        .map(|d| d.join("libstrata_cuda_standin.so"))
-        .find(|p| p.exists())
-        .expect("the stand-in cdylib (a dev-dependency) was built");
-    let dir = profile.join("cuda-standin");
-    std::fs::create_dir_all(&dir).unwrap();
-    let tmp = dir.join(format!("libcuda.so.1.{}", std::process::id()));
-    std::fs::copy(&built, &tmp).unwrap();
-    std::fs::rename(&tmp, dir.join("libcuda.so.1")).unwrap();
-    dir
+    common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin")
 }
 
 /// Spawns `n` ranks of test `name` with the stand-in as the driver; (success, output) each.

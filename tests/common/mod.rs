@@ -84,27 +84,38 @@ pub fn worker() -> Option<Worker> {
     Some(Worker { comm, rank, n })
 }
 
-/// `target/<profile>/ibverbs-standin/libibverbs.so.1`, copied (once per test process) from the
-/// stand-in this test built (a dev-dependency), so `dlopen("libibverbs.so.1")` finds it first.
+/// `target/<profile>/ibverbs-standin/libibverbs.so.1`: the libibverbs stand-in, first on the
+/// library path of ranks that use it.
 pub fn ibverbs_standin_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(copy_ibverbs_standin).clone()
+    standin_dir(
+        "libstrata_ibverbs_standin.so",
+        "libibverbs.so.1",
+        "ibverbs-standin",
+    )
 }
 
-fn copy_ibverbs_standin() -> PathBuf {
+/// `target/<profile>/<dir>/<soname>`, copied (once per test process) from the stand-in cdylib
+/// `built` that this test built as a dev-dependency, so `dlopen(soname)` finds it first.
+pub fn standin_dir(built: &str, soname: &str, dir: &str) -> PathBuf {
+    static DIRS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, d)) = dirs.iter().find(|(s, _)| s == soname) {
+        return d.clone();
+    }
     let exe = std::env::current_exe().unwrap();
     let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let built = [profile.join("deps"), profile.clone()]
+    let from = [profile.join("deps"), profile.clone()]
         .into_iter()
-        .map(|d| d.join("libstrata_ibverbs_standin.so"))
+        .map(|d| d.join(built))
         .find(|p| p.exists())
-        .expect("the libibverbs stand-in cdylib (a dev-dependency) was built");
-    let dir = profile.join("ibverbs-standin");
-    std::fs::create_dir_all(&dir).unwrap();
-    let tmp = dir.join(format!("libibverbs.so.1.{}", std::process::id()));
-    std::fs::copy(&built, &tmp).unwrap();
-    std::fs::rename(&tmp, dir.join("libibverbs.so.1")).unwrap();
-    dir
+        .unwrap_or_else(|| panic!("the stand-in {built} (a dev-dependency) was built"));
+    let to = profile.join(dir);
+    std::fs::create_dir_all(&to).unwrap();
+    let tmp = to.join(format!("{soname}.{}", std::process::id()));
+    std::fs::copy(&from, &tmp).unwrap();
+    std::fs::rename(&tmp, to.join(soname)).unwrap();
+    dirs.push((soname.to_string(), to.clone()));
+    to
 }
 
 pub fn is_worker() -> bool {
