@@ -24,6 +24,7 @@ struct Api {
     free_device_list: calls::FreeDeviceList,
     get_device_name: calls::GetDeviceName,
     open_device: calls::OpenDevice,
+    close_device: calls::CloseDevice,
     query_port: calls::QueryPort,
     query_gid: calls::QueryGid,
     alloc_pd: calls::AllocPd,
@@ -53,6 +54,7 @@ fn api() -> Result<&'static Api, String> {
                 free_device_list: lib.get("ibv_free_device_list")?,
                 get_device_name: lib.get("ibv_get_device_name")?,
                 open_device: lib.get("ibv_open_device")?,
+                close_device: lib.get("ibv_close_device")?,
                 query_port: lib.get("ibv_query_port")?,
                 query_gid: lib.get("ibv_query_gid")?,
                 alloc_pd: lib.get("ibv_alloc_pd")?,
@@ -136,7 +138,8 @@ pub fn device_ports() -> Result<Vec<DevicePort>, String> {
                 active: attr.state == PORT_ACTIVE,
             });
         }
-        close(ctx);
+        // SAFETY: a context opened above and used no more.
+        unsafe { (api.close_device)(ctx) };
     }
     // SAFETY: the list from get_device_list.
     unsafe { (api.free_device_list)(list) };
@@ -144,16 +147,6 @@ pub fn device_ports() -> Result<Vec<DevicePort>, String> {
         return Err("no RDMA devices".into());
     }
     Ok(out)
-}
-
-fn close(ctx: *mut ibv_context) {
-    if let Ok(lib) = Library::open(&["libibverbs.so.1"]) {
-        // SAFETY: ibv_close_device's declared type; ctx is an open context.
-        if let Ok(f) = unsafe { lib.get::<calls::CloseDevice>("ibv_close_device") } {
-            unsafe { f(ctx) };
-        }
-        std::mem::forget(lib);
-    }
 }
 
 fn link_name(layer: u8) -> &'static str {
