@@ -160,23 +160,17 @@ fn forcing_verbs_without_a_device_fails_init_in_one_line() {
     }
     // No stand-in on the library path: rdma-core (if installed) finds no device, or there is
     // no libibverbs at all; either way init says so.
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "forcing_verbs_without_a_device_fails_init_in_one_line",
-            "--exact",
-            "--nocapture",
-        ])
-        .env(WORKER, "1")
-        .env("STRATA_TRANSPORT", "verbs")
-        .env("RANK", "0")
-        .env("WORLD_SIZE", "1")
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", "29377")
-        .env("STRATA_SOCKET_IFNAME", "=lo")
-        .env_remove("LD_LIBRARY_PATH")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (_, text) = run_alone(
+        "forcing_verbs_without_a_device_fails_init_in_one_line",
+        &[
+            ("STRATA_TRANSPORT", "verbs"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29377"),
+            ("STRATA_SOCKET_IFNAME", "=lo"),
+        ],
+    );
     let line = text
         .lines()
         .find(|l| l.starts_with("INIT_ERROR="))
@@ -194,8 +188,7 @@ fn a_dma_buf_registers_once_and_is_found_in_the_cache() {
         use std::os::fd::AsRawFd;
         let cfg = strata::rdma::RdmaConfig::from_env().unwrap();
         // A memfd stands in for exported GPU memory.
-        let f =
-            std::fs::File::from(rustix_memfd().expect("memfd_create (the dma-buf stand-in) works"));
+        let f = std::fs::File::from(memfd().expect("memfd_create (the dma-buf stand-in) works"));
         f.set_len(1 << 20).unwrap();
         let iova = 0x7f00_0000_0000u64;
         let a = strata::rdma::DmabufRegion::register(&cfg, f.as_raw_fd(), 0, 1 << 20, iova)
@@ -214,26 +207,35 @@ fn a_dma_buf_registers_once_and_is_found_in_the_cache() {
     ) {
         return;
     }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "a_dma_buf_registers_once_and_is_found_in_the_cache",
-            "--exact",
-            "--nocapture",
-        ])
+    let dir = ibverbs_standin_dir();
+    let (ok, text) = run_alone(
+        "a_dma_buf_registers_once_and_is_found_in_the_cache",
+        &[("LD_LIBRARY_PATH", dir.to_str().unwrap())],
+    );
+    assert!(ok && text.contains("DMABUF_OK"), "{text}");
+}
+
+/// Runs test `name` of this binary as one worker process with `env` (and no inherited
+/// `LD_LIBRARY_PATH` unless `env` sets one): its success and its stdout then stderr.
+fn run_alone(name: &str, env: &[(&str, &str)]) -> (bool, String) {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([name, "--exact", "--nocapture"])
         .env(WORKER, "1")
-        .env("LD_LIBRARY_PATH", ibverbs_standin_dir())
-        .output()
-        .unwrap();
+        .env_remove("LD_LIBRARY_PATH");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success() && text.contains("DMABUF_OK"), "{text}");
+    (out.status.success(), text)
 }
 
 /// An anonymous memory file.
-fn rustix_memfd() -> std::io::Result<std::os::fd::OwnedFd> {
+fn memfd() -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: a plain syscall with a static name; the descriptor is owned below.
     let fd = unsafe { libc::memfd_create(c"strata-dmabuf".as_ptr(), libc::MFD_CLOEXEC) };
