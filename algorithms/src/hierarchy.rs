@@ -244,6 +244,21 @@ impl Hierarchy {
             .map_or(Tier::Aggregation, |l| l.tier_out)
     }
 
+    /// Levels of nesting (hosts, leaves, pods that hold more than one group below them).
+    pub fn depth(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// Ranks in each group of `level`, in topology order (each group is a run of positions).
+    pub fn group_sizes(&self, level: usize) -> &[u32] {
+        self.levels.get(level).map_or(&[], |l| &l.sizes)
+    }
+
+    /// The tier between two ranks of one innermost group.
+    pub fn inner_tier(&self) -> Tier {
+        self.inner_tier
+    }
+
     /// A one-line description: `8 ranks: 2 per host × 4 leaves (regular)`.
     pub fn describe(&self) -> String {
         match self.dims() {

@@ -10,6 +10,7 @@ pub mod cost;
 mod fluid;
 pub mod hierarchy;
 pub mod layout;
+pub mod scale;
 pub mod schedule;
 pub mod sim;
 pub mod tuner;

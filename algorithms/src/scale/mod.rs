@@ -1,0 +1,738 @@
+//! Fast pricing: what a schedule costs on a fabric of tens of thousands of ranks, without the
+//! flow-level simulation of every message.
+//!
+//! The full simulation (`crate::cost::price` on a [`FabricModel`]) is the reference; it
+//! shares every link by time and costs O(messages × flows in flight). This module prices the
+//! same schedules in three ways, each checked against it (`tests/fast_pricing.rs`):
+//!
+//! * **Ring phases in closed form.** In a ring reduce-scatter or all-gather every step moves
+//!   the same pattern (member i to member i + 1), so the phase takes `(d − 1) × W` after its
+//!   group's last member starts, where W is the slowest member's step (its send, or its
+//!   receive plus the reduction) with the uplink sharing of one step. This is the longest path
+//!   of the max-plus recurrence, which stays at the slowest member; it costs O(p) however many
+//!   steps the ring has, instead of O(p²) messages.
+//! * **Pairwise phases step by step** on a vector of entry times, O(p) per step, never holding
+//!   the O(p²) operations.
+//! * **Everything else on a lean max-plus engine** ([`lockstep`]): every operation of every
+//!   rank timed once, with ports and shared uplinks divided among the messages of one step.
+//!   Pipelined trees are priced with enough chunks to reach their steady state and extended
+//!   linearly to the real chunk count.
+//!
+//! Composed and hierarchical algorithms are cut into these phases, each starting from the
+//! times the previous one ended at (a vector over ranks), so a hierarchical all-reduce at
+//! 24,576 ranks prices its 191-step pod rings in closed form and its halving and tree phases
+//! on the engine.
+
+mod lockstep;
+
+use lockstep::Compact;
+
+use strata_topology::Tier;
+use strata_topology::fabric::TierCosts;
+
+use crate::builders::{self, Blocks, block};
+use crate::cost::{FabricModel, Network, Uplink};
+use crate::hierarchy::Hierarchy;
+use crate::schedule::{Buf, Collective, RankSchedule};
+use crate::{Algorithm, AllGatherPart, HierPart, Plan, PlanError, ReduceScatterPart, plan_on};
+
+/// Most transfers fast pricing holds for one phase (16 bytes each); above it a phase is
+/// refused rather than filling memory.
+pub const MAX_MATERIALIZED_OPS: usize = 24_000_000;
+
+/// Up to this many ranks a pairwise exchange is priced step by step (O(p²)); beyond, in
+/// closed form.
+pub const PAIRWISE_STEPWISE_MAX: usize = 2048;
+
+/// One pricing question: a collective, an algorithm and a buffer on a communicator.
+#[derive(Clone, Copy, Debug)]
+pub struct Query<'a> {
+    /// Where the ranks sit.
+    pub hierarchy: &'a Hierarchy,
+    /// What each tier costs.
+    pub costs: TierCosts,
+    /// Whether flat schedules run in topology order.
+    pub ordered: bool,
+    /// The collective.
+    pub collective: Collective,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Elements per rank.
+    pub count: usize,
+    /// Bytes per element.
+    pub elem_bytes: usize,
+    /// Root (rooted collectives).
+    pub root: usize,
+    /// Pipeline chunk, elements.
+    pub chunk_elems: usize,
+}
+
+/// Predicted seconds until the last rank finishes `q`, priced as the module documentation
+/// says.
+pub fn price(q: &Query) -> Result<f64, String> {
+    let p = q.hierarchy.len();
+    let algorithm = q.algorithm.normalized();
+    if !algorithm.supports(q.collective) {
+        return Err(PlanError::Unsupported(q.collective, algorithm).to_string());
+    }
+    let mut pricer = Pricer::new(q);
+    if p <= 1 {
+        return Ok(0.0);
+    }
+    match (q.collective, algorithm) {
+        (Collective::AllReduce, Algorithm::Hierarchical(part)) => pricer.hier_all_reduce(part)?,
+        (Collective::AllReduce, Algorithm::Ring) => {
+            pricer.composed(ReduceScatterPart::Ring, AllGatherPart::Ring)?
+        }
+        (Collective::AllReduce, Algorithm::Composed(rs, ag)) => pricer.composed(rs, ag)?,
+        (Collective::AllGather, Algorithm::Ring) => {
+            let g = pricer.flat_group();
+            pricer.ring(&[g], &vec![q.count * p; p], false)?;
+        }
+        (Collective::ReduceScatter, Algorithm::Ring) => {
+            let g = pricer.flat_group();
+            pricer.ring(&[g], &vec![q.count * p; p], true)?;
+        }
+        (Collective::ReduceScatter, Algorithm::Pairwise) => {
+            pricer.pairwise(q.count * p)?;
+        }
+        (Collective::AllReduce, Algorithm::Tree) | (Collective::Broadcast, Algorithm::Chain) => {
+            pricer.pipelined()?
+        }
+        _ => pricer.whole()?,
+    }
+    Ok(pricer.finish())
+}
+
+/// Where a flat schedule's members sit: topology positions (`order`) or launcher ranks.
+struct Positions<'a> {
+    net: FabricModel<'a>,
+    order: Option<&'a [usize]>,
+    /// The α, β, γ of every tier, by `Tier as usize`.
+    tier_cost: [crate::cost::LinkCost; 6],
+}
+
+impl Positions<'_> {
+    fn real(&self, x: usize) -> usize {
+        self.order.map_or(x, |o| o[x])
+    }
+}
+
+impl Network for Positions<'_> {
+    fn link(&self, from: usize, to: usize) -> crate::cost::LinkCost {
+        let tier = self.net.hierarchy.tier(self.real(from), self.real(to));
+        self.tier_cost[tier as usize]
+    }
+    fn uplinks(&self, from: usize, to: usize, out: &mut Vec<Uplink>) {
+        self.net.uplinks(self.real(from), self.real(to), out)
+    }
+    fn crosses_hosts(&self, from: usize, to: usize) -> bool {
+        self.net.crosses_hosts(self.real(from), self.real(to))
+    }
+}
+
+/// The running state of one pricing: when each member (by position) is free.
+struct Pricer<'a> {
+    q: Query<'a>,
+    net: Positions<'a>,
+    /// Whether positions are the topology order (else launcher ranks).
+    topo: bool,
+    free: Vec<f64>,
+}
+
+impl<'a> Pricer<'a> {
+    fn new(q: &Query<'a>) -> Self {
+        let h = q.hierarchy;
+        let flat_topo = q.ordered
+            && !h.is_launcher_order()
+            && (matches!(
+                q.collective,
+                Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+            ) || (matches!(
+                q.collective,
+                Collective::AllGather | Collective::ReduceScatter
+            ) && q.algorithm.normalized() == Algorithm::Ring));
+        // Hierarchical schedules are built over real ranks and their groups over positions;
+        // both are priced over positions.
+        let topo = flat_topo || q.algorithm.is_hierarchical();
+        let net = FabricModel {
+            hierarchy: h,
+            costs: q.costs,
+        };
+        let tier_cost = [
+            Tier::SameDevice,
+            Tier::NvLink,
+            Tier::Host,
+            Tier::Leaf,
+            Tier::Pod,
+            Tier::Aggregation,
+        ]
+        .map(|t| net.tier_cost(t));
+        Self {
+            q: *q,
+            net: Positions {
+                net,
+                order: topo.then(|| h.order()),
+                tier_cost,
+            },
+            topo,
+            free: vec![0.0; h.len()],
+        }
+    }
+
+    fn finish(&self) -> f64 {
+        self.free.iter().copied().fold(0.0, f64::max)
+    }
+
+    fn p(&self) -> usize {
+        self.q.hierarchy.len()
+    }
+
+    /// Every member, in the order flat schedules use.
+    fn flat_group(&self) -> Vec<usize> {
+        (0..self.p()).collect()
+    }
+
+    fn root_position(&self) -> usize {
+        if self.topo && self.q.collective.rooted() {
+            self.q.hierarchy.position(self.q.root)
+        } else {
+            self.q.root
+        }
+    }
+
+    /// Ring reduce-scatter (`reduces`) or all-gather phases over `groups` at once; the member
+    /// at position x holds `len[x]` elements in all, split into d blocks. When some block is
+    /// empty its steps are skipped, which the closed form cannot express: such a phase runs on
+    /// the engine (if it is small enough to build).
+    fn ring(&mut self, groups: &[Vec<usize>], len: &[usize], reduces: bool) -> Result<(), String> {
+        if groups.iter().any(|g| g.iter().any(|&x| len[x] < g.len())) {
+            return self.materialized(groups, len, |d, me, n| {
+                let blocks = Blocks::split(Buf::Output, 0, n, d);
+                let mut s = RankSchedule::default();
+                if reduces {
+                    let input = Blocks::split(Buf::Input, 0, n, d);
+                    let partials = builders::Partials::In(blocks);
+                    builders::ring_reduce_scatter_core(
+                        &mut s,
+                        d,
+                        me,
+                        input,
+                        partials,
+                        blocks.one(me),
+                    );
+                } else {
+                    builders::ring_all_gather_core(&mut s, d, me, blocks.one(me), blocks);
+                }
+                s
+            });
+        }
+        let eb = self.q.elem_bytes as f64;
+        // One step's messages: each member's link, and the shared uplinks it crosses (most
+        // cross none), counted across every group.
+        let mut sharing: std::collections::HashMap<u64, u32> = Default::default();
+        let mut links = Vec::new();
+        let mut crossing: Vec<(usize, Uplink)> = Vec::new();
+        let mut ups = Vec::new();
+        for g in groups {
+            for (i, &x) in g.iter().enumerate() {
+                let y = g[(i + 1) % g.len()];
+                links.push(self.net.link(x, y));
+                self.net.uplinks(x, y, &mut ups);
+                for u in &ups {
+                    *sharing.entry(u.id).or_insert(0) += 1;
+                    crossing.push((links.len() - 1, *u));
+                }
+            }
+        }
+        // The slowest uplink share of each crossing message.
+        let mut uplink_beta = vec![0.0f64; links.len()];
+        for (k, u) in &crossing {
+            let b = u.shared_beta(sharing.get(&u.id).copied().unwrap_or(1));
+            uplink_beta[*k] = uplink_beta[*k].max(b);
+        }
+        let mut k = 0;
+        for g in groups {
+            let d = g.len();
+            let mut w: f64 = 0.0;
+            for &x in g {
+                let link = links[k];
+                let beta = link.beta.max(uplink_beta[k]);
+                k += 1;
+                let bytes = len[x].div_ceil(d) as f64 * eb;
+                let send = link.alpha + bytes * beta;
+                let recv = send + if reduces { bytes * link.gamma } else { 0.0 };
+                // Member i's step holds its send; member i + 1's, its receive from i.
+                w = w.max(send).max(recv);
+            }
+            if d < 2 {
+                continue;
+            }
+            let start = g.iter().map(|&x| self.free[x]).fold(0.0, f64::max);
+            for &x in g {
+                self.free[x] = start + (d - 1) as f64 * w;
+            }
+        }
+        Ok(())
+    }
+
+    /// Pairwise-exchange reduce-scatter over all ranks of `total` elements split into p
+    /// blocks (empty blocks are not sent): step by step up to [`PAIRWISE_STEPWISE_MAX`]
+    /// ranks, in closed form beyond (topology order only).
+    fn pairwise(&mut self, total: usize) -> Result<(), String> {
+        let p = self.p();
+        if p <= PAIRWISE_STEPWISE_MAX {
+            self.pairwise_stepwise(total);
+            Ok(())
+        } else if self.topo || self.q.hierarchy.is_launcher_order() {
+            self.pairwise_closed(total);
+            Ok(())
+        } else {
+            Err(format!(
+                "not priced above {PAIRWISE_STEPWISE_MAX} ranks in launcher order: a pairwise \
+                 exchange costs O(p²) to price there"
+            ))
+        }
+    }
+
+    /// Pairwise exchange in closed form, every rank in step: step k (rank x to x + k) takes
+    /// its slowest message, which crosses the most expensive tier of the communicator or the
+    /// most shared uplink. Each group of an oversubscribed level is a run of positions; the
+    /// messages leaving a run of g positions at shift k number g − (g − k)⁺ − (g − p + k)⁺.
+    fn pairwise_closed(&mut self, total: usize) {
+        let p = self.p();
+        let h = self.q.hierarchy;
+        let net = &self.net.net;
+        let eb = self.q.elem_bytes as f64;
+        let bytes = total.div_ceil(p) as f64 * eb;
+        let mut tiers = vec![h.inner_tier()];
+        tiers.extend((0..h.depth()).map(|l| h.level_tier(l)));
+        let worst_tier = tiers
+            .iter()
+            .map(|&t| net.tier_cost(t))
+            .map(|c| c.alpha + bytes * c.beta)
+            .fold(0.0, f64::max);
+        let top = net.tier_cost(*tiers.last().unwrap_or(&h.inner_tier()));
+        // (group size, uplink) of every group of an oversubscribed level.
+        let mut shared: Vec<(usize, Uplink)> = Vec::new();
+        for l in 0..h.depth() {
+            let link = self.q.costs.link(h.level_tier(l));
+            if link.oversubscription > 1.0 {
+                for &g in h.group_sizes(l) {
+                    let g = g as usize;
+                    shared.push((
+                        g,
+                        Uplink {
+                            id: 0,
+                            seconds_per_byte: link.oversubscription
+                                / (g as f64 * link.bandwidth_gbps * 1e9),
+                            shared_efficiency: link.shared_efficiency,
+                        },
+                    ));
+                }
+            }
+        }
+        let mut total_time = 0.0;
+        for k in 1..p {
+            let mut step = worst_tier;
+            for (g, up) in &shared {
+                let g = *g;
+                let leaving = g - g.saturating_sub(k) - g.saturating_sub(p - k);
+                if leaving > 0 {
+                    let beta = up.shared_beta(leaving as u32).max(top.beta);
+                    step = step.max(top.alpha + bytes * beta);
+                }
+            }
+            total_time += step + bytes * top.gamma;
+        }
+        let start = self.finish();
+        self.free.iter_mut().for_each(|t| *t = start + total_time);
+    }
+
+    /// Pairwise exchange step by step on the vector of times, O(p) a step.
+    fn pairwise_stepwise(&mut self, total: usize) {
+        let p = self.p();
+        let eb = self.q.elem_bytes as f64;
+        let mut ups = Vec::new();
+        let mut next = vec![0.0; p];
+        let mut sharing: std::collections::HashMap<u64, u32> = Default::default();
+        for k in 1..p {
+            sharing.clear();
+            for x in (0..p).filter(|x| block(total, p, (x + k) % p).1 > 0) {
+                self.net.uplinks(x, (x + k) % p, &mut ups);
+                for u in &ups {
+                    *sharing.entry(u.id).or_insert(0) += 1;
+                }
+            }
+            next.copy_from_slice(&self.free);
+            for x in 0..p {
+                let y = (x + k) % p;
+                let bytes = block(total, p, y).1 as f64 * eb;
+                if bytes == 0.0 {
+                    continue;
+                }
+                let link = self.net.link(x, y);
+                self.net.uplinks(x, y, &mut ups);
+                let beta = ups.iter().fold(link.beta, |b, u| {
+                    b.max(u.shared_beta(sharing.get(&u.id).copied().unwrap_or(1)))
+                });
+                let arrive = self.free[x].max(self.free[y]) + link.alpha + bytes * beta;
+                next[x] = next[x].max(arrive);
+                next[y] = next[y].max(arrive + bytes * link.gamma);
+            }
+            std::mem::swap(&mut self.free, &mut next);
+        }
+    }
+
+    /// Prices schedules (one per position) on the engine from the current times.
+    fn run(&mut self, scheds: &[Compact]) -> Result<(), String> {
+        self.free = lockstep::time(scheds, &self.net, self.q.elem_bytes as f64, &self.free)?;
+        Ok(())
+    }
+
+    /// Builds every position's schedule with `build(x)`, keeping only what timing needs, and
+    /// refuses once they hold more than [`MAX_MATERIALIZED_OPS`] transfers.
+    fn compact(
+        &self,
+        mut build: impl FnMut(usize) -> Result<RankSchedule, String>,
+    ) -> Result<Vec<Compact>, String> {
+        let p = self.p();
+        let mut out = Vec::with_capacity(p);
+        let mut total = 0usize;
+        for x in 0..p {
+            let c = Compact::new(&build(x)?);
+            total += c.len();
+            if total > MAX_MATERIALIZED_OPS
+                || (x == 0 && c.len().saturating_mul(p) > 2 * MAX_MATERIALIZED_OPS)
+            {
+                return Err(too_big(c.len().saturating_mul(p)));
+            }
+            out.push(c);
+        }
+        Ok(out)
+    }
+
+    /// Builds position `x`'s whole schedule for the query at `count` elements.
+    fn build(&self, x: usize, count: usize) -> Result<RankSchedule, String> {
+        let q = &self.q;
+        if q.algorithm.is_hierarchical() {
+            let r = q.hierarchy.order()[x];
+            let mut s = plan_on(
+                &Plan {
+                    collective: q.collective,
+                    algorithm: q.algorithm,
+                    nranks: self.p(),
+                    rank: r,
+                    count,
+                    root: q.root,
+                    chunk_elems: q.chunk_elems,
+                },
+                q.hierarchy,
+                true,
+            )
+            .map_err(|e| e.to_string())?;
+            let pos = |r: usize| q.hierarchy.position(r);
+            s.map_peers(pos);
+            return Ok(s);
+        }
+        builders::build(
+            q.collective,
+            q.algorithm.normalized(),
+            self.p(),
+            x,
+            count,
+            self.root_position(),
+            q.chunk_elems.max(1),
+        )
+        .ok_or_else(|| PlanError::Unsupported(q.collective, q.algorithm).to_string())
+    }
+
+    /// The whole schedule on the engine, refused early when it would be too big.
+    fn whole(&mut self) -> Result<(), String> {
+        self.whole_at(self.q.count)
+    }
+
+    fn whole_at(&mut self, count: usize) -> Result<(), String> {
+        let scheds = self.compact(|x| self.build(x, count))?;
+        self.run(&scheds)
+    }
+
+    /// A schedule pipelined in chunks (double binary tree, chain): once its pipeline is full
+    /// every further chunk adds the same time (in a steady state that repeats every one, two
+    /// or four chunks), so it is priced on the engine with enough chunks to fill the pipeline
+    /// and extended linearly. Whole chunks are taken off the front, so the last, partial
+    /// chunk stays as it is.
+    fn pipelined(&mut self) -> Result<(), String> {
+        const PERIOD: usize = 4;
+        let q = self.q;
+        let chunk = q.chunk_elems.max(1);
+        // Pipelines side by side: the tree runs one per half of the buffer.
+        let lanes = if q.collective == Collective::AllReduce {
+            2
+        } else {
+            1
+        };
+        let chunks = block(q.count, lanes, 0).1.div_ceil(chunk);
+        let fill = 4 * prev_log2(self.p()) + 8;
+        if chunks <= fill + 2 * PERIOD {
+            return self.whole();
+        }
+        // Price with `fill .. fill + PERIOD` chunks, aligned so that the chunks left out are
+        // a whole number of periods.
+        let left_out = (chunks - fill) / PERIOD * PERIOD;
+        let start = self.free.clone();
+        self.whole_at(q.count - left_out * lanes * chunk)?;
+        let long = self.finish();
+        self.free.clone_from(&start);
+        self.whole_at(q.count - (left_out + PERIOD) * lanes * chunk)?;
+        let short = self.finish();
+        let total = long + (left_out / PERIOD) as f64 * (long - short);
+        self.free.iter_mut().for_each(|t| *t = total);
+        Ok(())
+    }
+
+    /// A reduce-scatter then an all-gather over the same blocks: ring and pairwise halves
+    /// priced as phases, the others on the engine.
+    fn composed(&mut self, rs: ReduceScatterPart, ag: AllGatherPart) -> Result<(), String> {
+        let (p, n) = (self.p(), self.q.count);
+        match rs {
+            ReduceScatterPart::Ring => self.ring(&[self.flat_group()], &vec![n; p], true)?,
+            ReduceScatterPart::Pairwise => self.pairwise(n)?,
+            ReduceScatterPart::Halving => {
+                let input = Blocks::split(Buf::Input, 0, n, p);
+                let out = Blocks::split(Buf::Output, 0, n, p);
+                let scheds = self.compact(|x| {
+                    let mut s = RankSchedule::default();
+                    builders::halving_reduce_scatter_core(&mut s, p, x, input, out, out.one(x));
+                    Ok(s)
+                })?;
+                self.run(&scheds)?;
+            }
+        }
+        match ag {
+            AllGatherPart::Ring => self.ring(&[self.flat_group()], &vec![n; p], false)?,
+            AllGatherPart::Doubling | AllGatherPart::Bruck => {
+                let out = Blocks::split(Buf::Output, 0, n, p);
+                let core = if ag == AllGatherPart::Doubling {
+                    builders::doubling_all_gather_core
+                } else {
+                    builders::bruck_all_gather_core
+                };
+                let scheds = self.compact(|x| {
+                    let mut s = RankSchedule::default();
+                    core(&mut s, p, x, out.one(x), out);
+                    Ok(s)
+                })?;
+                self.run(&scheds)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The hierarchical all-reduce of `crate::builders::hier`, level by level.
+    fn hier_all_reduce(&mut self, part: HierPart) -> Result<(), String> {
+        let h = self.q.hierarchy;
+        let algorithm = Algorithm::Hierarchical(part);
+        let dims: Vec<usize> = h
+            .dims()
+            .ok_or_else(|| PlanError::NotHierarchical(algorithm, h.describe()).to_string())?
+            .iter()
+            .map(|d| d.0)
+            .collect();
+        let p = self.p();
+        let m = dims.len();
+        if m == 0 {
+            return Ok(());
+        }
+        let mut stride = vec![1; m];
+        for l in 1..m {
+            stride[l] = stride[l - 1] * dims[l - 1];
+        }
+        let coord = |x: usize, l: usize| (x / stride[l]) % dims[l];
+        let groups = |l: usize| -> Vec<Vec<usize>> {
+            (0..p)
+                .filter(|&x| coord(x, l) == 0)
+                .map(|base| (0..dims[l]).map(|k| base + k * stride[l]).collect())
+                .collect()
+        };
+        // Elements each position holds entering level l (its shard of the levels below).
+        let mut len = vec![self.q.count; p];
+        let mut shards = Vec::with_capacity(m);
+        for (l, &d_l) in dims.iter().enumerate().take(m - 1) {
+            let gs = groups(l);
+            match part {
+                HierPart::Rhd => self.materialized(&gs, &len, |d, me, n| {
+                    let input = Blocks::split(Buf::Input, 0, n, d);
+                    let acc = Blocks::split(Buf::Output, 0, n, d);
+                    let mut s = RankSchedule::default();
+                    builders::halving_reduce_scatter_core(&mut s, d, me, input, acc, acc.one(me));
+                    s
+                })?,
+                _ => self.ring(&gs, &len, true)?,
+            }
+            shards.push(len.clone());
+            for (x, n) in len.iter_mut().enumerate() {
+                *n = block(*n, d_l, coord(x, l)).1;
+            }
+        }
+        let top = groups(m - 1);
+        let chunk = self.q.chunk_elems.max(1);
+        match part {
+            HierPart::Ring => {
+                self.ring(&top, &len, true)?;
+                self.ring(&top, &len, false)?;
+            }
+            HierPart::Rhd => self.materialized(&top, &len, builders::rabenseifner_all_reduce)?,
+            HierPart::Tree => self.materialized(&top, &len, |d, me, n| {
+                builders::double_binary_tree_all_reduce(d, me, n, chunk)
+            })?,
+        }
+        for l in (0..m - 1).rev() {
+            let gs = groups(l);
+            let len = &shards[l];
+            match part {
+                HierPart::Rhd => self.materialized(&gs, len, |d, me, n| {
+                    let out = Blocks::split(Buf::Output, 0, n, d);
+                    let mut s = RankSchedule::default();
+                    builders::doubling_all_gather_core(&mut s, d, me, out.one(me), out);
+                    s
+                })?,
+                _ => self.ring(&gs, len, false)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// One phase built per group member by `build(d, me, elements)` and run on the engine.
+    fn materialized(
+        &mut self,
+        groups: &[Vec<usize>],
+        len: &[usize],
+        build: impl Fn(usize, usize, usize) -> RankSchedule,
+    ) -> Result<(), String> {
+        // Each position's group and its index in it.
+        let mut member = vec![(0, 0); self.p()];
+        for (gi, g) in groups.iter().enumerate() {
+            for (me, &x) in g.iter().enumerate() {
+                member[x] = (gi, me);
+            }
+        }
+        let scheds = self.compact(|x| {
+            let (gi, me) = member[x];
+            let g = &groups[gi];
+            let mut s = build(g.len(), me, len[x]);
+            s.map_peers(|k| g[k]);
+            Ok(s)
+        })?;
+        self.run(&scheds)
+    }
+}
+
+/// ⌊lg p⌋.
+fn prev_log2(p: usize) -> usize {
+    (usize::BITS - 1 - p.max(1).leading_zeros()) as usize
+}
+
+fn too_big(ops: usize) -> String {
+    format!(
+        "not priced: its schedules hold {ops} operations, more than fast pricing builds \
+         ({MAX_MATERIALIZED_OPS})"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hierarchy::tests::fat_tree;
+    use crate::tuner::tests::emulated_costs;
+
+    fn query(h: &Hierarchy, costs: TierCosts, algorithm: Algorithm, count: usize) -> Query<'_> {
+        Query {
+            hierarchy: h,
+            costs,
+            ordered: true,
+            collective: Collective::AllReduce,
+            algorithm,
+            count,
+            elem_bytes: 4,
+            root: 0,
+            chunk_elems: 1 << 17,
+        }
+    }
+
+    /// The closed form of a pairwise exchange (used above 2,048 ranks) against the step by step
+    /// one, on a fat tree whose leaf and pod uplinks are oversubscribed.
+    #[test]
+    fn pairwise_closed_form_matches_step_by_step() {
+        for (per_host, hosts, leaves, pods) in [(4, 2, 4, 2), (8, 2, 12, 3), (2, 4, 6, 1)] {
+            let h = fat_tree(per_host, hosts, leaves, pods, None);
+            for total in [64 * h.len(), 1 << 22] {
+                let q = query(&h, emulated_costs(), Algorithm::Pairwise, 0);
+                let mut a = Pricer::new(&q);
+                a.pairwise_stepwise(total);
+                let mut b = Pricer::new(&q);
+                b.pairwise_closed(total);
+                let (x, y) = (a.finish(), b.finish());
+                assert!(
+                    (y / x - 1.0).abs() < 0.01,
+                    "{} ranks, {total}: {x} vs {y}",
+                    h.len()
+                );
+            }
+        }
+    }
+
+    /// The closed form of ring phases against the same phases run message by message on the
+    /// engine, with contended uplinks.
+    #[test]
+    fn ring_closed_form_matches_the_engine() {
+        let h = fat_tree(2, 2, 4, 2, None);
+        let q = query(&h, emulated_costs(), Algorithm::Ring, 1 << 20);
+        let group = (0..h.len()).collect::<Vec<_>>();
+        let len = vec![1 << 20; h.len()];
+        for reduces in [true, false] {
+            let mut closed = Pricer::new(&q);
+            closed
+                .ring(std::slice::from_ref(&group), &len, reduces)
+                .unwrap();
+            let mut engine = Pricer::new(&q);
+            engine
+                .materialized(std::slice::from_ref(&group), &len, |d, me, n| {
+                    let blocks = Blocks::split(Buf::Output, 0, n, d);
+                    let mut s = RankSchedule::default();
+                    if reduces {
+                        let input = Blocks::split(Buf::Input, 0, n, d);
+                        builders::ring_reduce_scatter_core(
+                            &mut s,
+                            d,
+                            me,
+                            input,
+                            builders::Partials::In(blocks),
+                            blocks.one(me),
+                        );
+                    } else {
+                        builders::ring_all_gather_core(&mut s, d, me, blocks.one(me), blocks);
+                    }
+                    s
+                })
+                .unwrap();
+            let (x, y) = (engine.finish(), closed.finish());
+            assert!((y / x - 1.0).abs() < 0.01, "reduces={reduces}: {x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_price_and_prices_one_rank_at_zero() {
+        let h = fat_tree(1, 2, 3, 1, None);
+        // Six ranks, one per host: hierarchical schedules run; an unsupported pair does not.
+        let mut q = query(&h, emulated_costs(), Algorithm::Bruck, 1024);
+        assert!(price(&q).unwrap_err().contains("bruck"));
+        q.collective = Collective::AllGather;
+        assert!(price(&q).unwrap() > 0.0);
+        let one = Hierarchy::single_host(1);
+        assert_eq!(
+            price(&query(&one, emulated_costs(), Algorithm::Ring, 8)),
+            Ok(0.0)
+        );
+    }
+}
