@@ -17,8 +17,8 @@ use strata_topology::fabric::TierCosts;
 use crate::cost::{FabricModel, price};
 use crate::hierarchy::Hierarchy;
 use crate::schedule::Collective;
-use crate::sim;
 use crate::{Algorithm, algorithms_for};
+use crate::{scale, sim};
 
 /// Element size the tuner prices with (the size class is in bytes, so this only sets the
 /// granularity of blocks).
@@ -27,9 +27,14 @@ const PRICE_ELEM_BYTES: usize = 4;
 /// The pipeline chunk schedules are priced with (the runtime's default `STRATA_CHUNK_SIZE`).
 const CHUNK_BYTES: usize = 512 << 10;
 
-/// Above this many ranks the tuner prices only algorithms whose schedules have O(log p)
-/// steps plus the ring and the hierarchical ones, to bound the work at init.
-pub const FULL_PRICING_MAX_RANKS: usize = 256;
+/// Up to this many ranks prices come from the full flow-level simulation; above it from fast
+/// pricing ([`crate::scale`]), which is checked against it.
+pub const FULL_SIMULATION_MAX_RANKS: usize = 64;
+
+/// Above this many ranks, the first call of a size class that no tuning-file rule covers
+/// prices only the algorithms priced in closed form (rings, hierarchical rings), in
+/// milliseconds; `collbench explain --write-tuning` prices every algorithm ahead of time.
+pub const RUNTIME_PRICING_MAX_RANKS: usize = 1024;
 
 /// A tuning-file rule: use `algorithm` for `collective` when the bytes per rank are in
 /// `[min_bytes, max_bytes]`.
@@ -52,10 +57,10 @@ pub struct Priced {
     pub algorithm: Algorithm,
     /// Predicted seconds, or why it cannot run here.
     pub seconds: Result<f64, String>,
-    /// Steps of the longest rank schedule.
-    pub steps: usize,
-    /// Most messages that share one uplink in one step.
-    pub max_sharing: u32,
+    /// Steps of the longest rank schedule (full simulation only).
+    pub steps: Option<usize>,
+    /// Most messages that share one uplink in one step (full simulation only).
+    pub max_sharing: Option<u32>,
 }
 
 /// Why the tuner chose what it chose.
@@ -90,13 +95,14 @@ impl Explanation {
         );
         for p in &self.ranked {
             let mark = if p.algorithm == self.chosen { "*" } else { " " };
+            let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
             match &p.seconds {
                 Ok(s) => out.push_str(&format!(
                     "{mark}{:<21} {:>14} {:>7} {:>9}\n",
                     p.algorithm.name(),
                     human_seconds(*s),
-                    p.steps,
-                    p.max_sharing
+                    or_dash(p.steps.map(|v| v.to_string())),
+                    or_dash(p.max_sharing.map(|v| v.to_string()))
                 )),
                 Err(e) => out.push_str(&format!(" {:<21} {e}\n", p.algorithm.name())),
             }
@@ -135,6 +141,12 @@ impl Tuner {
         self
     }
 
+    /// A tuner for the same communicator with `rules` instead of this one's (and an empty
+    /// cache).
+    pub fn clone_with_rules(&self, rules: Vec<Rule>) -> Self {
+        Self::new(self.hierarchy.clone(), self.costs, self.ordered).with_rules(rules)
+    }
+
     /// The hierarchy it prices on.
     pub fn hierarchy(&self) -> &Hierarchy {
         &self.hierarchy
@@ -160,7 +172,7 @@ impl Tuner {
         if let Some(a) = self.cache.lock().ok().and_then(|c| c.get(&key).copied()) {
             return a;
         }
-        let chosen = self.explain(collective, class_bytes(class)).chosen;
+        let chosen = self.decide(collective, class_bytes(class), false).chosen;
         if let Ok(mut c) = self.cache.lock() {
             c.insert(key, chosen);
         }
@@ -173,44 +185,60 @@ impl Tuner {
             .find(|r| r.collective == collective && (r.min_bytes..=r.max_bytes).contains(&bytes))
     }
 
-    /// Prices `algorithm` for `collective` at `bytes` per rank on this fabric.
+    /// Prices `algorithm` for `collective` at `bytes` per rank on this fabric: by the full
+    /// simulation up to [`FULL_SIMULATION_MAX_RANKS`], else by fast pricing.
     pub fn price(&self, collective: Collective, algorithm: Algorithm, bytes: usize) -> Priced {
+        let p = self.hierarchy.len();
+        let count = bytes.div_ceil(PRICE_ELEM_BYTES);
+        let chunk = CHUNK_BYTES / PRICE_ELEM_BYTES;
+        if p > FULL_SIMULATION_MAX_RANKS {
+            let seconds = scale::price(&scale::Query {
+                hierarchy: &self.hierarchy,
+                costs: self.costs,
+                ordered: self.ordered,
+                collective,
+                algorithm,
+                count,
+                elem_bytes: PRICE_ELEM_BYTES,
+                root: 0,
+                chunk_elems: chunk,
+            });
+            return Priced {
+                algorithm,
+                seconds,
+                steps: None,
+                max_sharing: None,
+            };
+        }
         let net = FabricModel {
             hierarchy: &self.hierarchy,
             costs: self.costs,
         };
-        let p = self.hierarchy.len();
-        let count = bytes.div_ceil(PRICE_ELEM_BYTES);
-        let chunk = CHUNK_BYTES / PRICE_ELEM_BYTES;
-        let priced = if p > FULL_PRICING_MAX_RANKS && !cheap_to_price(algorithm) {
-            Err(format!("not priced above {FULL_PRICING_MAX_RANKS} ranks"))
-        } else {
-            sim::schedules_on(
-                collective,
-                algorithm,
-                &self.hierarchy,
-                self.ordered,
-                count,
-                0,
-                chunk,
-            )
-            .and_then(|s| {
-                let est = price(&s, PRICE_ELEM_BYTES, &net)?;
-                Ok((est.seconds, s))
-            })
-        };
+        let priced = sim::schedules_on(
+            collective,
+            algorithm,
+            &self.hierarchy,
+            self.ordered,
+            count,
+            0,
+            chunk,
+        )
+        .and_then(|s| {
+            let est = price(&s, PRICE_ELEM_BYTES, &net)?;
+            Ok((est.seconds, s))
+        });
         match priced {
             Ok((seconds, s)) => Priced {
                 algorithm,
                 seconds: Ok(seconds),
-                steps: s.iter().map(|x| x.steps.len()).max().unwrap_or(0),
-                max_sharing: sim::max_sharing(&s, &net),
+                steps: Some(s.iter().map(|x| x.steps.len()).max().unwrap_or(0)),
+                max_sharing: Some(sim::max_sharing(&s, &net)),
             },
             Err(e) => Priced {
                 algorithm,
                 seconds: Err(e),
-                steps: 0,
-                max_sharing: 0,
+                steps: None,
+                max_sharing: None,
             },
         }
     }
@@ -218,9 +246,31 @@ impl Tuner {
     /// Prices every algorithm for `collective` at `bytes` per rank and says which it would
     /// choose and why.
     pub fn explain(&self, collective: Collective, bytes: usize) -> Explanation {
+        self.decide(collective, bytes, true)
+    }
+
+    /// [`Tuner::explain`]; unless `thorough`, a communicator above
+    /// [`RUNTIME_PRICING_MAX_RANKS`] prices only what costs O(p) to price, so that no call
+    /// stalls on pricing.
+    fn decide(&self, collective: Collective, bytes: usize, thorough: bool) -> Explanation {
+        let quick = !thorough && self.hierarchy.len() > RUNTIME_PRICING_MAX_RANKS;
         let mut ranked: Vec<Priced> = algorithms_for(collective)
             .iter()
-            .map(|&a| self.price(collective, a, bytes))
+            .map(|&a| {
+                if quick && !priced_in_closed_form(collective, a) {
+                    Priced {
+                        algorithm: a,
+                        seconds: Err(format!(
+                            "not priced at run time above {RUNTIME_PRICING_MAX_RANKS} ranks \
+                             (write a tuning file with collbench explain --write-tuning)"
+                        )),
+                        steps: None,
+                        max_sharing: None,
+                    }
+                } else {
+                    self.price(collective, a, bytes)
+                }
+            })
             .collect();
         // Cheapest first; ties keep the default order; unpriced last.
         ranked.sort_by(|x, y| match (&x.seconds, &y.seconds) {
@@ -280,10 +330,16 @@ impl Tuner {
     }
 }
 
-/// Algorithms whose schedules have O(log p) steps per rank, or that the tuner must always
-/// consider (ring, hierarchical).
-fn cheap_to_price(a: Algorithm) -> bool {
-    !matches!(a, Algorithm::Composed(..) | Algorithm::Pairwise)
+/// Whether fast pricing prices `algorithm` for `collective` in closed form (O(p), whatever
+/// the step count): ring phases, alone or along the hierarchy's rails.
+fn priced_in_closed_form(collective: Collective, algorithm: Algorithm) -> bool {
+    match (collective, algorithm.normalized()) {
+        (Collective::AllReduce, Algorithm::Hierarchical(crate::HierPart::Ring)) => true,
+        (Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter, a) => {
+            a == Algorithm::Ring
+        }
+        _ => false,
+    }
 }
 
 /// The size class of `bytes`: ⌈lg bytes⌉ (0 for 0 and 1).
@@ -324,7 +380,7 @@ pub fn human_seconds(s: f64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::HierPart;
     use crate::hierarchy::tests::fat_tree;
@@ -360,7 +416,7 @@ mod tests {
         let t = |tu: &Tuner, a: Algorithm| {
             let e = tu.explain(Collective::AllReduce, bytes);
             let p = e.ranked.iter().find(|p| p.algorithm == a).unwrap().clone();
-            (p.seconds.unwrap(), p.max_sharing)
+            (p.seconds.unwrap(), p.max_sharing.unwrap())
         };
         let (blind_ring, blind_share) = t(&blind, Algorithm::Ring);
         let (ordered_ring, ordered_share) = t(&ordered, Algorithm::Ring);
@@ -389,7 +445,7 @@ mod tests {
         let tu = Tuner::new(h, emulated_costs(), true);
         let small = tu.explain(Collective::AllReduce, 8);
         let best = small.ranked[0].clone();
-        assert!(best.steps <= 6, "{}", small.render());
+        assert!(best.steps.unwrap() <= 6, "{}", small.render());
         assert_eq!(tu.choose(Collective::AllReduce, 5), best.algorithm);
         assert_eq!(tu.choose(Collective::AllReduce, 8), best.algorithm);
         assert_eq!(tu.cache.lock().unwrap().len(), 1);
