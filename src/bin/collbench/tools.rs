@@ -23,6 +23,17 @@ pub(super) struct ExplainArgs {
     /// Price flat schedules in launcher order (STRATA_RANK_ORDER=launcher).
     #[arg(long = "launcher-order")]
     launcher_order: bool,
+    /// Price every size class from --min-size up to --size for every collective in --ops
+    /// and write the choices as a tuning file (STRATA_TUNING_FILE), so that no rank prices
+    /// anything at run time.
+    #[arg(long = "write-tuning")]
+    write_tuning: Option<std::path::PathBuf>,
+    /// With --write-tuning: the collectives, comma separated.
+    #[arg(long, default_value = "all_reduce,all_gather,reduce_scatter,broadcast")]
+    ops: String,
+    /// With --write-tuning: the smallest size priced (bytes per rank).
+    #[arg(long = "min-size", default_value = "8", value_parser = parse_size)]
+    min_size: usize,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -126,58 +137,14 @@ pub(super) fn layout_main(a: &LayoutArgs) -> ExitCode {
 
 /// `collbench explain`.
 pub(super) fn explain_main(a: &ExplainArgs) -> ExitCode {
-    use strata::algorithms::Hierarchy;
-    use strata::algorithms::tuner::{Tuner, human_bytes};
-    use strata::topology::{Tier, TierCosts, fabric};
+    use strata::algorithms::tuner::human_bytes;
     let run = || -> Result<String, String> {
+        let (tuner, source) = explain_tuner(a)?;
+        if let Some(path) = &a.write_tuning {
+            return write_tuning(a, &tuner, path);
+        }
         let collective =
             Collective::parse(&a.op).ok_or_else(|| format!("unknown collective '{}'", a.op))?;
-        let path = a
-            .topo_file
-            .clone()
-            .or_else(|| std::env::var_os("STRATA_TOPO_FILE").map(Into::into));
-        let (hierarchy, costs, source) = match path {
-            Some(path) => {
-                let fab = fabric::load_file(&path).map_err(|e| e.to_string())?;
-                let np = a.np.unwrap_or(fab.ranks().min(256));
-                if np == 0 || np > fab.ranks() {
-                    return Err(format!("--np {np}: the fabric has {} devices", fab.ranks()));
-                }
-                let per_host = fab.gpus_per_host.max(1);
-                let devices = if a.cyclic {
-                    cyclic_devices(np, per_host, &fab)
-                } else {
-                    (0..np).collect()
-                };
-                let keys: Vec<Vec<String>> = devices
-                    .iter()
-                    .map(|&d| {
-                        let host = d / per_host;
-                        let place = fab.place(host).unwrap_or(fabric::Place { pod: 0, leaf: 0 });
-                        vec![
-                            format!("{:06}", place.pod),
-                            format!("{:06}", place.leaf),
-                            format!("{host:08}"),
-                        ]
-                    })
-                    .collect();
-                let tier = |x: usize, y: usize| {
-                    fab.rank_tier(devices[x], devices[y])
-                        .unwrap_or(Tier::Aggregation)
-                };
-                let h = Hierarchy::from_keys(&keys, tier);
-                (h, fab.tiers, path.display().to_string())
-            }
-            None => {
-                let np = a.np.unwrap_or(8);
-                (
-                    Hierarchy::single_host(np),
-                    TierCosts::default(),
-                    "one host".into(),
-                )
-            }
-        };
-        let tuner = Tuner::new(hierarchy, costs, !a.launcher_order);
         let e = tuner.explain(collective, a.size);
         Ok(format!(
             "# collbench explain: {collective}, {} per rank, fabric {source}{}\n{}",
@@ -200,6 +167,132 @@ pub(super) fn explain_main(a: &ExplainArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The tuner of the communicator `collbench explain` describes, and where its fabric came
+/// from.
+fn explain_tuner(a: &ExplainArgs) -> Result<(strata::algorithms::tuner::Tuner, String), String> {
+    use strata::algorithms::Hierarchy;
+    use strata::algorithms::tuner::Tuner;
+    use strata::topology::{Tier, TierCosts, fabric};
+    let path = a
+        .topo_file
+        .clone()
+        .or_else(|| std::env::var_os("STRATA_TOPO_FILE").map(Into::into));
+    let (hierarchy, costs, source) = match path {
+        Some(path) => {
+            let fab = fabric::load_file(&path).map_err(|e| e.to_string())?;
+            let np = a.np.unwrap_or(fab.ranks().min(256));
+            if np == 0 || np > fab.ranks() {
+                return Err(format!("--np {np}: the fabric has {} devices", fab.ranks()));
+            }
+            let per_host = fab.gpus_per_host.max(1);
+            let devices = if a.cyclic {
+                cyclic_devices(np, per_host, &fab)
+            } else {
+                (0..np).collect()
+            };
+            let keys: Vec<Vec<String>> = devices
+                .iter()
+                .map(|&d| {
+                    let host = d / per_host;
+                    let place = fab.place(host).unwrap_or(fabric::Place { pod: 0, leaf: 0 });
+                    vec![
+                        format!("{:06}", place.pod),
+                        format!("{:06}", place.leaf),
+                        format!("{host:08}"),
+                    ]
+                })
+                .collect();
+            let tier = |x: usize, y: usize| {
+                fab.rank_tier(devices[x], devices[y])
+                    .unwrap_or(Tier::Aggregation)
+            };
+            let h = Hierarchy::from_keys(&keys, tier);
+            (h, fab.tiers, path.display().to_string())
+        }
+        None => {
+            let np = a.np.unwrap_or(8);
+            (
+                Hierarchy::single_host(np),
+                TierCosts::default(),
+                "one host".into(),
+            )
+        }
+    };
+    Ok((Tuner::new(hierarchy, costs, !a.launcher_order), source))
+}
+
+/// `collbench explain --write-tuning`: the choice of every size class of every collective,
+/// runs of equal choices merged into one rule, written as a tuning file.
+fn write_tuning(
+    a: &ExplainArgs,
+    tuner: &strata::algorithms::tuner::Tuner,
+    path: &std::path::Path,
+) -> Result<String, String> {
+    use strata::algorithms::tuner::{class_bytes, human_bytes, size_class};
+    let started = std::time::Instant::now();
+    let (first, last) = (size_class(a.min_size), size_class(a.size.max(a.min_size)));
+    let mut rules = Vec::new();
+    let mut report = String::new();
+    for op in a.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+        let collective =
+            Collective::parse(op).ok_or_else(|| format!("unknown collective '{op}'"))?;
+        // (first class, algorithm) of the current run of equal choices.
+        let mut run: Option<(u32, String)> = None;
+        for class in first..=last {
+            let chosen = tuner.explain(collective, class_bytes(class)).chosen.name();
+            report.push_str(&format!(
+                "{collective} {:>9}: {chosen}\n",
+                human_bytes(class_bytes(class))
+            ));
+            match &run {
+                Some((_, alg)) if *alg == chosen => {}
+                _ => {
+                    if let Some((from, alg)) = run.take() {
+                        rules.push(tuning_rule(collective, from, class - 1, first, false, &alg));
+                    }
+                    run = Some((class, chosen));
+                }
+            }
+        }
+        if let Some((from, alg)) = run {
+            // The last run stays open-ended: beyond the largest size priced, the choice for
+            // bandwidth-bound messages holds.
+            rules.push(tuning_rule(collective, from, last, first, true, &alg));
+        }
+    }
+    let text = serde_json::to_string_pretty(&serde_json::json!({ "rules": rules }))
+        .map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(format!(
+        "# collbench explain --write-tuning: {} ranks, {} rules written to {} in {:.1} s\n{report}",
+        tuner.hierarchy().len(),
+        rules.len(),
+        path.display(),
+        started.elapsed().as_secs_f64()
+    ))
+}
+
+/// One tuning-file rule for the size classes `from..=to` (a class c holds the sizes in
+/// (2^(c−1), 2^c]); the first class starts at 0, and an `open` last one has no upper end.
+fn tuning_rule(
+    collective: Collective,
+    from: u32,
+    to: u32,
+    first: u32,
+    open: bool,
+    algorithm: &str,
+) -> serde_json::Value {
+    use strata::algorithms::tuner::class_bytes;
+    let mut rule = serde_json::json!({ "collective": collective.name(), "algorithm": algorithm });
+    if from > first {
+        rule["min_bytes"] = (class_bytes(from - 1) + 1).into();
+    }
+    if !open {
+        rule["max_bytes"] = class_bytes(to).into();
+    }
+    rule
 }
 
 /// The devices of `np` ranks dealt round-robin over the leaves of `fab` (rank r goes to leaf
@@ -442,5 +535,63 @@ pub(super) fn topo_main(t: &TopoArgs) -> ExitCode {
             eprintln!("collbench topo: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        explain: ExplainArgs,
+    }
+
+    /// The written file parses as a tuning file, and its rules pick what the tuner picks for
+    /// every size class it covers (a run of equal choices is one rule).
+    #[test]
+    fn write_tuning_writes_the_tuners_choices() {
+        let dir = std::env::temp_dir().join(format!("collbench-tuning-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tuning.json");
+        let topo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/topology/emulated-fat-tree.toml");
+        let cli = Cli::parse_from([
+            "explain",
+            "--topo-file",
+            topo,
+            "--cyclic",
+            "--size",
+            "16M",
+            "--ops",
+            "all_reduce,broadcast",
+            "--write-tuning",
+            path.to_str().unwrap(),
+        ]);
+        let (tuner, _) = explain_tuner(&cli.explain).unwrap();
+        let report = write_tuning(&cli.explain, &tuner, &path).unwrap();
+        assert!(report.contains("rules written"), "{report}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let rules = strata::tuning::parse_rules(&text).unwrap();
+        let ruled = tuner.clone_with_rules(rules);
+        for collective in [Collective::AllReduce, Collective::Broadcast] {
+            for class in 3..=24 {
+                let bytes = 1usize << class;
+                for b in [bytes / 2 + 1, bytes] {
+                    assert_eq!(
+                        ruled.choose(collective, b),
+                        tuner.explain(collective, bytes).chosen,
+                        "{collective} at {b} B:\n{text}"
+                    );
+                }
+            }
+            // The last rule is open-ended.
+            assert_eq!(
+                ruled.choose(collective, 1 << 30),
+                tuner.explain(collective, 1 << 24).chosen
+            );
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 }
