@@ -23,7 +23,10 @@
 //! 24,576 ranks prices its 191-step pod rings in closed form and its halving and tree phases
 //! on the engine.
 
+mod groups;
 mod lockstep;
+
+pub use groups::{GroupQuery, price_groups};
 
 use lockstep::Compact;
 

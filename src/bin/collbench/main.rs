@@ -93,15 +93,20 @@ enum Subcommand {
     /// Price every algorithm of a collective at one size on a fabric and say which the tuner
     /// picks and why.
     Explain(ExplainArgs),
+    /// Price the communication of one training step of a [TP, CP, PP, DP] job on a fabric,
+    /// for the planned placement and a scattered one.
+    Simulate(SimulateArgs),
 }
 
 mod bench;
 mod device;
 mod launch;
+mod simulate;
 mod tools;
 
 use bench::*;
 use launch::*;
+use simulate::*;
 use tools::*;
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -157,6 +162,7 @@ fn main() -> ExitCode {
         Some(Subcommand::Topo(t)) => return topo_main(t),
         Some(Subcommand::Layout(l)) => return layout_main(l),
         Some(Subcommand::Explain(e)) => return explain_main(e),
+        Some(Subcommand::Simulate(s)) => return simulate_main(s),
         None => {}
     }
     if let Ok(id_hex) = std::env::var(ENV_ID) {

@@ -109,17 +109,7 @@ pub(super) fn layout_main(a: &LayoutArgs) -> ExitCode {
             )?;
         }
         if let Some(seed) = a.scatter {
-            let mut device: Vec<usize> = (0..l.world().min(shape.total)).collect();
-            // Fisher-Yates with a splitmix64 stream: the same seed gives the same order.
-            let mut x = seed;
-            for i in (1..device.len()).rev() {
-                x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = x;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                z ^= z >> 31;
-                device.swap(i, (z % (i as u64 + 1)) as usize);
-            }
+            let device = scattered_devices(l.world().min(shape.total), seed);
             if device.len() == l.world() {
                 show(&format!("scattered launcher order (seed {seed}):"), &device)?;
             }
@@ -133,6 +123,22 @@ pub(super) fn layout_main(a: &LayoutArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Devices `0..n` shuffled by `seed` (Fisher-Yates with a splitmix64 stream: the same seed
+/// gives the same order): a launcher that scatters a job over the fabric.
+pub(super) fn scattered_devices(n: usize, seed: u64) -> Vec<usize> {
+    let mut device: Vec<usize> = (0..n).collect();
+    let mut x = seed;
+    for i in (1..device.len()).rev() {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        device.swap(i, (z % (i as u64 + 1)) as usize);
+    }
+    device
 }
 
 /// `collbench explain`.
@@ -556,7 +562,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("collbench-tuning-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("tuning.json");
-        let topo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/topology/emulated-fat-tree.toml");
+        let topo = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/topology/emulated-fat-tree.toml"
+        );
         let cli = Cli::parse_from([
             "explain",
             "--topo-file",
