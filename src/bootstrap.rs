@@ -241,7 +241,7 @@ pub(crate) enum ConnectKind {
     Control { transport: TransportSetup },
     /// Are you still there? Answered with `Ack`; nothing is set up.
     Probe,
-    /// The watchdog link from the ring predecessor (see `watchdog`).
+    /// A watchdog link from a rank 2^k behind (see `watchdog`).
     Watchdog,
     /// What are you doing? Answered with `Msg::Status` (diagnosing a timeout).
     Status,

@@ -68,7 +68,7 @@ pub struct Config {
     /// Watchdog heartbeat interval (`STRATA_HEARTBEAT_MS`, default 1000; 0 turns the watchdog
     /// off).
     pub heartbeat_interval: Duration,
-    /// Heartbeats a ring neighbour may miss before it is declared stopped or hung
+    /// Heartbeats a watchdog neighbour may miss before it is declared stopped or hung
     /// (`STRATA_HEARTBEAT_MISSES`, default 3).
     pub heartbeat_misses: u32,
     /// Where each rank writes its flight record (the last operations, as JSON) after a fault

@@ -169,8 +169,8 @@ struct ListenerShared {
     ready: Mutex<HashMap<usize, Connection>>,
     streams: Mutex<HashMap<(usize, usize), TcpStream>>,
     cv: Condvar,
-    /// The watchdog link from the ring predecessor, until the watchdog takes it.
-    watchdog_in: Arc<Mutex<Option<TcpStream>>>,
+    /// Watchdog links from the ranks 2^k behind, until the watchdog takes them.
+    watchdog_in: Arc<Mutex<Vec<(usize, TcpStream)>>>,
     /// The communicator's health, whose progress answers status queries.
     health: Arc<Health>,
     /// Shrinks this rank gathers as the lowest survivor, by key.
@@ -217,7 +217,7 @@ impl CommListener {
             ready: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
-            watchdog_in: Arc::new(Mutex::new(None)),
+            watchdog_in: Arc::new(Mutex::new(Vec::new())),
             health: Arc::new(Health::default()),
             shrinks: Mutex::new(HashMap::new()),
         });
@@ -271,8 +271,8 @@ impl CommListener {
         self.shared.health.clone()
     }
 
-    /// Where the watchdog link from the ring predecessor is handed over.
-    pub fn watchdog_inbox(&self) -> Arc<Mutex<Option<TcpStream>>> {
+    /// Where the watchdog links from the ranks 2^k behind are handed over.
+    pub fn watchdog_inbox(&self) -> Arc<Mutex<Vec<(usize, TcpStream)>>> {
         self.shared.watchdog_in.clone()
     }
 
@@ -348,24 +348,24 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
         return bootstrap::send_msg(&mut s, &Msg::Status(sh.health.progress()));
     }
     if matches!(kind, ConnectKind::Watchdog) {
-        // Only the ring predecessor opens one, once.
-        let predecessor = (sh.rank + sh.nranks - 1) % sh.nranks;
-        if comm != sh.comm || to != sh.rank || from != predecessor || sh.nranks < 2 {
+        // Only the ranks 2^k behind this one open one (see `watchdog`), once each.
+        let sources = crate::watchdog::link_sources(sh.rank, sh.nranks);
+        if comm != sh.comm || to != sh.rank || !sources.contains(&from) {
             return refuse(
                 &mut s,
                 format!("watchdog link for comm {comm} rank {from}->{to} does not belong here"),
             );
         }
-        let mut slot = sh
+        let mut inbox = sh
             .watchdog_in
             .lock()
             .map_err(|_| Error::Transport("listener lock poisoned".into()))?;
-        if slot.is_some() {
+        if inbox.iter().any(|(r, _)| *r == from) {
             return refuse(&mut s, format!("rank {from} already has a watchdog link"));
         }
         bootstrap::send_msg(&mut s, &Msg::Ack)?;
         s.set_read_timeout(None).ok();
-        *slot = Some(s);
+        inbox.push((from, s));
         return Ok(());
     }
     if comm != sh.comm || to != sh.rank || from >= sh.nranks || from >= to {

@@ -1,21 +1,22 @@
-//! The watchdog: heartbeats over a ring of connections, failure detection, and an abort that
-//! travels the ring so that every survivor fails fast with the same precise error.
+//! The watchdog: heartbeats over skip links, failure detection, and an abort that floods the
+//! links so that every survivor fails fast, within ⌈lg p⌉ + 1 hops, with the same precise
+//! error.
 //!
-//! Each rank holds two watchdog links: one it opened to its successor (`rank + 1`) and one its
-//! predecessor opened to it, so each rank watches both ring neighbours and no rank holds more
-//! than two links however large the communicator. A thread per communicator sends a
-//! heartbeat on both links every interval (`STRATA_HEARTBEAT_MS`, default 1000) carrying what
-//! the rank is doing, and declares a neighbour failed when
+//! Rank r opens a watchdog link to each rank r + 2^k (mod p, 2^k < p) and accepts one from
+//! each rank r − 2^k: about 2 lg p links (30 at 24,576 ranks), and any two ranks are at most
+//! ⌈lg p⌉ links apart (a distance's binary digits, one link each). A thread per communicator
+//! sends a heartbeat on every link every interval (`STRATA_HEARTBEAT_MS`, default 1000)
+//! carrying what the rank is doing, and declares a neighbour failed when
 //!
 //! * its link closes or resets without a goodbye (the process died: detected at once), or
 //! * no frame has arrived for `STRATA_HEARTBEAT_MISSES` intervals (default 3: the process is
 //!   stopped or its threads hung).
 //!
 //! A fault found here, or one a collective call on this rank ran into, is recorded in the
-//! communicator's health record (which interrupts the call in progress) and sent to both
-//! neighbours as an abort;
-//! a rank that learns of a fault first from a neighbour records it and passes it on to its
-//! other neighbour. Every rank ends up failing with the error of the rank that saw it first.
+//! communicator's health record (which interrupts the call in progress) and sent on every link
+//! as an abort; a rank that learns of a fault first from a neighbour records it and passes it
+//! on every other link, counting hops. Every rank ends up failing with the error of the rank
+//! that saw it first.
 
 use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret};
 use crate::config::Config;
@@ -276,13 +277,40 @@ fn write_trace(
 enum Frame {
     /// "I am alive, and this is what I am doing."
     Heartbeat(Progress),
-    /// The communicator is broken; `origin` saw it first.
-    Abort { origin: usize, error: Error },
+    /// The communicator is broken; `origin` saw it first, `hops` links ago.
+    Abort {
+        origin: usize,
+        error: Error,
+        #[serde(default)]
+        hops: u32,
+    },
     /// The sender is destroying its communicator; its link closing next is not a failure.
     Goodbye,
 }
 
-/// One watchdog link to a ring neighbour.
+/// The ranks `rank` opens watchdog links to: rank + 2^k (mod p) for 2^k < p, once each.
+pub(crate) fn link_targets(rank: usize, p: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = std::iter::successors(Some(1usize), |k| k.checked_mul(2))
+        .take_while(|&k| k < p)
+        .map(|k| (rank + k) % p)
+        .filter(|&q| q != rank)
+        .collect();
+    out.dedup();
+    out
+}
+
+/// The ranks that open watchdog links to `rank`: rank − 2^k (mod p) for 2^k < p.
+pub(crate) fn link_sources(rank: usize, p: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = std::iter::successors(Some(1usize), |k| k.checked_mul(2))
+        .take_while(|&k| k < p)
+        .map(|k| (rank + p - k) % p)
+        .filter(|&q| q != rank)
+        .collect();
+    out.dedup();
+    out
+}
+
+/// One watchdog link to a neighbour.
 struct Link {
     peer: usize,
     stream: TcpStream,
@@ -401,8 +429,8 @@ pub(crate) struct WatchdogSetup {
     pub secret: Secret,
     pub cfg: Config,
     pub health: Arc<Health>,
-    /// Hands over the link the predecessor opened (from the communicator's listener).
-    pub incoming: Arc<Mutex<Option<TcpStream>>>,
+    /// Hands over the links the ranks 2^k behind opened (from the communicator's listener).
+    pub incoming: Arc<Mutex<Vec<(usize, TcpStream)>>>,
 }
 
 /// A running watchdog; dropping it says goodbye to both neighbours and stops the thread.
@@ -462,10 +490,10 @@ struct Runner {
     s: WatchdogSetup,
     wake: UnixDatagram,
     stop: Arc<AtomicBool>,
-    /// Link to the successor (opened here) and from the predecessor (accepted).
+    /// Links to the ranks 2^k ahead (opened here) and from those 2^k behind (accepted).
     links: Vec<Link>,
-    successor: usize,
-    predecessor: usize,
+    /// The ranks whose links have not arrived yet.
+    awaited: Vec<usize>,
     /// The abort this rank has sent its neighbours (also sent to a link that joins later).
     announced: Option<Frame>,
     started: Instant,
@@ -479,8 +507,7 @@ impl Runner {
         let interval = s.cfg.heartbeat_interval;
         let misses = s.cfg.heartbeat_misses.max(1);
         Self {
-            successor: (s.rank + 1) % p,
-            predecessor: (s.rank + p - 1) % p,
+            awaited: link_sources(s.rank, p),
             s,
             wake,
             stop,
@@ -515,6 +542,7 @@ impl Runner {
         let frame = Frame::Abort {
             origin: self.s.rank,
             error,
+            hops: 1,
         };
         for l in &mut self.links {
             l.send(&frame);
@@ -544,8 +572,15 @@ impl Runner {
         );
     }
 
-    fn connect_successor(&mut self) {
-        let peer = &self.s.peers[self.successor];
+    /// Opens the links to the ranks 2^k ahead.
+    fn connect_targets(&mut self) {
+        for target in link_targets(self.s.rank, self.s.peers.len()) {
+            self.connect(target);
+        }
+    }
+
+    fn connect(&mut self, target: usize) {
+        let peer = &self.s.peers[target];
         let hs = self.s.cfg.handshake_timeout;
         let opened = connection::open_request(
             &self.s.comm_id,
@@ -564,10 +599,10 @@ impl Runner {
             }
         });
         match opened {
-            Ok(stream) => self.add_link(self.successor, stream),
+            Ok(stream) => self.add_link(target, stream),
             Err(e) => {
                 let e = self.peer_failed(
-                    self.successor,
+                    target,
                     format!("its listener refused the watchdog link ({e}); it has exited"),
                 );
                 self.fault(e);
@@ -575,21 +610,33 @@ impl Runner {
         }
     }
 
+    /// Adds the links that arrived from the ranks behind.
+    fn take_incoming(&mut self) {
+        let arrived: Vec<(usize, TcpStream)> = self
+            .s
+            .incoming
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default();
+        for (peer, stream) in arrived {
+            self.awaited.retain(|&r| r != peer);
+            self.add_link(peer, stream);
+        }
+    }
+
     fn run(mut self) {
-        self.connect_successor();
+        self.connect_targets();
         let mut next_beat = Instant::now();
-        let mut waiting_for_predecessor = true;
         let mut frames = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
-            if waiting_for_predecessor {
-                let taken = self.s.incoming.lock().ok().and_then(|mut s| s.take());
-                if let Some(stream) = taken {
-                    waiting_for_predecessor = false;
-                    self.add_link(self.predecessor, stream);
-                } else if self.started.elapsed() > self.s.cfg.init_timeout {
-                    waiting_for_predecessor = false;
+            if !self.awaited.is_empty() {
+                self.take_incoming();
+                if let Some(&late) = self.awaited.first()
+                    && self.started.elapsed() > self.s.cfg.init_timeout
+                {
+                    self.awaited.clear();
                     let e = self.peer_failed(
-                        self.predecessor,
+                        late,
                         format!(
                             "it never opened its watchdog link in {:.0} s",
                             self.s.cfg.init_timeout.as_secs_f64()
@@ -622,14 +669,10 @@ impl Runner {
                 .max(Duration::from_millis(1));
             self.poll(wait);
         }
-        // A predecessor's link that arrived after the last look still gets its goodbye (a
-        // communicator destroyed within a few hundred milliseconds of init would otherwise close
-        // it unread, which its owner sees as this process dying).
-        if waiting_for_predecessor
-            && let Some(stream) = self.s.incoming.lock().ok().and_then(|mut s| s.take())
-        {
-            self.add_link(self.predecessor, stream);
-        }
+        // Links that arrived after the last look still get their goodbye (a communicator
+        // destroyed within a few hundred milliseconds of init would otherwise close them
+        // unread, which their owners see as this process dying).
+        self.take_incoming();
         // A fault recorded just before the communicator was dropped still goes out first.
         if self.announced.is_none() && self.s.health.has_failed.load(Ordering::Acquire) {
             self.announce();
@@ -655,17 +698,26 @@ impl Runner {
                 match f {
                     Frame::Heartbeat(p) => self.links[i].last_report = p,
                     Frame::Goodbye => self.links[i].closed = true,
-                    Frame::Abort { origin, error } => {
+                    Frame::Abort {
+                        origin,
+                        error,
+                        hops,
+                    } => {
                         let from = self.links[i].peer;
                         if self.s.health.record_fault(&error) {
                             tracing::error!(
                                 rank = self.s.rank,
-                                "aborting: rank {origin} reported {error} (heard from rank {from})"
+                                "aborting: rank {origin} reported {error} (heard from rank \
+                                 {from}, {hops} hops from rank {origin})"
                             );
                             self.dump_trace();
-                            // Pass it on to the other neighbour; this rank need not announce
+                            // Pass it on to every other neighbour; this rank need not announce
                             // it again.
-                            let frame = Frame::Abort { origin, error };
+                            let frame = Frame::Abort {
+                                origin,
+                                error,
+                                hops: hops + 1,
+                            };
                             for (j, l) in self.links.iter_mut().enumerate() {
                                 if j != i {
                                     l.send(&frame);
@@ -727,5 +779,46 @@ impl Runner {
             .collect();
         fds.push(self.wake.as_raw_fd());
         crate::transport::wait_readable(&fds, wait);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rank opens links to and accepts links from ⌈lg p⌉ ranks or fewer, the two lists
+    /// agree, and a flood over the links reaches every rank within ⌈lg p⌉ links of any origin.
+    #[test]
+    fn skip_links_reach_every_rank_within_lg_p_hops() {
+        for p in (2usize..=130).chain([257, 1000, 1024, 24_576]) {
+            let lg = usize::BITS - (p - 1).leading_zeros();
+            let mut adj: Vec<Vec<usize>> = vec![Vec::new(); p];
+            for r in 0..p {
+                let out = link_targets(r, p);
+                assert!(out.len() <= lg as usize, "p={p} r={r}: {out:?}");
+                for &q in &out {
+                    assert!(link_sources(q, p).contains(&r), "p={p}: {r}->{q}");
+                    adj[r].push(q);
+                    adj[q].push(r);
+                }
+            }
+            // Links are alike up to rotation, so one origin is every origin.
+            let origins: &[usize] = if p > 2000 { &[0] } else { &[0, p / 3, p - 1] };
+            for &o in origins {
+                let mut dist = vec![u32::MAX; p];
+                dist[o] = 0;
+                let mut queue = std::collections::VecDeque::from([o]);
+                while let Some(r) = queue.pop_front() {
+                    for &q in &adj[r] {
+                        if dist[q] == u32::MAX {
+                            dist[q] = dist[r] + 1;
+                            queue.push_back(q);
+                        }
+                    }
+                }
+                let far = *dist.iter().max().unwrap();
+                assert!(far <= lg, "p={p} from {o}: {far} hops > {lg}");
+            }
+        }
     }
 }
