@@ -12,27 +12,15 @@ use std::hint::black_box;
 use strata_algorithms::Collective;
 use strata_algorithms::hierarchy::Hierarchy;
 use strata_algorithms::tuner::Tuner;
-use strata_topology::{Tier, fabric};
+use strata_topology::fabric;
 
 /// The first `np` devices of the Meta-like fabric.
 fn meta(np: usize) -> (Hierarchy, strata_topology::fabric::TierCosts) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../examples/topology/meta-24k-h100.toml");
     let fab = fabric::load_file(&path).expect("repo fabric file");
-    let keys: Vec<Vec<String>> = (0..np)
-        .map(|d| {
-            let host = d / fab.gpus_per_host;
-            let place = fab.place(host).expect("device on the fabric");
-            vec![
-                format!("{:06}", place.pod),
-                format!("{:06}", place.leaf),
-                format!("{host:08}"),
-            ]
-        })
-        .collect();
-    let h = Hierarchy::from_keys(&keys, |x, y| {
-        fab.rank_tier(x, y).unwrap_or(Tier::Aggregation)
-    });
+    let devices: Vec<usize> = (0..np).collect();
+    let h = Hierarchy::on_fabric(&fab, &devices);
     (h, fab.tiers)
 }
 

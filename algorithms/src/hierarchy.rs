@@ -129,6 +129,31 @@ impl Hierarchy {
         h
     }
 
+    /// Ranks on devices of a fabric file: rank r runs on device `devices[r]` (devices
+    /// numbered host by host, `gpus_per_host` each). Devices off the fabric count as one
+    /// more host of pod 0, leaf 0.
+    pub fn on_fabric(fab: &strata_topology::fabric::Fabric, devices: &[usize]) -> Self {
+        let per_host = fab.gpus_per_host.max(1);
+        let keys: Vec<Vec<String>> = devices
+            .iter()
+            .map(|&d| {
+                let host = d / per_host;
+                let place = fab
+                    .place(host)
+                    .unwrap_or(strata_topology::fabric::Place { pod: 0, leaf: 0 });
+                vec![
+                    format!("{:06}", place.pod),
+                    format!("{:06}", place.leaf),
+                    format!("{host:08}"),
+                ]
+            })
+            .collect();
+        Self::from_keys(&keys, |x, y| {
+            fab.rank_tier(devices[x], devices[y])
+                .unwrap_or(Tier::Aggregation)
+        })
+    }
+
     /// The hierarchy of a communicator from its tier matrix: keys are the switch path (when
     /// the fabric is known) and the host.
     pub fn from_tiers(m: &TierMatrix) -> Self {

@@ -57,22 +57,7 @@ fn on_fabric(fab: &Fabric, np: usize, cyclic: bool) -> Hierarchy {
     } else {
         (0..np).collect()
     };
-    let keys: Vec<Vec<String>> = devices
-        .iter()
-        .map(|&d| {
-            let host = d / per_host;
-            let place = fab.place(host).expect("device on the fabric");
-            vec![
-                format!("{:06}", place.pod),
-                format!("{:06}", place.leaf),
-                format!("{host:08}"),
-            ]
-        })
-        .collect();
-    Hierarchy::from_keys(&keys, |x, y| {
-        fab.rank_tier(devices[x], devices[y])
-            .unwrap_or(Tier::Aggregation)
-    })
+    Hierarchy::on_fabric(fab, &devices)
 }
 
 /// Hosts of `gpus[h]` ranks, `hosts_per_leaf` hosts per leaf (the last leaf takes what is

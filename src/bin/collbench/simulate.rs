@@ -193,21 +193,8 @@ fn step_table(
     device: &[usize],
     phases: &[Phase],
 ) -> Result<String, String> {
-    let per_host = fab.gpus_per_host.max(1);
-    let keys: Vec<Vec<String>> = device
-        .iter()
-        .map(|&d| {
-            let host = d / per_host;
-            let place = fab.place(host).unwrap_or(fabric::Place { pod: 0, leaf: 0 });
-            vec![
-                format!("{:06}", place.pod),
-                format!("{:06}", place.leaf),
-                format!("{host:08}"),
-            ]
-        })
-        .collect();
     let tier = |x: usize, y: usize| fab.rank_tier(x, y).unwrap_or(Tier::Aggregation);
-    let h = Hierarchy::from_keys(&keys, |x, y| tier(device[x], device[y]));
+    let h = Hierarchy::on_fabric(fab, device);
     let widest: Vec<(GroupKind, Tier)> =
         layout::placement_report(l, device, &tier, fab.tiers.nvlink.is_some())?
             .into_iter()

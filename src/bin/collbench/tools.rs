@@ -180,7 +180,7 @@ pub(super) fn explain_main(a: &ExplainArgs) -> ExitCode {
 fn explain_tuner(a: &ExplainArgs) -> Result<(strata::algorithms::tuner::Tuner, String), String> {
     use strata::algorithms::Hierarchy;
     use strata::algorithms::tuner::Tuner;
-    use strata::topology::{Tier, TierCosts, fabric};
+    use strata::topology::{TierCosts, fabric};
     let path = a
         .topo_file
         .clone()
@@ -198,23 +198,7 @@ fn explain_tuner(a: &ExplainArgs) -> Result<(strata::algorithms::tuner::Tuner, S
             } else {
                 (0..np).collect()
             };
-            let keys: Vec<Vec<String>> = devices
-                .iter()
-                .map(|&d| {
-                    let host = d / per_host;
-                    let place = fab.place(host).unwrap_or(fabric::Place { pod: 0, leaf: 0 });
-                    vec![
-                        format!("{:06}", place.pod),
-                        format!("{:06}", place.leaf),
-                        format!("{host:08}"),
-                    ]
-                })
-                .collect();
-            let tier = |x: usize, y: usize| {
-                fab.rank_tier(devices[x], devices[y])
-                    .unwrap_or(Tier::Aggregation)
-            };
-            let h = Hierarchy::from_keys(&keys, tier);
+            let h = Hierarchy::on_fabric(&fab, &devices);
             (h, fab.tiers, path.display().to_string())
         }
         None => {
