@@ -12,9 +12,12 @@
 //!   of the max-plus recurrence, which stays at the slowest member; it costs O(p) however many
 //!   steps the ring has, instead of O(p²) messages.
 //! * **Pairwise phases step by step** on a vector of entry times, O(p) per step, never holding
-//!   the O(p²) operations.
+//!   the O(p²) operations; above [`PAIRWISE_STEPWISE_MAX`] ranks (topology order), in closed
+//!   form with every rank in step: each step's slowest message, over the most expensive tier
+//!   or the most shared uplink.
 //! * **Everything else on a lean max-plus engine** ([`lockstep`]): every operation of every
-//!   rank timed once, with ports and shared uplinks divided among the messages of one step.
+//!   rank timed once, ports shared by processor sharing among a step's messages, shared
+//!   uplinks among the messages that overlap on them (iterated to a fixed point).
 //!   Pipelined trees are priced with enough chunks to reach their steady state and extended
 //!   linearly to the real chunk count.
 //!
