@@ -88,7 +88,10 @@ pub fn price(q: &Query) -> Result<f64, String> {
     match (q.collective, algorithm) {
         (Collective::AllReduce, Algorithm::Hierarchical(part)) => pricer.hier_all_reduce(part)?,
         (Collective::AllReduce, Algorithm::Ring) => {
-            pricer.composed(ReduceScatterPart::Ring, AllGatherPart::Ring)?
+            let g = [pricer.flat_group()];
+            let step = pricer.ring_step(&g);
+            pricer.ring_with(&g, &step, &vec![q.count; p], true)?;
+            pricer.ring_with(&g, &step, &vec![q.count; p], false)?;
         }
         (Collective::AllReduce, Algorithm::Composed(rs, ag)) => pricer.composed(rs, ag)?,
         (Collective::AllGather, Algorithm::Ring) => {
@@ -108,6 +111,13 @@ pub fn price(q: &Query) -> Result<f64, String> {
         _ => pricer.whole()?,
     }
     Ok(pricer.finish())
+}
+
+/// One step of ring phases: per member (groups concatenated), its link to the next member
+/// and its slowest uplink share (0 when it crosses none).
+struct RingStep {
+    links: Vec<crate::cost::LinkCost>,
+    uplink_beta: Vec<f64>,
 }
 
 /// Where a flat schedule's members sit: topology positions (`order`) or launcher ranks.
@@ -208,10 +218,49 @@ impl<'a> Pricer<'a> {
     }
 
     /// Ring reduce-scatter (`reduces`) or all-gather phases over `groups` at once; the member
-    /// at position x holds `len[x]` elements in all, split into d blocks. When some block is
-    /// empty its steps are skipped, which the closed form cannot express: such a phase runs on
-    /// the engine (if it is small enough to build).
+    /// at position x holds `len[x]` elements in all, split into d blocks.
     fn ring(&mut self, groups: &[Vec<usize>], len: &[usize], reduces: bool) -> Result<(), String> {
+        let step = self.ring_step(groups);
+        self.ring_with(groups, &step, len, reduces)
+    }
+
+    /// One step of ring phases over `groups` at once: each member's link to the next, and
+    /// its slowest share of the shared uplinks it crosses (most cross none). The same for
+    /// every step and for both halves of an all-reduce, so it is computed once.
+    fn ring_step(&self, groups: &[Vec<usize>]) -> RingStep {
+        let mut sharing: std::collections::HashMap<u64, u32> = Default::default();
+        let mut links = Vec::new();
+        let mut crossing: Vec<(usize, Uplink)> = Vec::new();
+        let mut ups = Vec::new();
+        for g in groups {
+            for (i, &x) in g.iter().enumerate() {
+                let y = g[(i + 1) % g.len()];
+                links.push(self.net.link(x, y));
+                self.net.uplinks(x, y, &mut ups);
+                for u in &ups {
+                    *sharing.entry(u.id).or_insert(0) += 1;
+                    crossing.push((links.len() - 1, *u));
+                }
+            }
+        }
+        let mut uplink_beta = vec![0.0f64; links.len()];
+        for (k, u) in &crossing {
+            let b = u.shared_beta(sharing.get(&u.id).copied().unwrap_or(1));
+            uplink_beta[*k] = uplink_beta[*k].max(b);
+        }
+        RingStep { links, uplink_beta }
+    }
+
+    /// [`Pricer::ring`] with its step already known. When some block is empty its steps are
+    /// skipped, which the closed form cannot express: such a phase runs on the engine (if it
+    /// is small enough to build).
+    fn ring_with(
+        &mut self,
+        groups: &[Vec<usize>],
+        step: &RingStep,
+        len: &[usize],
+        reduces: bool,
+    ) -> Result<(), String> {
         if groups.iter().any(|g| g.iter().any(|&x| len[x] < g.len())) {
             return self.materialized(groups, len, |d, me, n| {
                 let blocks = Blocks::split(Buf::Output, 0, n, d);
@@ -234,36 +283,13 @@ impl<'a> Pricer<'a> {
             });
         }
         let eb = self.q.elem_bytes as f64;
-        // One step's messages: each member's link, and the shared uplinks it crosses (most
-        // cross none), counted across every group.
-        let mut sharing: std::collections::HashMap<u64, u32> = Default::default();
-        let mut links = Vec::new();
-        let mut crossing: Vec<(usize, Uplink)> = Vec::new();
-        let mut ups = Vec::new();
-        for g in groups {
-            for (i, &x) in g.iter().enumerate() {
-                let y = g[(i + 1) % g.len()];
-                links.push(self.net.link(x, y));
-                self.net.uplinks(x, y, &mut ups);
-                for u in &ups {
-                    *sharing.entry(u.id).or_insert(0) += 1;
-                    crossing.push((links.len() - 1, *u));
-                }
-            }
-        }
-        // The slowest uplink share of each crossing message.
-        let mut uplink_beta = vec![0.0f64; links.len()];
-        for (k, u) in &crossing {
-            let b = u.shared_beta(sharing.get(&u.id).copied().unwrap_or(1));
-            uplink_beta[*k] = uplink_beta[*k].max(b);
-        }
         let mut k = 0;
         for g in groups {
             let d = g.len();
             let mut w: f64 = 0.0;
             for &x in g {
-                let link = links[k];
-                let beta = link.beta.max(uplink_beta[k]);
+                let link = step.links[k];
+                let beta = link.beta.max(step.uplink_beta[k]);
                 k += 1;
                 let bytes = len[x].div_ceil(d) as f64 * eb;
                 let send = link.alpha + bytes * beta;
@@ -561,49 +587,62 @@ impl<'a> Pricer<'a> {
                 .map(|base| (0..dims[l]).map(|k| base + k * stride[l]).collect())
                 .collect()
         };
+        let level_groups: Vec<Vec<Vec<usize>>> = (0..m).map(groups).collect();
+        // Ring levels' steps, each shared by the level's reduce-scatter and all-gather.
+        let steps: Vec<Option<RingStep>> = level_groups
+            .iter()
+            .enumerate()
+            .map(|(l, gs)| {
+                let rings = match part {
+                    HierPart::Rhd => false,
+                    HierPart::Tree => l + 1 < m,
+                    HierPart::Ring => true,
+                };
+                rings.then(|| self.ring_step(gs))
+            })
+            .collect();
         // Elements each position holds entering level l (its shard of the levels below).
         let mut len = vec![self.q.count; p];
         let mut shards = Vec::with_capacity(m);
         for (l, &d_l) in dims.iter().enumerate().take(m - 1) {
-            let gs = groups(l);
-            match part {
-                HierPart::Rhd => self.materialized(&gs, &len, |d, me, n| {
+            let gs = &level_groups[l];
+            match &steps[l] {
+                Some(step) => self.ring_with(gs, step, &len, true)?,
+                None => self.materialized(gs, &len, |d, me, n| {
                     let input = Blocks::split(Buf::Input, 0, n, d);
                     let acc = Blocks::split(Buf::Output, 0, n, d);
                     let mut s = RankSchedule::default();
                     builders::halving_reduce_scatter_core(&mut s, d, me, input, acc, acc.one(me));
                     s
                 })?,
-                _ => self.ring(&gs, &len, true)?,
             }
             shards.push(len.clone());
             for (x, n) in len.iter_mut().enumerate() {
                 *n = block(*n, d_l, coord(x, l)).1;
             }
         }
-        let top = groups(m - 1);
+        let top = &level_groups[m - 1];
         let chunk = self.q.chunk_elems.max(1);
-        match part {
-            HierPart::Ring => {
-                self.ring(&top, &len, true)?;
-                self.ring(&top, &len, false)?;
+        match (part, &steps[m - 1]) {
+            (HierPart::Ring, Some(step)) => {
+                self.ring_with(top, step, &len, true)?;
+                self.ring_with(top, step, &len, false)?;
             }
-            HierPart::Rhd => self.materialized(&top, &len, builders::rabenseifner_all_reduce)?,
-            HierPart::Tree => self.materialized(&top, &len, |d, me, n| {
+            (HierPart::Tree, _) => self.materialized(top, &len, |d, me, n| {
                 builders::double_binary_tree_all_reduce(d, me, n, chunk)
             })?,
+            _ => self.materialized(top, &len, builders::rabenseifner_all_reduce)?,
         }
         for l in (0..m - 1).rev() {
-            let gs = groups(l);
-            let len = &shards[l];
-            match part {
-                HierPart::Rhd => self.materialized(&gs, len, |d, me, n| {
+            let (gs, len) = (&level_groups[l], &shards[l]);
+            match &steps[l] {
+                Some(step) => self.ring_with(gs, step, len, false)?,
+                None => self.materialized(gs, len, |d, me, n| {
                     let out = Blocks::split(Buf::Output, 0, n, d);
                     let mut s = RankSchedule::default();
                     builders::doubling_all_gather_core(&mut s, d, me, out.one(me), out);
                     s
                 })?,
-                _ => self.ring(&gs, len, false)?,
             }
         }
         Ok(())
