@@ -219,7 +219,12 @@ impl<'a> Pricer<'a> {
 
     /// Ring reduce-scatter (`reduces`) or all-gather phases over `groups` at once; the member
     /// at position x holds `len[x]` elements in all, split into d blocks.
-    fn ring(&mut self, groups: &[Vec<usize>], len: &[usize], reduces: bool) -> Result<(), String> {
+    fn ring<G: AsRef<[usize]>>(
+        &mut self,
+        groups: &[G],
+        len: &[usize],
+        reduces: bool,
+    ) -> Result<(), String> {
         let step = self.ring_step(groups);
         self.ring_with(groups, &step, len, reduces)
     }
@@ -227,12 +232,12 @@ impl<'a> Pricer<'a> {
     /// One step of ring phases over `groups` at once: each member's link to the next, and
     /// its slowest share of the shared uplinks it crosses (most cross none). The same for
     /// every step and for both halves of an all-reduce, so it is computed once.
-    fn ring_step(&self, groups: &[Vec<usize>]) -> RingStep {
+    fn ring_step<G: AsRef<[usize]>>(&self, groups: &[G]) -> RingStep {
         let mut sharing: std::collections::HashMap<u64, u32> = Default::default();
         let mut links = Vec::new();
         let mut crossing: Vec<(usize, Uplink)> = Vec::new();
         let mut ups = Vec::new();
-        for g in groups {
+        for g in groups.iter().map(AsRef::as_ref) {
             for (i, &x) in g.iter().enumerate() {
                 let y = g[(i + 1) % g.len()];
                 links.push(self.net.link(x, y));
@@ -254,14 +259,18 @@ impl<'a> Pricer<'a> {
     /// [`Pricer::ring`] with its step already known. When some block is empty its steps are
     /// skipped, which the closed form cannot express: such a phase runs on the engine (if it
     /// is small enough to build).
-    fn ring_with(
+    fn ring_with<G: AsRef<[usize]>>(
         &mut self,
-        groups: &[Vec<usize>],
+        groups: &[G],
         step: &RingStep,
         len: &[usize],
         reduces: bool,
     ) -> Result<(), String> {
-        if groups.iter().any(|g| g.iter().any(|&x| len[x] < g.len())) {
+        if groups
+            .iter()
+            .map(AsRef::as_ref)
+            .any(|g| g.iter().any(|&x| len[x] < g.len()))
+        {
             return self.materialized(groups, len, |d, me, n| {
                 let blocks = Blocks::split(Buf::Output, 0, n, d);
                 let mut s = RankSchedule::default();
@@ -284,7 +293,7 @@ impl<'a> Pricer<'a> {
         }
         let eb = self.q.elem_bytes as f64;
         let mut k = 0;
-        for g in groups {
+        for g in groups.iter().map(AsRef::as_ref) {
             let d = g.len();
             let mut w: f64 = 0.0;
             for &x in g {
@@ -581,13 +590,21 @@ impl<'a> Pricer<'a> {
             stride[l] = stride[l - 1] * dims[l - 1];
         }
         let coord = |x: usize, l: usize| (x / stride[l]) % dims[l];
-        let groups = |l: usize| -> Vec<Vec<usize>> {
-            (0..p)
-                .filter(|&x| coord(x, l) == 0)
-                .map(|base| (0..dims[l]).map(|k| base + k * stride[l]).collect())
-                .collect()
-        };
-        let level_groups: Vec<Vec<Vec<usize>>> = (0..m).map(groups).collect();
+        // Every level's groups, laid end to end (a group is `dims[l]` consecutive entries).
+        let members: Vec<Vec<usize>> = (0..m)
+            .map(|l| {
+                let (d, step) = (dims[l], stride[l]);
+                (0..p)
+                    .filter(|&x| coord(x, l) == 0)
+                    .flat_map(|base| (0..d).map(move |k| base + k * step))
+                    .collect()
+            })
+            .collect();
+        let level_groups: Vec<Vec<&[usize]>> = members
+            .iter()
+            .zip(&dims)
+            .map(|(all, &d)| all.chunks(d).collect())
+            .collect();
         // Ring levels' steps, each shared by the level's reduce-scatter and all-gather.
         let steps: Vec<Option<RingStep>> = level_groups
             .iter()
@@ -649,22 +666,22 @@ impl<'a> Pricer<'a> {
     }
 
     /// One phase built per group member by `build(d, me, elements)` and run on the engine.
-    fn materialized(
+    fn materialized<G: AsRef<[usize]>>(
         &mut self,
-        groups: &[Vec<usize>],
+        groups: &[G],
         len: &[usize],
         build: impl Fn(usize, usize, usize) -> RankSchedule,
     ) -> Result<(), String> {
         // Each position's group and its index in it.
         let mut member = vec![(0, 0); self.p()];
         for (gi, g) in groups.iter().enumerate() {
-            for (me, &x) in g.iter().enumerate() {
+            for (me, &x) in g.as_ref().iter().enumerate() {
                 member[x] = (gi, me);
             }
         }
         let scheds = self.compact(|x| {
             let (gi, me) = member[x];
-            let g = &groups[gi];
+            let g = groups[gi].as_ref();
             let mut s = build(g.len(), me, len[x]);
             s.map_peers(|k| g[k]);
             Ok(s)
