@@ -260,6 +260,27 @@ pub struct Shape {
     pub total: usize,
 }
 
+impl Shape {
+    /// The shape of a fabric file with a `[fat_tree]` section (`None` for other layouts).
+    pub fn of(fab: &strata_topology::fabric::Fabric) -> Option<Self> {
+        let strata_topology::fabric::Layout::FatTree {
+            hosts_per_leaf,
+            leaves_per_pod,
+            ..
+        } = fab.layout
+        else {
+            return None;
+        };
+        let per_host = fab.gpus_per_host.max(1);
+        Some(Self {
+            per_host,
+            per_leaf: per_host * hosts_per_leaf,
+            per_pod: per_host * hosts_per_leaf * leaves_per_pod,
+            total: fab.ranks(),
+        })
+    }
+}
+
 /// The planner's proposal: the device of every global rank, and what it could not do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlacementPlan {

@@ -79,14 +79,8 @@ pub(super) fn simulate_main(a: &SimulateArgs) -> ExitCode {
 fn simulate(a: &SimulateArgs) -> Result<String, String> {
     let started = std::time::Instant::now();
     let fab = fabric::load_file(&a.topo_file).map_err(|e| e.to_string())?;
-    let fabric::Layout::FatTree {
-        hosts_per_leaf,
-        leaves_per_pod,
-        ..
-    } = fab.layout
-    else {
-        return Err("simulate needs a topology file with a [fat_tree] section".into());
-    };
+    let shape =
+        Shape::of(&fab).ok_or("simulate needs a topology file with a [fat_tree] section")?;
     let model = a.tp * a.cp * a.pp;
     let np = match (a.np, a.dp) {
         (Some(n), _) => n,
@@ -106,13 +100,6 @@ fn simulate(a: &SimulateArgs) -> Result<String, String> {
     if np > fab.ranks() {
         return Err(format!("--np {np}: the fabric has {} devices", fab.ranks()));
     }
-    let per_host = fab.gpus_per_host.max(1);
-    let shape = Shape {
-        per_host,
-        per_leaf: per_host * hosts_per_leaf,
-        per_pod: per_host * hosts_per_leaf * leaves_per_pod,
-        total: fab.ranks(),
-    };
     let plan = layout::plan_placement(&l, &shape);
     let elems = |b: usize| b.div_ceil(4);
     let phases = [

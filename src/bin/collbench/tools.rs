@@ -64,21 +64,8 @@ pub(super) fn layout_main(a: &LayoutArgs) -> ExitCode {
     use strata::topology::{Tier, fabric};
     let run = || -> Result<(), String> {
         let fab = fabric::load_file(&a.topo_file).map_err(|e| e.to_string())?;
-        let fabric::Layout::FatTree {
-            hosts_per_leaf,
-            leaves_per_pod,
-            ..
-        } = fab.layout
-        else {
-            return Err("the planner needs a topology file with a [fat_tree] section".into());
-        };
-        let per_host = fab.gpus_per_host;
-        let shape = Shape {
-            per_host,
-            per_leaf: per_host * hosts_per_leaf,
-            per_pod: per_host * hosts_per_leaf * leaves_per_pod,
-            total: fab.ranks(),
-        };
+        let shape =
+            Shape::of(&fab).ok_or("the planner needs a topology file with a [fat_tree] section")?;
         let l = Layout::new(a.tp, a.cp, a.pp, a.dp)?;
         let tier = |x: usize, y: usize| fab.rank_tier(x, y).unwrap_or(Tier::Aggregation);
         let nvlink = fab.tiers.nvlink.is_some();
