@@ -54,19 +54,50 @@ fn python_cmd(python: &Path) -> Command {
     cmd
 }
 
-/// torchrun (`python -m torch.distributed.run --standalone`) of `script` on `n` processes.
-fn torchrun(python: &Path, n: usize, script: &str, args: &[&str], limit_s: u64) -> String {
+/// torchrun (`python -m torch.distributed.run --standalone`) of `script` on `n` processes:
+/// whether every process succeeded, and what they printed.
+fn try_torchrun(
+    python: &Path,
+    n: usize,
+    script: &str,
+    args: &[&str],
+    limit_s: u64,
+) -> (bool, String) {
     let mut cmd = python_cmd(python);
     cmd.args(["-m", "torch.distributed.run", "--standalone"])
         .arg(format!("--nproc-per-node={n}"))
         .arg(repo().join(script))
         .args(args);
-    let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(limit_s));
+    run_bounded(&mut cmd, Duration::from_secs(limit_s))
+}
+
+/// torchrun of `script` on `n` processes, which must succeed.
+fn torchrun(python: &Path, n: usize, script: &str, args: &[&str], limit_s: u64) -> String {
+    let (ok, text) = try_torchrun(python, n, script, args, limit_s);
     assert!(
         ok,
         "torchrun {script} {args:?} on {n} processes failed:\n{text}"
     );
     text
+}
+
+/// torchrun of the Gloo reference run, which is not what is under test: Gloo itself sometimes
+/// aborts a process at teardown ("terminate called without an active exception", a worker
+/// thread still joinable when `destroy_process_group` returns; seen once in CI with torch
+/// 2.15.0). That one failure is retried once, saying so; any other failure, or a second one,
+/// fails the test.
+fn torchrun_reference(python: &Path, n: usize, script: &str, args: &[&str], limit_s: u64) {
+    let (ok, text) = try_torchrun(python, n, script, args, limit_s);
+    if ok {
+        return;
+    }
+    let teardown_abort = text.contains("terminate called without an active exception");
+    assert!(
+        teardown_abort,
+        "torchrun {script} {args:?} on {n} processes failed:\n{text}"
+    );
+    println!("the Gloo reference run {args:?} aborted in Gloo's teardown; running it once more");
+    torchrun(python, n, script, args, limit_s);
 }
 
 fn scratch_dir(name: &str) -> PathBuf {
@@ -121,7 +152,11 @@ fn ddp_and_fsdp_training_end_where_gloo_ends() {
     ] {
         let mut args = vec!["--backend", backend, "--steps", steps, "--out", out];
         args.extend(extra);
-        torchrun(&python, 4, "python/tests/ddp_train.py", &args, 300);
+        if backend == "gloo" {
+            torchrun_reference(&python, 4, "python/tests/ddp_train.py", &args, 300);
+        } else {
+            torchrun(&python, 4, "python/tests/ddp_train.py", &args, 300);
+        }
     }
     for (a, b) in [("strata", "gloo"), ("strata-fsdp", "gloo-fsdp")] {
         let mut cmd = python_cmd(&python);
