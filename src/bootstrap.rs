@@ -11,10 +11,14 @@ use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use strata_topology::HostIdentity;
+
+mod tree;
+pub use tree::{TREE_FANOUT, directory_registration_time, tree_depth};
+pub(crate) use tree::{TreeInbox, rendezvous, tree_children, tree_parent};
 
 /// Bytes in a [`UniqueId`], as in `ncclUniqueId`.
 pub const UNIQUE_ID_BYTES: usize = 128;
@@ -68,10 +72,11 @@ impl UniqueId {
         let local = listener
             .local_addr()
             .map_err(|e| Error::io("bootstrap root address", e))?;
+        deepen_backlog(&listener, 4096);
         let id = Self::from_parts(local, &secret);
         std::thread::Builder::new()
             .name("strata-root".into())
-            .spawn(move || root_main(listener, secret, timeout))
+            .spawn(move || tree::directory_main(listener, secret, timeout))
             .map_err(|e| Error::io("spawning the bootstrap root", e))?;
         Ok(id)
     }
@@ -205,15 +210,29 @@ pub(crate) fn process_nonce() -> u64 {
 /// Messages of the bootstrap and connection-setup protocols.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) enum Msg {
-    /// rank → root: I am here.
+    /// rank → root (the directory): I am here, and my listener is at `info.listen`.
     Hello {
         rank: usize,
         nranks: usize,
         info: PeerInfo,
     },
-    /// root → ranks: everybody is here.
+    /// root → rank: the listeners of its tree neighbours that registered before it; the rank
+    /// connects to these, the others connect to it.
+    Joined {
+        parent: Option<(usize, SocketAddr)>,
+        children: Vec<(usize, SocketAddr)>,
+    },
+    /// rank → root: which ranks have not registered? Answered with the standing `Verdict`
+    /// if a rank posted one, else `Fail` listing the ranks not registered yet.
+    Missing,
+    /// rank → root: init failed for this reason (the first posted stands); answered with the
+    /// standing verdict, so every rank that asks names the same ranks.
+    Verdict { reason: String, missing: Vec<usize> },
+    /// child → parent in the bootstrap tree: the descriptions of the child's whole subtree.
+    Subtree { peers: Vec<PeerInfo> },
+    /// Down the bootstrap tree (and from a shrink's gatherer): everybody is here.
     Table { peers: Vec<PeerInfo> },
-    /// root → ranks: init failed.
+    /// Init failed: from the directory, or flooded over the bootstrap tree.
     Fail { reason: String, missing: Vec<usize> },
     /// Opens a connection to a rank's listener.
     Connect {
@@ -243,6 +262,8 @@ pub(crate) enum ConnectKind {
     Probe,
     /// A watchdog link from a rank 2^k behind (see `watchdog`).
     Watchdog,
+    /// A bootstrap tree edge from the rank's parent or child that registered after it.
+    Tree,
     /// What are you doing? Answered with `Msg::Status` (diagnosing a timeout).
     Status,
     /// A survivor joins shrink `key` of `expected` ranks, sent to the lowest survivor's
@@ -284,12 +305,33 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Why a handshake failed: the connection broke (worth retrying against a busy root, which
+/// closes handshakes beyond its limit), or the peer is not of this job (final).
+enum HandshakeError {
+    Dropped(Error),
+    Impostor(Error),
+}
+
+impl HandshakeError {
+    fn into_error(self) -> Error {
+        match self {
+            Self::Dropped(e) | Self::Impostor(e) => e,
+        }
+    }
+}
+
+impl From<Error> for HandshakeError {
+    fn from(e: Error) -> Self {
+        Self::Dropped(e)
+    }
+}
+
 /// Connector side of the mutual handshake.
-pub(crate) fn handshake_connect(
+fn handshake_connect(
     s: &mut TcpStream,
     secret: &Secret,
     timeout: Duration,
-) -> Result<()> {
+) -> std::result::Result<(), HandshakeError> {
     let key = key_of(secret);
     s.set_read_timeout(Some(timeout)).ok();
     let nonce_c: [u8; 16] = random_bytes()?;
@@ -302,9 +344,9 @@ pub(crate) fn handshake_connect(
         .map_err(|e| Error::io("handshake (peer did not answer)", e))?;
     let nonce_s = &reply[..16];
     if !ct_eq(&reply[16..], &mac(&key, b"acceptor", &nonce_c, nonce_s)) {
-        return Err(Error::Transport(
+        return Err(HandshakeError::Impostor(Error::Transport(
             "handshake: the peer does not hold this job's secret".into(),
-        ));
+        )));
     }
     s.write_all(&mac(&key, b"connector", &nonce_c, nonce_s))
         .map_err(|e| Error::io("handshake", e))?;
@@ -340,13 +382,24 @@ pub(crate) fn handshake_accept(
     Ok(())
 }
 
-/// Writes one length-prefixed JSON frame.
-pub(crate) fn send_msg(s: &mut TcpStream, msg: &Msg) -> Result<()> {
+/// One length-prefixed JSON frame, for sending to several peers.
+pub(crate) fn encode_msg(msg: &Msg) -> Result<Vec<u8>> {
     let body = serde_json::to_vec(msg).map_err(|e| Error::Transport(format!("encoding: {e}")))?;
+    if body.len() > MAX_FRAME {
+        return Err(Error::Transport(format!(
+            "a bootstrap frame of {} bytes exceeds the {MAX_FRAME}-byte limit",
+            body.len()
+        )));
+    }
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
     frame.extend_from_slice(&body);
-    s.write_all(&frame)
+    Ok(frame)
+}
+
+/// Writes one length-prefixed JSON frame.
+pub(crate) fn send_msg(s: &mut TcpStream, msg: &Msg) -> Result<()> {
+    s.write_all(&encode_msg(msg)?)
         .map_err(|e| Error::io("bootstrap send", e))
 }
 
@@ -368,9 +421,11 @@ pub(crate) fn recv_msg(s: &mut TcpStream) -> Result<Msg> {
         .map_err(|e| Error::Transport(format!("malformed bootstrap frame: {e}")))
 }
 
-/// Connects and authenticates. With `retry_refused`, a refused connection is tried again until
-/// `deadline` (the bootstrap root may not be up yet); without it, the first refusal is final
-/// (a rank's listener is up before the rank table exists, so a refusal means the rank is gone).
+/// Connects and authenticates. With `retry_refused`, a refused connection, or one dropped during
+/// the handshake, is tried again until `deadline` (the bootstrap root may not be up yet, or may
+/// be shedding a burst of thousands of ranks), after a randomised back-off; without it, the
+/// first failure is final (a rank's listener is up before the rank table exists, so a refusal
+/// means the rank is gone).
 pub(crate) fn connect_authenticated(
     addr: SocketAddr,
     secret: &Secret,
@@ -379,6 +434,7 @@ pub(crate) fn connect_authenticated(
     retry_refused: bool,
 ) -> Result<TcpStream> {
     let mut last_err = None;
+    let mut backoff = Duration::from_millis(10);
     while Instant::now() < deadline {
         let left = deadline
             .saturating_duration_since(Instant::now())
@@ -386,25 +442,42 @@ pub(crate) fn connect_authenticated(
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
             Ok(mut s) => {
                 s.set_nodelay(true).ok();
-                handshake_connect(&mut s, secret, hs_timeout.min(left))?;
-                s.set_read_timeout(None).ok();
-                return Ok(s);
+                match handshake_connect(&mut s, secret, hs_timeout.min(left)) {
+                    Ok(()) => {
+                        s.set_read_timeout(None).ok();
+                        return Ok(s);
+                    }
+                    Err(HandshakeError::Dropped(e)) if retry_refused => {
+                        last_err = Some(e.to_string())
+                    }
+                    Err(e) => return Err(e.into_error()),
+                }
             }
             Err(e) => {
-                last_err = Some(e);
+                last_err = Some(e.to_string());
                 if !retry_refused {
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(20));
             }
         }
+        // Spread the retries of a burst of ranks over the back-off window.
+        let jitter = random_bytes::<2>().map_or(0, u16::from_le_bytes) as u32;
+        let pause = backoff.mul_f64(0.5 + f64::from(jitter) / f64::from(u16::MAX));
+        std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+        backoff = (backoff * 2).min(Duration::from_millis(500));
     }
     Err(Error::Transport(format!(
         "could not reach {addr}: {}",
-        last_err
-            .map(|e| e.to_string())
-            .unwrap_or_else(|| "deadline passed".into())
+        last_err.unwrap_or_else(|| "deadline passed".into())
     )))
+}
+
+/// Lets `listener` queue up to `backlog` connections not yet accepted (the kernel caps it at
+/// `net.core.somaxconn`); the standard library's 128 makes a burst of ranks wait for SYN
+/// retransmissions, a second or more each.
+pub(crate) fn deepen_backlog(listener: &TcpListener, backlog: i32) {
+    // SAFETY: listen() on a socket that is already listening only changes its backlog.
+    unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(listener), backlog) };
 }
 
 /// Accepts connections until `stop` is set, authenticating each on its own thread and handing
@@ -464,190 +537,6 @@ pub(crate) fn accept_loop(
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-    }
-}
-
-/// State of the rendezvous root.
-struct RootState {
-    nranks: Option<usize>,
-    arrived: Vec<Option<(PeerInfo, TcpStream)>>,
-    done: bool,
-}
-
-fn root_main(listener: TcpListener, secret: Secret, timeout: Duration) {
-    let state = Arc::new((
-        Mutex::new(RootState {
-            nranks: None,
-            arrived: Vec::new(),
-            done: false,
-        }),
-        Condvar::new(),
-    ));
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = state.clone();
-    let handle: Arc<dyn Fn(TcpStream) + Send + Sync> = Arc::new(move |mut s: TcpStream| {
-        let reply_err = |s: &mut TcpStream, reason: String| {
-            tracing::warn!(%reason, "bootstrap root refused a rank");
-            let _ = send_msg(
-                s,
-                &Msg::Fail {
-                    reason,
-                    missing: vec![],
-                },
-            );
-        };
-        let msg = match recv_msg(&mut s) {
-            Ok(m) => m,
-            Err(e) => return tracing::warn!(error = %e, "bootstrap root: bad first frame"),
-        };
-        let Msg::Hello { rank, nranks, info } = msg else {
-            return reply_err(&mut s, "expected Hello".into());
-        };
-        let (lock, cv) = &*st;
-        let Ok(mut g) = lock.lock() else { return };
-        if g.done {
-            return reply_err(
-                &mut s,
-                "this unique id's communicator is already complete or failed".into(),
-            );
-        }
-        let n = *g.nranks.get_or_insert(nranks);
-        if nranks != n || nranks == 0 {
-            return reply_err(
-                &mut s,
-                format!("rank {rank} says there are {nranks} ranks, others say {n}"),
-            );
-        }
-        if g.arrived.is_empty() {
-            g.arrived.resize_with(n, || None);
-        }
-        if rank >= n || info.rank != rank {
-            return reply_err(&mut s, format!("rank {rank} is out of range for {n} ranks"));
-        }
-        if g.arrived[rank].is_some() {
-            return reply_err(&mut s, format!("rank {rank} joined twice"));
-        }
-        s.set_read_timeout(None).ok();
-        g.arrived[rank] = Some((info, s));
-        cv.notify_all();
-    });
-    let (s2, l2) = (stop.clone(), listener);
-    let acceptor = std::thread::Builder::new()
-        .name("strata-root-accept".into())
-        .spawn(move || accept_loop(l2, secret, Duration::from_secs(5), s2, handle));
-    let (lock, cv) = &*state;
-    let mut deadline: Option<Instant> = None;
-    let give_up = Instant::now() + timeout * 2;
-    let Ok(mut g) = lock.lock() else { return };
-    loop {
-        if !g.arrived.is_empty() && deadline.is_none() {
-            deadline = Some(Instant::now() + timeout);
-        }
-        let complete = !g.arrived.is_empty() && g.arrived.iter().all(Option::is_some);
-        let expired = deadline.is_some_and(|d| Instant::now() >= d)
-            || (deadline.is_none() && Instant::now() >= give_up);
-        if complete || expired {
-            g.done = true;
-            let mut conns: Vec<(usize, TcpStream)> = Vec::new();
-            let mut peers = Vec::new();
-            let mut missing = Vec::new();
-            for (r, slot) in g.arrived.drain(..).enumerate() {
-                match slot {
-                    Some((info, s)) => {
-                        peers.push(info);
-                        conns.push((r, s));
-                    }
-                    None => missing.push(r),
-                }
-            }
-            drop(g);
-            let msg = if complete {
-                Msg::Table { peers }
-            } else {
-                let list = crate::error::RankList(&missing).to_string();
-                tracing::error!("bootstrap: {list} never arrived");
-                Msg::Fail {
-                    reason: format!("{list} never arrived"),
-                    missing,
-                }
-            };
-            for (r, mut s) in conns {
-                if let Err(e) = send_msg(&mut s, &msg) {
-                    tracing::warn!(rank = r, error = %e, "bootstrap root could not answer a rank");
-                }
-            }
-            break;
-        }
-        let wait = deadline
-            .unwrap_or(give_up)
-            .saturating_duration_since(Instant::now())
-            .min(Duration::from_millis(200));
-        g = match cv.wait_timeout(g, wait) {
-            Ok((g, _)) => g,
-            Err(_) => return,
-        };
-    }
-    stop.store(true, Ordering::Release);
-    if let Ok(t) = acceptor {
-        let _ = t.join();
-    }
-}
-
-/// Joins the rendezvous at the root named by `id` and returns every rank's description.
-pub(crate) fn rendezvous(
-    id: &UniqueId,
-    nranks: usize,
-    me: PeerInfo,
-    cfg: &crate::Config,
-) -> Result<Vec<PeerInfo>> {
-    let start = Instant::now();
-    let deadline = start + cfg.init_timeout;
-    let root = id.root_addr();
-    let timeout_err = |what: String| Error::Timeout {
-        op: format!("init ({what})"),
-        seq: 0,
-        waiting_on: vec![],
-        after_s: start.elapsed().as_secs_f64(),
-        diagnosis: None,
-    };
-    let mut s = connect_authenticated(root, &id.secret(), deadline, cfg.handshake_timeout, true)
-        .map_err(|e| timeout_err(format!("bootstrap root {root}: {e}")))?;
-    send_msg(
-        &mut s,
-        &Msg::Hello {
-            rank: me.rank,
-            nranks,
-            info: me,
-        },
-    )?;
-    // The root answers at its own deadline at the latest; allow it a little grace.
-    let grace = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(5);
-    s.set_read_timeout(Some(grace)).ok();
-    match recv_msg(&mut s) {
-        Ok(Msg::Table { peers }) => {
-            if peers.len() != nranks || peers.iter().enumerate().any(|(i, p)| p.rank != i) {
-                return Err(Error::Transport(
-                    "bootstrap root sent a malformed rank table".into(),
-                ));
-            }
-            Ok(peers)
-        }
-        Ok(Msg::Fail { reason, missing }) if !missing.is_empty() => Err(Error::Timeout {
-            op: format!("init: {reason}"),
-            seq: 0,
-            waiting_on: missing,
-            after_s: start.elapsed().as_secs_f64(),
-            diagnosis: None,
-        }),
-        Ok(Msg::Fail { reason, .. }) => Err(Error::InvalidArgument(format!(
-            "bootstrap root refused this rank: {reason}"
-        ))),
-        Ok(other) => Err(Error::Transport(format!(
-            "unexpected bootstrap message {other:?}"
-        ))),
-        Err(e) => Err(timeout_err(format!(
-            "no answer from the bootstrap root: {e}"
-        ))),
     }
 }
 

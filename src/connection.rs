@@ -175,6 +175,8 @@ struct ListenerShared {
     health: Arc<Health>,
     /// Shrinks this rank gathers as the lowest survivor, by key.
     shrinks: Mutex<HashMap<String, ShrinkTable>>,
+    /// Bootstrap tree edges from this rank's parent or children, until init takes them.
+    tree_in: Arc<bootstrap::TreeInbox>,
 }
 
 /// The survivors of one shrink that have arrived so far.
@@ -196,8 +198,10 @@ pub(crate) struct CommListener {
 impl CommListener {
     /// Binds a listener on the configured interface.
     pub fn bind(cfg: &Config) -> Result<TcpListener> {
-        TcpListener::bind(SocketAddr::new(cfg.listen_ip, 0))
-            .map_err(|e| Error::io(format!("binding a listener on {}", cfg.listen_ip), e))
+        let listener = TcpListener::bind(SocketAddr::new(cfg.listen_ip, 0))
+            .map_err(|e| Error::io(format!("binding a listener on {}", cfg.listen_ip), e))?;
+        bootstrap::deepen_backlog(&listener, 1024);
+        Ok(listener)
     }
 
     /// Starts serving `listener` for communicator `comm`.
@@ -220,6 +224,7 @@ impl CommListener {
             watchdog_in: Arc::new(Mutex::new(Vec::new())),
             health: Arc::new(Health::default()),
             shrinks: Mutex::new(HashMap::new()),
+            tree_in: Arc::default(),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let sh = shared.clone();
@@ -269,6 +274,16 @@ impl CommListener {
     /// The communicator's health (abort flags, fault, progress), shared with its listener.
     pub fn health(&self) -> Arc<Health> {
         self.shared.health.clone()
+    }
+
+    /// Where the bootstrap tree edges opened to this rank are handed over.
+    pub fn tree_inbox(&self) -> Arc<bootstrap::TreeInbox> {
+        self.shared.tree_in.clone()
+    }
+
+    /// The communicator id this listener serves.
+    pub fn comm(&self) -> &str {
+        &self.shared.comm
     }
 
     /// Where the watchdog links from the ranks 2^k behind are handed over.
@@ -347,6 +362,27 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
         }
         return bootstrap::send_msg(&mut s, &Msg::Status(sh.health.progress()));
     }
+    if matches!(kind, ConnectKind::Tree) {
+        let neighbour = bootstrap::tree_parent(sh.rank) == Some(from)
+            || bootstrap::tree_children(sh.rank, sh.nranks).contains(&from);
+        if comm != sh.comm || to != sh.rank || !neighbour {
+            return refuse(
+                &mut s,
+                format!(
+                    "bootstrap tree edge for comm {comm} rank {from}->{to} does not belong here"
+                ),
+            );
+        }
+        let ack = bootstrap::encode_msg(&Msg::Ack)?;
+        s.write_all(&ack)
+            .map_err(|e| Error::io("bootstrap tree edge", e))?;
+        if !sh.tree_in.put(from, s) {
+            return Err(Error::Transport(format!(
+                "rank {from} opened a second bootstrap tree edge"
+            )));
+        }
+        return Ok(());
+    }
     if matches!(kind, ConnectKind::Watchdog) {
         // Only the ranks 2^k behind this one open one (see `watchdog`), once each.
         let sources = crate::watchdog::link_sources(sh.rank, sh.nranks);
@@ -387,6 +423,7 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
             Ok(())
         }
         ConnectKind::Probe
+        | ConnectKind::Tree
         | ConnectKind::Watchdog
         | ConnectKind::Status
         | ConnectKind::Shrink { .. } => Ok(()),

@@ -160,7 +160,14 @@ impl Communicator {
             place,
             rdma: crate::transport::rdma::caps_for(&cfg)?,
         };
-        let peers = bootstrap::rendezvous(id, nranks, me, &cfg)?;
+        let peers = bootstrap::rendezvous(
+            id,
+            nranks,
+            me,
+            &cfg,
+            listener.comm(),
+            &listener.tree_inbox(),
+        )?;
         tracing::debug!(rank, nranks, "communicator initialised");
         Self::from_parts(rank, peers, comm_id, secret, cfg, listener, costs)
     }

@@ -1,0 +1,756 @@
+//! The rendezvous in O(log p) rounds: a directory at the root and a tree of ranks.
+//!
+//! The root named by the unique id is only a directory. Each rank registers its listener's
+//! address there on one short connection and learns the listeners of those of its tree
+//! neighbours that registered before it: its parent and children in the rank tree of fan-out
+//! [`TREE_FANOUT`] (rank r's parent is (r − 1) / K). Of every edge, the rank that registers
+//! second connects to the first, so each edge is made once and nobody waits at the root. The
+//! ranks' descriptions then go up the tree (each rank sends its subtree's to its parent) and the
+//! complete table comes back down: 2 ⌈log_K p⌉ rounds. No connection stays open at the root,
+//! which handles one short exchange per rank, and no rank holds more than K + 1 bootstrap
+//! sockets.
+//!
+//! Failure: a rank that waits past its init deadline asks the directory which ranks never
+//! registered and floods that verdict over the tree edges it has, so every rank that arrived
+//! fails naming the missing ones. Ranks cut off below a missing rank ask the directory
+//! themselves at their own deadline.
+
+use super::{
+    ConnectKind, Msg, PeerInfo, Secret, UniqueId, accept_loop, connect_authenticated, recv_msg,
+    send_msg,
+};
+use crate::error::{Error, RankList, Result};
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Children per rank in the bootstrap tree.
+pub const TREE_FANOUT: usize = 8;
+
+/// How long a rank waiting for its parent's table waits beyond its own deadline: the verdict
+/// of a rank whose deadline came first should reach it before it gives up on its own.
+const PARENT_GRACE: Duration = Duration::from_secs(5);
+
+/// Rank `rank`'s parent in the bootstrap tree (none for rank 0).
+pub(crate) fn tree_parent(rank: usize) -> Option<usize> {
+    rank.checked_sub(1).map(|r| r / TREE_FANOUT)
+}
+
+/// Rank `rank`'s children in the bootstrap tree of `nranks`.
+pub(crate) fn tree_children(rank: usize, nranks: usize) -> Range<usize> {
+    let first = rank.saturating_mul(TREE_FANOUT).saturating_add(1);
+    first.min(nranks)..first.saturating_add(TREE_FANOUT).min(nranks)
+}
+
+/// Levels below rank 0 in the bootstrap tree of `nranks`: the table goes up and down this
+/// many edges.
+pub fn tree_depth(nranks: usize) -> usize {
+    let mut depth = 0;
+    let mut rank = nranks.saturating_sub(1);
+    while let Some(parent) = tree_parent(rank) {
+        depth += 1;
+        rank = parent;
+    }
+    depth
+}
+
+/// Tree edges a neighbour opened to this rank's listener, until the rendezvous takes them.
+#[derive(Default)]
+pub(crate) struct TreeInbox {
+    edges: Mutex<Vec<(usize, TcpStream)>>,
+    arrived: Condvar,
+}
+
+impl TreeInbox {
+    /// Hands over an edge from `from`; false if one from `from` is already here.
+    pub(crate) fn put(&self, from: usize, s: TcpStream) -> bool {
+        let Ok(mut edges) = self.edges.lock() else {
+            return false;
+        };
+        if edges.iter().any(|(r, _)| *r == from) {
+            return false;
+        }
+        edges.push((from, s));
+        self.arrived.notify_all();
+        true
+    }
+
+    /// The edge from `from`, waiting for it until `deadline`.
+    fn take(&self, from: usize, deadline: Instant) -> Option<TcpStream> {
+        let mut edges = self.edges.lock().ok()?;
+        loop {
+            if let Some(i) = edges.iter().position(|(r, _)| *r == from) {
+                return Some(edges.swap_remove(i).1);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            edges = self.arrived.wait_timeout(edges, left).ok()?.0;
+        }
+    }
+}
+
+/// The directory's record of one communicator's registrations.
+struct Registry {
+    nranks: Option<usize>,
+    listen: Vec<Option<SocketAddr>>,
+    registered: usize,
+    /// Set by the first registration: the init deadline of the whole job.
+    deadline: Option<Instant>,
+    /// Complete, or past its deadline: no more registrations.
+    closed: bool,
+    /// Why init failed, as the first rank (or the deadline) to say so put it.
+    verdict: Option<(String, Vec<usize>)>,
+}
+
+impl Registry {
+    fn missing(&self) -> Vec<usize> {
+        (0..self.listen.len())
+            .filter(|&r| self.listen[r].is_none())
+            .collect()
+    }
+
+    fn complete(&self) -> bool {
+        self.nranks.is_some_and(|n| self.registered == n)
+    }
+
+    /// Records `rank`'s listener and answers with its neighbours registered so far.
+    fn register(&mut self, rank: usize, nranks: usize, info: &PeerInfo) -> Msg {
+        let refuse = |reason: String| {
+            tracing::warn!(%reason, "bootstrap root refused a rank");
+            Msg::Fail {
+                reason,
+                missing: vec![],
+            }
+        };
+        if let Some((reason, missing)) = &self.verdict {
+            return Msg::Fail {
+                reason: reason.clone(),
+                missing: missing.clone(),
+            };
+        }
+        if self.closed {
+            return refuse("this unique id's communicator is already complete or failed".into());
+        }
+        let n = *self.nranks.get_or_insert(nranks);
+        if nranks != n || nranks == 0 {
+            return refuse(format!(
+                "rank {rank} says there are {nranks} ranks, others say {n}"
+            ));
+        }
+        if self.listen.is_empty() {
+            self.listen = vec![None; n];
+            self.deadline.get_or_insert_with(Instant::now);
+        }
+        if rank >= n || info.rank != rank {
+            return refuse(format!("rank {rank} is out of range for {n} ranks"));
+        }
+        if self.listen[rank].is_some() {
+            return refuse(format!("rank {rank} joined twice"));
+        }
+        self.listen[rank] = Some(info.listen);
+        self.registered += 1;
+        let known = |r: usize| self.listen[r].map(|a| (r, a));
+        Msg::Joined {
+            parent: tree_parent(rank).and_then(known),
+            children: tree_children(rank, n).filter_map(known).collect(),
+        }
+    }
+}
+
+/// The directory behind a unique id: serves one communicator's registrations, then exits when
+/// every rank has registered, or when its deadline and then a grace period (for the ranks'
+/// questions about who is missing) have passed.
+pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Duration) {
+    let state = Arc::new((
+        Mutex::new(Registry {
+            nranks: None,
+            listen: Vec::new(),
+            registered: 0,
+            deadline: None,
+            closed: false,
+            verdict: None,
+        }),
+        Condvar::new(),
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = state.clone();
+    let handle: Arc<dyn Fn(TcpStream) + Send + Sync> = Arc::new(move |mut s: TcpStream| {
+        let msg = match recv_msg(&mut s) {
+            Ok(m) => m,
+            Err(e) => return tracing::warn!(error = %e, "bootstrap root: bad first frame"),
+        };
+        let (lock, cv) = &*st;
+        let Ok(mut reg) = lock.lock() else { return };
+        let reply = match msg {
+            Msg::Hello { rank, nranks, info } => {
+                let reply = reg.register(rank, nranks, &info);
+                if reg.complete() {
+                    reg.closed = true;
+                    cv.notify_all();
+                }
+                reply
+            }
+            Msg::Missing => match &reg.verdict {
+                Some((reason, missing)) => Msg::Verdict {
+                    reason: reason.clone(),
+                    missing: missing.clone(),
+                },
+                None => {
+                    let missing = reg.missing();
+                    Msg::Fail {
+                        reason: format!("{} never arrived", RankList(&missing)),
+                        missing,
+                    }
+                }
+            },
+            Msg::Verdict { reason, missing } => {
+                let (reason, missing) = reg.verdict.get_or_insert((reason, missing)).clone();
+                reg.closed = true;
+                Msg::Verdict { reason, missing }
+            }
+            _ => Msg::Fail {
+                reason: "expected Hello or Missing".into(),
+                missing: vec![],
+            },
+        };
+        drop(reg);
+        if let Err(e) = send_msg(&mut s, &reply) {
+            tracing::warn!(error = %e, "bootstrap root could not answer a rank");
+        }
+    });
+    let (s2, l2) = (stop.clone(), listener);
+    let acceptor = std::thread::Builder::new()
+        .name("strata-root-accept".into())
+        .spawn(move || accept_loop(l2, secret, Duration::from_secs(5), s2, handle));
+    let (lock, cv) = &*state;
+    let give_up = Instant::now() + timeout * 2;
+    let Ok(mut reg) = lock.lock() else { return };
+    loop {
+        let now = Instant::now();
+        if reg.complete() {
+            break;
+        }
+        let expires = reg.deadline.map(|d| d + timeout);
+        if let Some(deadline) = expires {
+            if now >= deadline && reg.verdict.is_none() {
+                reg.closed = true;
+                let missing = reg.missing();
+                let reason = format!("{} never arrived", RankList(&missing));
+                tracing::error!("bootstrap: {reason}");
+                reg.verdict = Some((reason, missing));
+            }
+            // Past the deadline the directory stays a while to answer `Missing`.
+            if now >= deadline + timeout.max(PARENT_GRACE) {
+                break;
+            }
+        } else if now >= give_up {
+            break;
+        }
+        reg = match cv.wait_timeout(reg, Duration::from_millis(200)) {
+            Ok((g, _)) => g,
+            Err(_) => return,
+        };
+    }
+    drop(reg);
+    stop.store(true, Ordering::Release);
+    if let Ok(t) = acceptor {
+        let _ = t.join();
+    }
+}
+
+/// Registers `nranks` placeholder ranks at a fresh directory on loopback from `threads`
+/// threads at once, and returns how long the directory took to answer them all: its cost per
+/// rank, the one part of the bootstrap that grows with p. For `benches/init_scale.rs`.
+#[doc(hidden)]
+pub fn directory_registration_time(nranks: usize, threads: usize) -> Result<Duration> {
+    let secret = super::random_bytes()?;
+    let id = UniqueId::serve(
+        "127.0.0.1:0".parse().expect("loopback"),
+        secret,
+        Duration::from_secs(60),
+    )?;
+    let host = strata_topology::HostIdentity::detect();
+    let listen: SocketAddr = "127.0.0.1:9".parse().expect("loopback");
+    let start = Instant::now();
+    let threads = threads.clamp(1, nranks.max(1));
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let host = host.clone();
+                s.spawn(move || -> Result<()> {
+                    for rank in (t..nranks).step_by(threads) {
+                        let info = PeerInfo {
+                            rank,
+                            host: host.clone(),
+                            pid: 0,
+                            process: 0,
+                            listen,
+                            place: Default::default(),
+                            rdma: Default::default(),
+                        };
+                        let deadline = Instant::now() + Duration::from_secs(30);
+                        let mut c = connect_authenticated(
+                            id.root_addr(),
+                            &secret,
+                            deadline,
+                            Duration::from_secs(10),
+                            true,
+                        )?;
+                        send_msg(&mut c, &Msg::Hello { rank, nranks, info })?;
+                        match recv_msg(&mut c)? {
+                            Msg::Joined { .. } => {}
+                            other => {
+                                return Err(Error::Transport(format!(
+                                    "directory answered {other:?}"
+                                )));
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .unwrap_or_else(|_| Err(Error::Transport("a registering thread panicked".into())))
+        })
+    })?;
+    Ok(start.elapsed())
+}
+
+/// One rank's view of the rendezvous while it runs.
+struct Rendezvous<'a> {
+    id: &'a UniqueId,
+    comm: &'a str,
+    cfg: &'a crate::Config,
+    rank: usize,
+    nranks: usize,
+    start: Instant,
+    deadline: Instant,
+    /// Open tree edges, by neighbour.
+    edges: BTreeMap<usize, TcpStream>,
+}
+
+impl Rendezvous<'_> {
+    fn timeout_error(&self, reason: String, missing: Vec<usize>) -> Error {
+        Error::Timeout {
+            op: format!("init: {reason}"),
+            seq: 0,
+            waiting_on: missing,
+            after_s: self.start.elapsed().as_secs_f64(),
+            diagnosis: None,
+        }
+    }
+
+    /// Sends `msg` to every open edge but `except`'s, bounded in time.
+    fn flood(&mut self, msg: &Msg, except: Option<usize>) {
+        for (&r, s) in self.edges.iter_mut() {
+            if Some(r) != except {
+                s.set_write_timeout(Some(Duration::from_secs(2))).ok();
+                let _ = send_msg(s, msg);
+            }
+        }
+    }
+
+    /// Fails init: tells every neighbour (but `from`, whose verdict this is) and returns the
+    /// error.
+    fn fail(&mut self, reason: String, missing: Vec<usize>, from: Option<usize>) -> Error {
+        self.flood(
+            &Msg::Fail {
+                reason: reason.clone(),
+                missing: missing.clone(),
+            },
+            from,
+        );
+        self.timeout_error(reason, missing)
+    }
+
+    /// Fails init because `neighbour` did not deliver, by the verdict every rank will give:
+    /// one already posted at the directory; else, when this rank waited out its deadline, the
+    /// ranks that never registered; else `neighbour` (it died or hung after registering),
+    /// posted so that the others name it too.
+    fn fail_waiting_on(&mut self, neighbour: usize, what: &str, timed_out: bool) -> Error {
+        let (reason, missing) = match self.ask_directory(&Msg::Missing) {
+            Some(Msg::Verdict { reason, missing }) => (reason, missing),
+            Some(Msg::Fail { reason, missing }) if timed_out && !missing.is_empty() => {
+                self.post_verdict(reason, missing)
+            }
+            _ => self.post_verdict(format!("rank {neighbour} {what}"), vec![neighbour]),
+        };
+        tracing::error!(rank = self.rank, "bootstrap: {reason}");
+        self.fail(reason, missing, None)
+    }
+
+    /// Posts a verdict at the directory and returns the one that stands.
+    fn post_verdict(&self, reason: String, missing: Vec<usize>) -> (String, Vec<usize>) {
+        let post = Msg::Verdict {
+            reason: reason.clone(),
+            missing: missing.clone(),
+        };
+        match self.ask_directory(&post) {
+            Some(Msg::Verdict { reason, missing }) => (reason, missing),
+            _ => (reason, missing),
+        }
+    }
+
+    /// One question to the directory, if it still answers.
+    fn ask_directory(&self, question: &Msg) -> Option<Msg> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut s = connect_authenticated(
+            self.id.root_addr(),
+            &self.id.secret(),
+            deadline,
+            self.cfg.handshake_timeout,
+            false,
+        )
+        .ok()?;
+        send_msg(&mut s, question).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok();
+        recv_msg(&mut s).ok()
+    }
+
+    /// Registers at the directory: the neighbours registered before this rank.
+    fn register(&self, me: PeerInfo) -> Result<Vec<(usize, SocketAddr)>> {
+        let root = self.id.root_addr();
+        let mut s = connect_authenticated(
+            root,
+            &self.id.secret(),
+            self.deadline,
+            self.cfg.handshake_timeout,
+            true,
+        )
+        .map_err(|e| self.timeout_error(format!("bootstrap root {root}: {e}"), vec![]))?;
+        send_msg(
+            &mut s,
+            &Msg::Hello {
+                rank: self.rank,
+                nranks: self.nranks,
+                info: me,
+            },
+        )?;
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        s.set_read_timeout(Some(left.max(self.cfg.handshake_timeout)))
+            .ok();
+        match recv_msg(&mut s) {
+            Ok(Msg::Joined { parent, children }) => {
+                Ok(parent.into_iter().chain(children).collect())
+            }
+            Ok(Msg::Fail { reason, missing }) if !missing.is_empty() => {
+                Err(self.timeout_error(reason, missing))
+            }
+            Ok(Msg::Fail { reason, .. }) => Err(Error::InvalidArgument(format!(
+                "bootstrap root refused this rank: {reason}"
+            ))),
+            Ok(other) => Err(Error::Transport(format!(
+                "unexpected bootstrap message {other:?}"
+            ))),
+            Err(e) => Err(self.timeout_error(
+                format!("no answer from the bootstrap root {root}: {e}"),
+                vec![],
+            )),
+        }
+    }
+
+    /// Opens the tree edge to `peer`, which registered first.
+    fn connect(&mut self, peer: usize, addr: SocketAddr) -> Result<()> {
+        let mut s = connect_authenticated(
+            addr,
+            &self.id.secret(),
+            self.deadline,
+            self.cfg.handshake_timeout,
+            false,
+        )?;
+        send_msg(
+            &mut s,
+            &Msg::Connect {
+                comm: self.comm.to_string(),
+                from: self.rank,
+                to: peer,
+                kind: ConnectKind::Tree,
+            },
+        )?;
+        match recv_msg(&mut s)? {
+            Msg::Ack => {
+                s.set_read_timeout(None).ok();
+                self.edges.insert(peer, s);
+                Ok(())
+            }
+            other => Err(Error::Transport(format!(
+                "rank {peer} refused the bootstrap tree edge: {other:?}"
+            ))),
+        }
+    }
+
+    /// The edge to `peer`: opened by this rank, or taken from the listener's inbox when it
+    /// arrives (until the deadline).
+    fn edge(&mut self, peer: usize, inbox: &TreeInbox) -> Option<&mut TcpStream> {
+        if !self.edges.contains_key(&peer) {
+            let s = inbox.take(peer, self.deadline)?;
+            s.set_read_timeout(None).ok();
+            self.edges.insert(peer, s);
+        }
+        self.edges.get_mut(&peer)
+    }
+
+    /// Reads one frame from `peer`'s edge until `until`.
+    fn read(&mut self, peer: usize, until: Instant) -> Result<Msg> {
+        let s = self
+            .edges
+            .get_mut(&peer)
+            .ok_or_else(|| Error::Transport(format!("no edge to rank {peer}")))?;
+        let left = until.saturating_duration_since(Instant::now());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .ok();
+        recv_msg(s)
+    }
+}
+
+/// Joins the rendezvous at the directory named by `id` and returns every rank's description,
+/// in rank order. `inbox` is where this rank's listener puts the tree edges others open to it;
+/// `comm` is the communicator id those edges name.
+pub(crate) fn rendezvous(
+    id: &UniqueId,
+    nranks: usize,
+    me: PeerInfo,
+    cfg: &crate::Config,
+    comm: &str,
+    inbox: &TreeInbox,
+) -> Result<Vec<PeerInfo>> {
+    let start = Instant::now();
+    let rank = me.rank;
+    let mut rv = Rendezvous {
+        id,
+        comm,
+        cfg,
+        rank,
+        nranks,
+        start,
+        deadline: start + cfg.init_timeout,
+        edges: BTreeMap::new(),
+    };
+    let neighbours = rv.register(me.clone())?;
+    let registered_s = start.elapsed().as_secs_f64();
+    for (peer, addr) in neighbours {
+        if let Err(e) = rv.connect(peer, addr) {
+            tracing::warn!(rank, peer, error = %e, "bootstrap: no tree edge");
+            return Err(rv.fail_waiting_on(peer, &format!("cannot be reached ({e})"), false));
+        }
+    }
+    // Up: this rank's subtree, from its children's.
+    let mut subtree = vec![me];
+    for child in tree_children(rank, nranks) {
+        if rv.edge(child, inbox).is_none() {
+            return Err(rv.fail_waiting_on(child, "never connected to its bootstrap parent", true));
+        }
+        match rv.read(child, rv.deadline) {
+            Ok(Msg::Subtree { peers }) => subtree.extend(peers),
+            Ok(Msg::Fail { reason, missing }) => return Err(rv.fail(reason, missing, Some(child))),
+            Ok(other) => {
+                return Err(rv.fail(
+                    format!("rank {child} sent {other:?} instead of its subtree"),
+                    vec![child],
+                    Some(child),
+                ));
+            }
+            Err(e) => {
+                let timed_out = Instant::now() >= rv.deadline;
+                return Err(rv.fail_waiting_on(
+                    child,
+                    &format!("did not send its subtree ({e})"),
+                    timed_out,
+                ));
+            }
+        }
+    }
+    let gathered_s = start.elapsed().as_secs_f64();
+    let table = match tree_parent(rank) {
+        None => {
+            subtree.sort_by_key(|p| p.rank);
+            let whole =
+                subtree.len() == nranks && subtree.iter().enumerate().all(|(i, p)| p.rank == i);
+            if !whole {
+                return Err(rv.fail(
+                    "the bootstrap tree delivered a malformed rank table".into(),
+                    vec![],
+                    None,
+                ));
+            }
+            subtree
+        }
+        Some(parent) => {
+            let Some(up) = rv.edge(parent, inbox) else {
+                return Err(rv.fail_waiting_on(
+                    parent,
+                    "never connected to its bootstrap child",
+                    true,
+                ));
+            };
+            if let Err(e) = send_msg(up, &Msg::Subtree { peers: subtree }) {
+                return Err(rv.fail_waiting_on(parent, &format!("left ({e})"), false));
+            }
+            match rv.read(parent, rv.deadline + PARENT_GRACE) {
+                Ok(Msg::Table { peers }) => {
+                    let whole =
+                        peers.len() == nranks && peers.iter().enumerate().all(|(i, p)| p.rank == i);
+                    if !whole {
+                        return Err(Error::Transport(
+                            "bootstrap parent sent a malformed rank table".into(),
+                        ));
+                    }
+                    peers
+                }
+                Ok(Msg::Fail { reason, missing }) => {
+                    return Err(rv.fail(reason, missing, Some(parent)));
+                }
+                Ok(other) => {
+                    return Err(rv.fail(
+                        format!("rank {parent} sent {other:?} instead of the rank table"),
+                        vec![parent],
+                        Some(parent),
+                    ));
+                }
+                Err(e) => {
+                    let timed_out = Instant::now() >= rv.deadline;
+                    return Err(rv.fail_waiting_on(
+                        parent,
+                        &format!("sent no rank table ({e})"),
+                        timed_out,
+                    ));
+                }
+            }
+        }
+    };
+    // Down: the table to every child, encoded once.
+    let msg = Msg::Table { peers: table };
+    let frame = super::encode_msg(&msg)?;
+    for child in tree_children(rank, nranks) {
+        if let Some(s) = rv.edges.get_mut(&child) {
+            s.set_write_timeout(Some(
+                rv.deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(PARENT_GRACE),
+            ))
+            .ok();
+            if let Err(e) = std::io::Write::write_all(s, &frame) {
+                tracing::warn!(rank, child, error = %e, "bootstrap: could not pass the table on");
+            }
+        }
+    }
+    let Msg::Table { peers } = msg else {
+        unreachable!("built as a table above")
+    };
+    tracing::debug!(
+        rank,
+        registered_s,
+        gathered_s,
+        done_s = start.elapsed().as_secs_f64(),
+        table_bytes = frame.len(),
+        "bootstrap tree rendezvous"
+    );
+    Ok(peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_that_registers_and_vanishes_is_named_by_the_others() {
+        let id = UniqueId::serve(
+            "127.0.0.1:0".parse().unwrap(),
+            [5; 16],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        // Rank 2 registers with a listener that is closed at once, then is gone.
+        let gone = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let info = PeerInfo {
+            rank: 2,
+            host: strata_topology::HostIdentity::detect(),
+            pid: 1,
+            process: 1,
+            listen: gone,
+            place: Default::default(),
+            rdma: Default::default(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut s = connect_authenticated(
+            id.root_addr(),
+            &id.secret(),
+            deadline,
+            deadline - Instant::now(),
+            true,
+        )
+        .unwrap();
+        send_msg(
+            &mut s,
+            &Msg::Hello {
+                rank: 2,
+                nranks: 3,
+                info,
+            },
+        )
+        .unwrap();
+        assert!(matches!(recv_msg(&mut s).unwrap(), Msg::Joined { .. }));
+        let mut cfg = crate::Config::from_env().unwrap();
+        cfg.listen_ip = "127.0.0.1".parse().unwrap();
+        cfg.init_timeout = Duration::from_secs(3);
+        let results: Vec<_> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..2)
+                .map(|r| {
+                    let cfg = cfg.clone();
+                    sc.spawn(move || crate::Communicator::init_with_config(&id, 3, r, cfg))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, res) in results.into_iter().enumerate() {
+            match res {
+                Err(Error::Timeout { waiting_on, op, .. }) => {
+                    assert_eq!(waiting_on, vec![2], "rank {rank}: {op}");
+                    assert!(op.contains("rank 2 cannot be reached"), "rank {rank}: {op}");
+                }
+                Err(e) => panic!("rank {rank}: expected a timeout naming rank 2, got {e}"),
+                Ok(_) => panic!("rank {rank}: init succeeded without rank 2"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_tree_covers_every_rank_once_and_is_logarithmically_deep() {
+        for n in [1, 2, 7, 8, 9, 64, 65, 73, 1000, 1024, 24_576] {
+            let mut seen = vec![0usize; n];
+            seen[0] += 1;
+            for r in 0..n {
+                for c in tree_children(r, n) {
+                    assert_eq!(tree_parent(c), Some(r), "n {n}: child {c} of {r}");
+                    seen[c] += 1;
+                }
+            }
+            assert!(seen.iter().all(|&k| k == 1), "n {n}: every rank once");
+            // ⌈log_8 n⌉ levels at most.
+            let mut levels = 0;
+            while TREE_FANOUT.pow(levels) < n {
+                levels += 1;
+            }
+            assert!(
+                tree_depth(n) <= levels as usize,
+                "n {n}: depth {}",
+                tree_depth(n)
+            );
+        }
+        assert_eq!(tree_depth(1), 0);
+        assert_eq!(tree_depth(9), 1);
+        assert_eq!(tree_depth(10), 2);
+        assert_eq!(tree_depth(24_576), 5);
+        assert_eq!(tree_depth(98_304), 6);
+    }
+}

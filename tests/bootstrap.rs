@@ -1,0 +1,99 @@
+//! The tree bootstrap, ranks as threads: every rank gets the same table through a tree three
+//! levels deep, and a rank missing inside the tree is named by every rank that arrived,
+//! including those cut off below it.
+
+use std::time::{Duration, Instant};
+use strata::bootstrap::{TREE_FANOUT, tree_depth};
+use strata::{Communicator, Config, Error, ReduceOp, TransportPolicy, UniqueId};
+
+fn cfg(init_timeout: Duration) -> Config {
+    let mut c = Config::from_env().unwrap();
+    c.listen_ip = "127.0.0.1".parse().unwrap();
+    c.init_timeout = init_timeout;
+    c.timeout = Duration::from_secs(60);
+    c.transport = TransportPolicy::Auto;
+    c
+}
+
+fn loopback_id() -> UniqueId {
+    // SAFETY: every test in this binary sets the same value before reading it.
+    unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
+    UniqueId::new().unwrap()
+}
+
+#[test]
+fn seventy_four_ranks_join_through_a_three_level_tree_and_reduce() {
+    let n = 74; // rank 0, its 8 children, their 64, and one rank on a third level
+    assert_eq!(tree_depth(n), 3);
+    let id = loopback_id();
+    let comms: Vec<Communicator> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                s.spawn(move || {
+                    Communicator::init_with_config(&id, n, r, cfg(Duration::from_secs(60))).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let table: Vec<_> = comms[0].peers().iter().map(|p| p.listen).collect();
+    for c in &comms {
+        assert_eq!(c.size(), n);
+        let mine: Vec<_> = c.peers().iter().map(|p| p.listen).collect();
+        assert_eq!(mine, table, "rank {} got a different table", c.rank());
+        assert_eq!(c.peers()[c.rank()].rank, c.rank());
+    }
+    let sums: Vec<u64> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let mut v = [c.rank() as u64 + 1; 3];
+                    c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                    v[2]
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        sums.iter().all(|&s| s == (n * (n + 1) / 2) as u64),
+        "{sums:?}"
+    );
+}
+
+#[test]
+fn a_rank_missing_inside_the_tree_is_named_by_every_rank_that_arrived() {
+    // Rank 1 never comes: its children (9..=16) can reach nobody but the directory, and the
+    // rest learn it over the tree.
+    let n = 2 + 2 * TREE_FANOUT;
+    let missing = 1;
+    let id = loopback_id();
+    let started = Instant::now();
+    let results: Vec<(usize, Result<Communicator, Error>, Duration)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .filter(|&r| r != missing)
+            .map(|r| {
+                s.spawn(move || {
+                    let res =
+                        Communicator::init_with_config(&id, n, r, cfg(Duration::from_secs(2)));
+                    (r, res, started.elapsed())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(results.len(), n - 1);
+    for (rank, res, took) in results {
+        match res {
+            Err(Error::Timeout { waiting_on, op, .. }) => {
+                assert_eq!(waiting_on, vec![missing], "rank {rank}: {op}");
+                assert!(op.contains("rank 1 never arrived"), "rank {rank}: {op}");
+            }
+            Err(e) => panic!("rank {rank}: expected a timeout naming rank 1, got {e}"),
+            Ok(_) => panic!("rank {rank}: init succeeded without rank 1"),
+        }
+        // The deadline is 2 s; a rank waiting on its parent allows 5 s of grace on top.
+        assert!(took < Duration::from_secs(10), "rank {rank} took {took:?}");
+    }
+}
