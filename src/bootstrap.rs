@@ -249,6 +249,8 @@ pub(crate) enum Msg {
     RdmaAccept(crate::transport::rdma::protocol::RdmaSetup),
     /// A rank's answer to `ConnectKind::Status`: what it is doing.
     Status(crate::watchdog::Progress),
+    /// A rank's answer to `ConnectKind::Census`.
+    Census(crate::diagnosis::Census),
 }
 
 /// What a new connection to a listener is for.
@@ -264,8 +266,16 @@ pub(crate) enum ConnectKind {
     Watchdog,
     /// A bootstrap tree edge from the rank's parent or child that registered after it.
     Tree,
-    /// What are you doing? Answered with `Msg::Status` (diagnosing a timeout).
+    /// What are you doing? Answered with `Msg::Status`.
     Status,
+    /// Where do the ranks stand with call `seq`: the whole job, or the asked rank's subtree
+    /// (diagnosing a timeout, see `diagnosis`)? Answered with `Msg::Census` within
+    /// `within_ms`.
+    Census {
+        seq: u64,
+        whole_job: bool,
+        within_ms: u64,
+    },
     /// A survivor joins shrink `key` of `expected` ranks, sent to the lowest survivor's
     /// listener; answered with `Msg::Table` (every survivor's `info`) or `Msg::Fail`.
     Shrink {

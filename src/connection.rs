@@ -8,12 +8,13 @@
 
 use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret, TransportSetup};
 use crate::config::{Config, TransportPolicy};
+use crate::diagnosis::Diagnoser;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 use crate::transport::rdma::protocol::RdmaTransport;
 use crate::transport::ring::{Geometry, HeapMemory, Memory, RingEndpoint, ShmMemory};
 use crate::transport::tcp::{TcpTransport, tune_socket};
-use crate::watchdog::{Health, Progress};
+use crate::watchdog::Health;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -177,6 +178,8 @@ struct ListenerShared {
     shrinks: Mutex<HashMap<String, ShrinkTable>>,
     /// Bootstrap tree edges from this rank's parent or children, until init takes them.
     tree_in: Arc<bootstrap::TreeInbox>,
+    /// Answers census questions once the communicator is built.
+    diagnoser: OnceLock<Arc<Diagnoser>>,
 }
 
 /// The survivors of one shrink that have arrived so far.
@@ -225,6 +228,7 @@ impl CommListener {
             health: Arc::new(Health::default()),
             shrinks: Mutex::new(HashMap::new()),
             tree_in: Arc::default(),
+            diagnoser: OnceLock::new(),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let sh = shared.clone();
@@ -279,6 +283,11 @@ impl CommListener {
     /// Where the bootstrap tree edges opened to this rank are handed over.
     pub fn tree_inbox(&self) -> Arc<bootstrap::TreeInbox> {
         self.shared.tree_in.clone()
+    }
+
+    /// Lets the listener answer census questions (see `diagnosis`).
+    pub fn set_diagnoser(&self, diagnoser: Arc<Diagnoser>) {
+        let _ = self.shared.diagnoser.set(diagnoser);
     }
 
     /// The communicator id this listener serves.
@@ -353,6 +362,28 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
         };
         return bootstrap::send_msg(&mut s, &reply);
     }
+    if let ConnectKind::Census {
+        seq,
+        whole_job,
+        within_ms,
+    } = kind
+    {
+        if comm != sh.comm || to != sh.rank || from >= sh.nranks {
+            return refuse(
+                &mut s,
+                format!("census for comm {comm} rank {to} does not belong here"),
+            );
+        }
+        let reply = match sh.diagnoser.get() {
+            Some(d) => {
+                let within = Duration::from_millis(within_ms).min(Duration::from_secs(30));
+                Msg::Census(d.census(seq, whole_job, Instant::now() + within))
+            }
+            // Still in init: this rank's own state is all it can say.
+            None => Msg::Status(sh.health.progress()),
+        };
+        return bootstrap::send_msg(&mut s, &reply);
+    }
     if matches!(kind, ConnectKind::Status) {
         if comm != sh.comm || to != sh.rank || from >= sh.nranks {
             return refuse(
@@ -423,6 +454,7 @@ fn accept_connection(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
             Ok(())
         }
         ConnectKind::Probe
+        | ConnectKind::Census { .. }
         | ConnectKind::Tree
         | ConnectKind::Watchdog
         | ConnectKind::Status
@@ -641,31 +673,6 @@ pub(crate) fn open_request(
         },
     )?;
     Ok(s)
-}
-
-/// Asks `peer`'s listener what the rank is doing, waiting at most `limit`; the reason as a
-/// phrase ("does not answer: …") if it cannot say.
-pub(crate) fn query_status(
-    comm: &str,
-    me: usize,
-    peer: &PeerInfo,
-    secret: &Secret,
-    limit: Duration,
-) -> std::result::Result<Progress, String> {
-    let deadline = Instant::now() + limit;
-    let mut s = open_request(comm, me, peer, secret, deadline, limit, ConnectKind::Status)
-        .map_err(|e| format!("does not answer ({e})"))?;
-    s.set_read_timeout(Some(
-        deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(10)),
-    ))
-    .ok();
-    match bootstrap::recv_msg(&mut s) {
-        Ok(Msg::Status(p)) => Ok(p),
-        Ok(other) => Err(format!("answered a status query with {other:?}")),
-        Err(e) => Err(format!("does not answer ({e})")),
-    }
 }
 
 /// Checks that `peer`'s listener still answers for this communicator; `PeerFailed` if not.

@@ -21,6 +21,7 @@ pub mod check;
 mod comm;
 pub mod config;
 mod connection;
+mod diagnosis;
 pub mod dtype;
 pub mod error;
 mod executor;

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How long a timed-out call spends finding out who holds it up.
+const DIAGNOSIS_LIMIT: Duration = Duration::from_secs(3);
+
 impl Communicator {
     pub(super) fn lock_state(&self) -> Result<std::sync::MutexGuard<'_, State>> {
         // A call made on this thread after stream-ordered calls follows them on every rank:
@@ -298,8 +301,8 @@ impl Communicator {
     }
 
     /// Turns the timeout of collective call `seq` into one that names the ranks holding
-    /// everyone up: asks every rank (up to [`DIAGNOSE_ALL_UP_TO`] ranks; beyond that only the
-    /// ones waited on) what it is doing, 16 at a time, each within 2 s.
+    /// everyone up, from the job's census of the call (see `diagnosis`: taken once over the
+    /// rank tree, within [`DIAGNOSIS_LIMIT`]).
     fn diagnose(&self, e: Error) -> Error {
         let Error::Timeout {
             op,
@@ -312,68 +315,14 @@ impl Communicator {
             return e;
         };
         let inner = &*self.inner;
-        let ask: Vec<usize> = if inner.size <= DIAGNOSE_ALL_UP_TO {
-            (0..inner.size).filter(|&q| q != inner.rank).collect()
-        } else {
-            waiting_on.clone()
-        };
-        let limit = Duration::from_secs(2);
-        let per_thread = ask.len().div_ceil(16).max(1);
-        let answers: Vec<(usize, std::result::Result<Progress, String>)> =
-            std::thread::scope(|s| {
-                let handles: Vec<_> = ask
-                    .chunks(per_thread)
-                    .map(|chunk| {
-                        s.spawn(move || {
-                            chunk
-                                .iter()
-                                .map(|&q| {
-                                    let peer = &inner.peers[q];
-                                    let answer = connection::query_status(
-                                        &inner.comm_id,
-                                        inner.rank,
-                                        peer,
-                                        &inner.secret,
-                                        limit,
-                                    );
-                                    (q, answer)
-                                })
-                                .collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_default())
-                    .collect()
-            });
-        let mut waiters = vec![inner.rank];
-        let mut laggards: Vec<(usize, String)> = Vec::new();
-        for (q, answer) in answers {
-            match answer {
-                // In this call, or it gave up on it already.
-                Ok(p) if p.started == seq && p.finished < seq => waiters.push(q),
-                // It finished this call: not what everyone waits for.
-                Ok(p) if p.finished >= seq => {}
-                Ok(p) if p.started > seq => {
-                    laggards.push((q, format!("is already past it, {}", p.describe())))
-                }
-                Ok(p) => laggards.push((
-                    q,
-                    match p.current {
-                        Some(c) => format!("is still in {c}"),
-                        None => format!(
-                            "is idle after collective #{} (it has not called #{seq})",
-                            p.finished
-                        ),
-                    },
-                )),
-                Err(reason) => laggards.push((q, reason)),
-            }
-        }
-        if laggards.is_empty() {
+        let census = inner
+            .diagnoser
+            .census(seq, true, Instant::now() + DIAGNOSIS_LIMIT);
+        let waiters = census.in_call;
+        let laggards = census.laggards;
+        if laggards.is_empty() && census.unnamed == 0 {
             let diagnosis = format!(
-                "every rank asked is in it; the transfers from {} stalled",
+                "every rank is in it; the transfers from {} stalled",
                 RankList(&waiting_on)
             );
             return Error::Timeout {
@@ -391,8 +340,12 @@ impl Communicator {
                 format!("rank {q} (host {}, pid {}) {what}", p.host.hostname, p.pid)
             })
             .collect();
+        let more = match census.unnamed {
+            0 => String::new(),
+            n => format!("; and {n} more ranks not in it"),
+        };
         let diagnosis = format!(
-            "{}; {} {} on {}",
+            "{}{more}; {} {} on {}",
             named.join("; "),
             RankList(&waiters),
             if waiters.len() == 1 { "waits" } else { "wait" },

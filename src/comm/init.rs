@@ -252,6 +252,15 @@ impl Communicator {
             shrinks: 0,
         };
         let health = listener.health();
+        let diagnoser = Arc::new(crate::diagnosis::Diagnoser::new(
+            comm_id.clone(),
+            rank,
+            peers.clone(),
+            secret,
+            health.clone(),
+            cfg.handshake_timeout,
+        ));
+        listener.set_diagnoser(diagnoser.clone());
         let timeout_ms = cfg.timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         let watchdog = Watchdog::start(WatchdogSetup {
             comm_id: comm_id.clone(),
@@ -282,6 +291,7 @@ impl Communicator {
                 tuner,
                 spin: executor::SpinPolicy::for_host(local_ranks),
                 gpu: std::sync::OnceLock::new(),
+                diagnoser,
             }),
         })
     }

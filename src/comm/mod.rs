@@ -19,10 +19,6 @@ use strata_algorithms::tuner::{Explanation, Tuner};
 use strata_algorithms::{Algorithm, Collective, Hierarchy, Plan, RankSchedule, valid_names};
 use strata_topology::{HostIdentity, RankPlace, Tier, TierCosts, TierMatrix};
 
-/// Communicators up to this size ask every rank for its status when a call times out; larger
-/// ones ask only the ranks the call waited on.
-const DIAGNOSE_ALL_UP_TO: usize = 256;
-
 /// Most schedules kept per communicator.
 const SCHEDULE_CACHE: usize = 512;
 
@@ -134,6 +130,9 @@ pub(crate) struct Inner {
     spin: executor::SpinPolicy,
     /// The progress thread of stream-ordered calls on device buffers, started by the first.
     gpu: std::sync::OnceLock<crate::gpu::StreamQueue>,
+    /// Takes the census of a call that timed out (shared with the listener, which answers
+    /// the other ranks' questions).
+    diagnoser: Arc<crate::diagnosis::Diagnoser>,
 }
 
 /// The four communicators of a 4D parallel layout ([`Communicator::split_layout`]).
@@ -266,6 +265,14 @@ impl Communicator {
             return Some(Error::Aborted(None));
         }
         None
+    }
+
+    /// How many questions this rank has asked other ranks while diagnosing timeouts (each
+    /// diagnosis asks its tree parent once and its children once per call; see the README's
+    /// "Faults"). For tests and benchmarks.
+    #[doc(hidden)]
+    pub fn diagnosis_questions_asked(&self) -> usize {
+        self.inner.diagnoser.questions_asked()
     }
 
     /// Sets the deadline of the calls that follow (initially `STRATA_TIMEOUT`). A call that

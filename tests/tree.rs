@@ -1,6 +1,7 @@
-//! The tree bootstrap, ranks as threads: every rank gets the same table through a tree three
-//! levels deep, and a rank missing inside the tree is named by every rank that arrived,
-//! including those cut off below it.
+//! The rank tree, ranks as threads. Bootstrap: every rank gets the same table through a tree
+//! three levels deep, and a rank missing inside the tree is named by every rank that arrived,
+//! including those cut off below it. Diagnosis: a rank that skips a collective is named, with
+//! what it does, by all 63 others, from one census taken over the tree.
 
 use std::time::{Duration, Instant};
 use strata::bootstrap::{TREE_FANOUT, tree_depth};
@@ -96,4 +97,83 @@ fn a_rank_missing_inside_the_tree_is_named_by_every_rank_that_arrived() {
         // The deadline is 2 s; a rank waiting on its parent allows 5 s of grace on top.
         assert!(took < Duration::from_secs(10), "rank {rank} took {took:?}");
     }
+}
+
+#[test]
+fn a_rank_that_skips_a_collective_is_named_by_all_63_others_through_the_tree() {
+    let n = 64;
+    let skipper = 37;
+    let id = loopback_id();
+    let comms: Vec<Communicator> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                s.spawn(move || {
+                    Communicator::init_with_config(&id, n, r, cfg(Duration::from_secs(60))).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let errors: Vec<(usize, Option<Error>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let mut v = [1u32; 16];
+                    c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                    if c.rank() == skipper {
+                        // Busy elsewhere until the others have given up.
+                        let t = Instant::now();
+                        while c.async_error().is_none() && t.elapsed() < Duration::from_secs(30) {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        return (c.rank(), None);
+                    }
+                    c.set_timeout(Duration::from_secs(3)).unwrap();
+                    let err = c.all_reduce_in_place(&mut v, ReduceOp::Sum).err();
+                    (c.rank(), err)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let host = &comms[skipper].peers()[skipper].host.hostname;
+    for (rank, err) in errors {
+        if rank == skipper {
+            continue;
+        }
+        let text = err.as_ref().map(ToString::to_string).unwrap_or_default();
+        match &err {
+            Some(Error::Timeout {
+                waiting_on,
+                seq: 2,
+                diagnosis: Some(_),
+                ..
+            }) => assert_eq!(waiting_on, &[skipper], "rank {rank}: {text}"),
+            other => panic!("rank {rank}: expected a diagnosed timeout, got {other:?}"),
+        }
+        for want in [
+            format!(
+                "rank {skipper} (host {host}, pid {}) is idle after collective #1",
+                std::process::id()
+            ),
+            "ranks 0-36,38-63 wait on it".to_string(),
+        ] {
+            assert!(text.contains(&want), "rank {rank}: '{want}' not in: {text}");
+        }
+    }
+    // One census over the tree: each rank asks its parent once and its children once, so
+    // about 2 (p − 1) questions in all, not the (p − 1)² of every rank asking every rank.
+    let asked: Vec<usize> = comms
+        .iter()
+        .map(|c| c.diagnosis_questions_asked())
+        .collect();
+    let most = asked.iter().copied().max().unwrap_or(0);
+    let total: usize = asked.iter().sum();
+    println!("diagnosis questions: {total} in all, at most {most} from one rank");
+    assert!(
+        most <= 1 + TREE_FANOUT,
+        "a rank asked {most} questions: {asked:?}"
+    );
+    assert!(total <= 2 * (n - 1), "{total} questions in all: {asked:?}");
 }

@@ -1,0 +1,300 @@
+//! Timeout diagnosis over a tree: which ranks are not in the call the others wait in.
+//!
+//! When a call times out, the rank asks its parent in the rank tree of fan-out
+//! [`TREE_FANOUT`](crate::bootstrap::TREE_FANOUT) (the bootstrap's) for the job's census of that call; the parent asks its own
+//! parent, and rank 0 takes the census by asking its children for their subtrees' in parallel,
+//! each of which asks its own children. Every listener computes a census once per call and
+//! serves later questions from that, so a timeout that hits every rank costs each rank one
+//! question up and at most K down, and takes 2 ⌈log_K p⌉ hops, instead of every rank asking
+//! every rank. A rank that does not answer is named as such, and its children are asked
+//! directly in its place; a rank whose parent does not answer takes the census itself.
+
+use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret};
+use crate::connection::open_request;
+use crate::watchdog::{Health, Progress};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Most laggards a census names; the rest are counted.
+const MAX_NAMED: usize = 64;
+/// Kept from each level's deadline for the answer to travel back up.
+const LEVEL_MARGIN: Duration = Duration::from_millis(150);
+
+/// Who is where, for one call.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Census {
+    /// Ranks in the call (started it, not finished it).
+    pub in_call: Vec<usize>,
+    /// Ranks not in it, with what each is doing or why it did not answer (at most
+    /// [`MAX_NAMED`]).
+    pub laggards: Vec<(usize, String)>,
+    /// Laggards beyond those named.
+    pub unnamed: usize,
+}
+
+impl Census {
+    fn merge(&mut self, other: Census) {
+        self.in_call.extend(other.in_call);
+        self.unnamed += other.unnamed;
+        for l in other.laggards {
+            if self.laggards.len() < MAX_NAMED {
+                self.laggards.push(l);
+            } else {
+                self.unnamed += 1;
+            }
+        }
+    }
+
+    fn lagging(rank: usize, what: String) -> Self {
+        Self {
+            laggards: vec![(rank, what)],
+            ..Self::default()
+        }
+    }
+
+    fn sort(&mut self) {
+        self.in_call.sort_unstable();
+        self.laggards.sort_by_key(|l| l.0);
+    }
+}
+
+/// Where rank `q`, in state `p`, stands with call `seq`.
+fn classify(q: usize, p: &Progress, seq: u64) -> Census {
+    if p.started == seq && p.finished < seq {
+        // In this call, or it gave up on it already.
+        return Census {
+            in_call: vec![q],
+            ..Census::default()
+        };
+    }
+    if p.finished >= seq {
+        // It finished this call: not what anyone waits for.
+        return Census::default();
+    }
+    let what = if p.started > seq {
+        format!("is already past it, {}", p.describe())
+    } else {
+        match &p.current {
+            Some(c) => format!("is still in {c}"),
+            None => format!(
+                "is idle after collective #{} (it has not called #{seq})",
+                p.finished
+            ),
+        }
+    };
+    Census::lagging(q, what)
+}
+
+fn tree_children(rank: usize, n: usize) -> std::ops::Range<usize> {
+    bootstrap::tree_children(rank, n)
+}
+
+/// A census being taken or taken: the first asker fills it while the others wait on its lock.
+type CensusSlot = Arc<Mutex<Option<Census>>>;
+
+/// One rank's side of the diagnosis: answers its listener's census questions and takes the
+/// census when its own call times out.
+pub(crate) struct Diagnoser {
+    comm: String,
+    rank: usize,
+    peers: Vec<PeerInfo>,
+    secret: Secret,
+    health: Arc<Health>,
+    handshake_timeout: Duration,
+    /// Censuses taken, by (call, whole job or this rank's subtree); the first asker takes
+    /// it, the others wait for it.
+    taken: Mutex<HashMap<(u64, bool), CensusSlot>>,
+    /// Questions this rank has asked other ranks' listeners.
+    asked: AtomicUsize,
+}
+
+impl Diagnoser {
+    pub(crate) fn new(
+        comm: String,
+        rank: usize,
+        peers: Vec<PeerInfo>,
+        secret: Secret,
+        health: Arc<Health>,
+        handshake_timeout: Duration,
+    ) -> Self {
+        Self {
+            comm,
+            rank,
+            peers,
+            secret,
+            health,
+            handshake_timeout,
+            taken: Mutex::new(HashMap::new()),
+            asked: AtomicUsize::new(0),
+        }
+    }
+
+    /// Questions this rank has asked other ranks' listeners so far.
+    pub(crate) fn questions_asked(&self) -> usize {
+        self.asked.load(Ordering::Relaxed)
+    }
+
+    /// The census of call `seq`: the whole job's, or this rank's subtree's; taken once.
+    pub(crate) fn census(&self, seq: u64, whole_job: bool, until: Instant) -> Census {
+        let slot = {
+            let Ok(mut taken) = self.taken.lock() else {
+                return self.take(seq, whole_job, until);
+            };
+            // Keep the last few calls' only.
+            if taken.len() > 16 {
+                taken.retain(|&(s, _), _| s + 8 > seq);
+            }
+            taken.entry((seq, whole_job)).or_default().clone()
+        };
+        let Ok(mut slot) = slot.lock() else {
+            return self.take(seq, whole_job, until);
+        };
+        if let Some(c) = slot.as_ref() {
+            return c.clone();
+        }
+        let c = self.take(seq, whole_job, until);
+        *slot = Some(c.clone());
+        c
+    }
+
+    fn take(&self, seq: u64, whole_job: bool, until: Instant) -> Census {
+        if !whole_job {
+            return self.subtree(seq, until);
+        }
+        match bootstrap::tree_parent(self.rank) {
+            None => self.subtree(seq, until),
+            Some(parent) => self
+                .ask(parent, seq, true, until)
+                .unwrap_or_else(|_| self.sweep(0, seq, until)),
+        }
+    }
+
+    /// This rank and its subtree: its own state, and its children's subtrees in parallel.
+    fn subtree(&self, seq: u64, until: Instant) -> Census {
+        let mut census = classify(self.rank, &self.health.progress(), seq);
+        let children = tree_children(self.rank, self.peers.len());
+        let inner = until.checked_sub(LEVEL_MARGIN).unwrap_or(until);
+        let parts: Vec<Census> = std::thread::scope(|s| {
+            let hs: Vec<_> = children
+                .map(|c| s.spawn(move || self.sweep(c, seq, inner)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        for part in parts {
+            census.merge(part);
+        }
+        census.sort();
+        census
+    }
+
+    /// Rank `node`'s subtree: asked of `node`, or, if it does not answer, `node` named and
+    /// its children asked in its place.
+    fn sweep(&self, node: usize, seq: u64, until: Instant) -> Census {
+        if node == self.rank {
+            return self.subtree(seq, until);
+        }
+        match self.ask(node, seq, false, until) {
+            Ok(c) => c,
+            Err(reason) => {
+                let mut census = Census::lagging(node, reason);
+                let inner = until.checked_sub(LEVEL_MARGIN).unwrap_or(until);
+                let parts: Vec<Census> = std::thread::scope(|s| {
+                    let hs: Vec<_> = tree_children(node, self.peers.len())
+                        .map(|c| s.spawn(move || self.sweep(c, seq, inner)))
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| h.join().unwrap_or_default())
+                        .collect()
+                });
+                for part in parts {
+                    census.merge(part);
+                }
+                census
+            }
+        }
+    }
+
+    /// Asks `peer`'s listener for a census; the reason as a phrase if it cannot give one.
+    fn ask(
+        &self,
+        peer: usize,
+        seq: u64,
+        whole_job: bool,
+        until: Instant,
+    ) -> std::result::Result<Census, String> {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("was not asked in time".into());
+        }
+        let kind = ConnectKind::Census {
+            seq,
+            whole_job,
+            within_ms: left.as_millis().min(u128::from(u64::MAX)) as u64,
+        };
+        let info = &self.peers[peer];
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        let mut s = open_request(
+            &self.comm,
+            self.rank,
+            info,
+            &self.secret,
+            until,
+            self.handshake_timeout.min(left),
+            kind,
+        )
+        .map_err(|e| format!("does not answer ({e})"))?;
+        s.set_read_timeout(Some(
+            until
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(10)),
+        ))
+        .ok();
+        match bootstrap::recv_msg(&mut s) {
+            Ok(Msg::Census(c)) => Ok(c),
+            Ok(Msg::Status(p)) => Ok(classify(peer, &p, seq)),
+            Ok(other) => Err(format!("answered a census with {other:?}")),
+            Err(e) => Err(format!("does not answer ({e})")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(started: u64, finished: u64, current: Option<&str>) -> Progress {
+        Progress {
+            started,
+            finished,
+            current: current.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn ranks_are_classified_against_the_call() {
+        assert_eq!(classify(3, &progress(5, 4, Some("x")), 5).in_call, vec![3]);
+        assert!(classify(3, &progress(5, 5, None), 5).laggards.is_empty());
+        let idle = classify(2, &progress(4, 4, None), 5);
+        assert_eq!(idle.laggards[0].0, 2);
+        assert!(idle.laggards[0].1.contains("is idle after collective #4"));
+        let stuck = classify(2, &progress(4, 3, Some("broadcast #4")), 5);
+        assert!(stuck.laggards[0].1.contains("is still in broadcast #4"));
+        let ahead = classify(2, &progress(6, 4, Some("all_gather #6")), 5);
+        assert!(ahead.laggards[0].1.contains("already past it"));
+    }
+
+    #[test]
+    fn a_census_names_at_most_64_laggards_and_counts_the_rest() {
+        let mut c = Census::default();
+        for r in 0..100 {
+            c.merge(Census::lagging(r, "idle".into()));
+        }
+        assert_eq!(c.laggards.len(), MAX_NAMED);
+        assert_eq!(c.unnamed, 100 - MAX_NAMED);
+    }
+}
