@@ -99,8 +99,8 @@ struct Registry {
     nranks: Option<usize>,
     listen: Vec<Option<SocketAddr>>,
     registered: usize,
-    /// Set by the first registration: the init deadline of the whole job.
-    deadline: Option<Instant>,
+    /// When the first rank registered: the job's init deadline counts from here.
+    first_arrival: Option<Instant>,
     /// Complete, or past its deadline: no more registrations.
     closed: bool,
     /// Why init failed, as the first rank (or the deadline) to say so put it.
@@ -144,7 +144,7 @@ impl Registry {
         }
         if self.listen.is_empty() {
             self.listen = vec![None; n];
-            self.deadline.get_or_insert_with(Instant::now);
+            self.first_arrival.get_or_insert_with(Instant::now);
         }
         if rank >= n || info.rank != rank {
             return refuse(format!("rank {rank} is out of range for {n} ranks"));
@@ -171,7 +171,7 @@ pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Dur
             nranks: None,
             listen: Vec::new(),
             registered: 0,
-            deadline: None,
+            first_arrival: None,
             closed: false,
             verdict: None,
         }),
@@ -235,7 +235,7 @@ pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Dur
         if reg.complete() {
             break;
         }
-        let expires = reg.deadline.map(|d| d + timeout);
+        let expires = reg.first_arrival.map(|d| d + timeout);
         if let Some(deadline) = expires {
             if now >= deadline && reg.verdict.is_none() {
                 reg.closed = true;
