@@ -20,8 +20,6 @@ use std::time::{Duration, Instant};
 
 /// Most laggards a census names; the rest are counted.
 const MAX_NAMED: usize = 64;
-/// Kept from each level's deadline for the answer to travel back up.
-const LEVEL_MARGIN: Duration = Duration::from_millis(150);
 
 /// Who is where, for one call.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -33,12 +31,15 @@ pub(crate) struct Census {
     pub laggards: Vec<(usize, String)>,
     /// Laggards beyond those named.
     pub unnamed: usize,
+    /// Ranks that could not be asked in time (below one that did not answer).
+    pub unasked: usize,
 }
 
 impl Census {
     fn merge(&mut self, other: Census) {
         self.in_call.extend(other.in_call);
         self.unnamed += other.unnamed;
+        self.unasked += other.unasked;
         for l in other.laggards {
             if self.laggards.len() < MAX_NAMED {
                 self.laggards.push(l);
@@ -90,6 +91,25 @@ fn classify(q: usize, p: &Progress, seq: u64) -> Census {
 
 fn tree_children(rank: usize, n: usize) -> std::ops::Range<usize> {
     bootstrap::tree_children(rank, n)
+}
+
+/// Ranks in `node`'s subtree of the rank tree of `n`.
+fn subtree_size(node: usize, n: usize) -> usize {
+    let mut size = 0;
+    let mut level = node..node + 1;
+    while level.start < n {
+        size += level.end.min(n) - level.start;
+        let first = tree_children(level.start, usize::MAX).start;
+        let last = tree_children(level.end - 1, usize::MAX).end;
+        level = first..last;
+    }
+    size
+}
+
+/// The instant `share` of the way from now to `until`.
+fn fraction_of(until: Instant, share: f64) -> Instant {
+    let now = Instant::now();
+    now + until.saturating_duration_since(now).mul_f64(share)
 }
 
 /// A census being taken or taken: the first asker fills it while the others wait on its lock.
@@ -166,8 +186,11 @@ impl Diagnoser {
         }
         match bootstrap::tree_parent(self.rank) {
             None => self.subtree(seq, until),
+            // Three quarters of the time for the parent (its own parent gets three quarters
+            // of that, and so on up: the root keeps a quarter of the whole at depth 5); if it
+            // does not answer, the rest for taking the census from here.
             Some(parent) => self
-                .ask(parent, seq, true, until)
+                .ask(parent, seq, true, fraction_of(until, 0.75))
                 .unwrap_or_else(|_| self.sweep(0, seq, until)),
         }
     }
@@ -176,10 +199,9 @@ impl Diagnoser {
     fn subtree(&self, seq: u64, until: Instant) -> Census {
         let mut census = classify(self.rank, &self.health.progress(), seq);
         let children = tree_children(self.rank, self.peers.len());
-        let inner = until.checked_sub(LEVEL_MARGIN).unwrap_or(until);
         let parts: Vec<Census> = std::thread::scope(|s| {
             let hs: Vec<_> = children
-                .map(|c| s.spawn(move || self.sweep(c, seq, inner)))
+                .map(|c| s.spawn(move || self.sweep(c, seq, until)))
                 .collect();
             hs.into_iter()
                 .map(|h| h.join().unwrap_or_default())
@@ -198,14 +220,18 @@ impl Diagnoser {
         if node == self.rank {
             return self.subtree(seq, until);
         }
-        match self.ask(node, seq, false, until) {
+        // Half the time for `node`; if it does not answer, the rest for asking its children.
+        match self.ask(node, seq, false, fraction_of(until, 0.5)) {
             Ok(c) => c,
+            Err(_) if Instant::now() >= until => Census {
+                unasked: subtree_size(node, self.peers.len()),
+                ..Census::default()
+            },
             Err(reason) => {
                 let mut census = Census::lagging(node, reason);
-                let inner = until.checked_sub(LEVEL_MARGIN).unwrap_or(until);
                 let parts: Vec<Census> = std::thread::scope(|s| {
                     let hs: Vec<_> = tree_children(node, self.peers.len())
-                        .map(|c| s.spawn(move || self.sweep(c, seq, inner)))
+                        .map(|c| s.spawn(move || self.sweep(c, seq, until)))
                         .collect();
                     hs.into_iter()
                         .map(|h| h.join().unwrap_or_default())
@@ -286,6 +312,16 @@ mod tests {
         assert!(stuck.laggards[0].1.contains("is still in broadcast #4"));
         let ahead = classify(2, &progress(6, 4, Some("all_gather #6")), 5);
         assert!(ahead.laggards[0].1.contains("already past it"));
+    }
+
+    #[test]
+    fn subtree_sizes_add_up() {
+        for n in [1, 2, 9, 10, 73, 74, 1000] {
+            assert_eq!(subtree_size(0, n), n);
+            let children: usize = tree_children(0, n).map(|c| subtree_size(c, n)).sum();
+            assert_eq!(children, n - 1);
+        }
+        assert_eq!(subtree_size(1, 74), 1 + 8 + 1);
     }
 
     #[test]

@@ -440,6 +440,11 @@ impl Rendezvous<'_> {
             Ok(Msg::Joined { parent, children }) => {
                 Ok(parent.into_iter().chain(children).collect())
             }
+            Ok(Msg::Fail { reason, missing }) if missing.contains(&self.rank) => Err(self
+                .timeout_error(
+                    format!("this rank came after the others gave up ({reason})"),
+                    missing,
+                )),
             Ok(Msg::Fail { reason, missing }) if !missing.is_empty() => {
                 Err(self.timeout_error(reason, missing))
             }
@@ -474,6 +479,7 @@ impl Rendezvous<'_> {
                 kind: ConnectKind::Tree,
             },
         )?;
+        s.set_read_timeout(Some(self.cfg.handshake_timeout)).ok();
         match recv_msg(&mut s)? {
             Msg::Ack => {
                 s.set_read_timeout(None).ok();

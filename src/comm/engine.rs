@@ -4,7 +4,7 @@
 use super::*;
 
 /// How long a timed-out call spends finding out who holds it up.
-const DIAGNOSIS_LIMIT: Duration = Duration::from_secs(3);
+const DIAGNOSIS_LIMIT: Duration = Duration::from_secs(5);
 
 impl Communicator {
     pub(super) fn lock_state(&self) -> Result<std::sync::MutexGuard<'_, State>> {
@@ -320,9 +320,13 @@ impl Communicator {
             .census(seq, true, Instant::now() + DIAGNOSIS_LIMIT);
         let waiters = census.in_call;
         let laggards = census.laggards;
+        let unasked = match census.unasked {
+            0 => String::new(),
+            n => format!(" ({n} ranks below one that did not answer were not asked)"),
+        };
         if laggards.is_empty() && census.unnamed == 0 {
             let diagnosis = format!(
-                "every rank is in it; the transfers from {} stalled",
+                "every rank asked is in it; the transfers from {} stalled{unasked}",
                 RankList(&waiting_on)
             );
             return Error::Timeout {
@@ -345,7 +349,7 @@ impl Communicator {
             n => format!("; and {n} more ranks not in it"),
         };
         let diagnosis = format!(
-            "{}{more}; {} {} on {}",
+            "{}{more}; {} {} on {}{unasked}",
             named.join("; "),
             RankList(&waiters),
             if waiters.len() == 1 { "waits" } else { "wait" },
