@@ -109,6 +109,12 @@ fn trial(nranks: usize, procs: usize) -> Trial {
             .env(WORKER, format!("{first},{count},{nranks}"))
             .env("STRATA_INIT_BENCH_ID", id.to_hex())
             .env("STRATA_SOCKET_IFNAME", "=lo")
+            // Workers exit one by one after the measurement, and the ranks still running log
+            // their peers' departure; a failed init still panics with its error.
+            .env(
+                "STRATA_LOG",
+                std::env::var("STRATA_LOG").unwrap_or_else(|_| "off".into()),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
