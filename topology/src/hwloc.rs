@@ -223,10 +223,29 @@ fn validate(text: &str, file: &str) -> Result<(), TopoError> {
     let doc = roxmltree::Document::parse_with_options(text, opts)
         .map_err(|e| TopoError::at(file, e.pos().row, format!("not well-formed XML: {e}")))?;
     let root = doc.root_element();
+    let line = |n: roxmltree::Node| doc.text_pos_at(n.range().start).row;
     if root.tag_name().name() != "topology" {
         return Err(TopoError::at(file, 1, "expected a <topology> root element"));
     }
-    let line = |n: roxmltree::Node| doc.text_pos_at(n.range().start).row;
+    // hwloc 3 writes `version="3.0"` by default, which the hwloc 2 linked here refuses with a
+    // bare EINVAL; say what it is and how to get a file it reads.
+    let version = root.attribute("version").unwrap_or("1.0");
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or(0);
+    if major >= 3 {
+        return Err(TopoError::at(
+            file,
+            line(root),
+            format!(
+                "this is an hwloc {major} XML export (<topology version=\"{version}\">), and strata \
+                 is built on hwloc 2, which reads version 1 and 2 exports only; re-export it with \
+                 hwloc 3's `lstopo --of v2xml FILE` or hwloc 2's `lstopo --of xml FILE`"
+            ),
+        ));
+    }
     let sets = ["cpuset", "complete_cpuset", "nodeset", "complete_nodeset"];
     for obj in root.descendants().filter(|n| n.has_tag_name("object")) {
         let ty = obj
@@ -374,7 +393,19 @@ mod tests {
         )
         .unwrap();
         let e = load_xml(&bad).unwrap_err();
-        let _ = std::fs::remove_file(&bad);
         assert!(e.message.starts_with("hwloc:"), "{e}");
+        // An hwloc 3 export of the test host: named as such, with the way to re-export it.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/two-socket-2gpu-2nic.hwloc.xml");
+        let v2 = std::fs::read_to_string(path).unwrap();
+        let v3 = v2.replace("<topology version=\"2.0\">", "<topology version=\"3.0\">");
+        assert_ne!(v2, v3);
+        std::fs::write(&bad, v3).unwrap();
+        let e = load_xml(&bad).unwrap_err();
+        let _ = std::fs::remove_file(&bad);
+        assert!(e.message.contains("hwloc 3 XML export"), "{e}");
+        assert!(e.message.contains("lstopo --of v2xml"), "{e}");
+        assert_eq!(e.line, 6, "{e}");
+        assert!(!e.message.contains("errno"), "{e}");
     }
 }
