@@ -62,8 +62,10 @@ pub(super) fn spawn_main(args: &Args) -> ExitCode {
         if status.iter().all(Option::is_some) {
             break;
         }
-        // After a failure, give the others a moment to report their own errors.
-        let grace_over = failed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
+        // After a failure, give the others a moment to report their own errors (the watchdog
+        // tells every survivor within milliseconds), then end whoever is left: a stopped or
+        // hung rank never exits by itself.
+        let grace_over = failed_at.is_some_and(|t| t.elapsed() > FAILURE_GRACE);
         if grace_over || deadline.is_some_and(|d| Instant::now() > d) {
             eprintln!("collbench: stopping the remaining ranks");
             kill_all(&mut children);
@@ -77,6 +79,9 @@ pub(super) fn spawn_main(args: &Args) -> ExitCode {
         ExitCode::FAILURE
     }
 }
+
+/// How long the launcher waits for the other ranks after one has failed.
+const FAILURE_GRACE: Duration = Duration::from_secs(1);
 
 pub(super) fn kill_all(children: &mut [Child]) {
     for c in children.iter_mut() {

@@ -1,0 +1,83 @@
+//! collbench as a launcher: when one of its ranks is stopped (SIGSTOP), the survivors name it
+//! and the launcher ends the stopped rank and exits, instead of waiting on it.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The pids whose parent is `parent` (from /proc).
+fn children_of(parent: u32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // pid (comm) state ppid ...: the comm may hold spaces, so split after ')'.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_stopped_rank_ends_the_launcher_soon_after_the_survivors_name_it() {
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args([
+            "--np", "4", "-b", "1M", "-e", "1M", "-n", "1000000", "-w", "1",
+        ])
+        .env("STRATA_SOCKET_IFNAME", "=lo")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the four ranks, and let them get into the benchmark.
+    let t = Instant::now();
+    let ranks = loop {
+        let ranks = children_of(launcher.id());
+        if ranks.len() == 4 || t.elapsed() > Duration::from_secs(30) {
+            break ranks;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(ranks.len(), 4, "collbench did not start 4 ranks");
+    std::thread::sleep(Duration::from_secs(2));
+    let victim = ranks[1];
+    // SAFETY: a child of the launcher this test started.
+    assert_eq!(unsafe { libc::kill(victim, libc::SIGSTOP) }, 0);
+    let stopped_at = Instant::now();
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break Some(s);
+        }
+        if stopped_at.elapsed() > Duration::from_secs(30) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = stopped_at.elapsed();
+    let Some(status) = status else {
+        for pid in children_of(launcher.id()) {
+            // SAFETY: children of the launcher this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = launcher.kill();
+        panic!("the launcher still ran 30 s after a rank was stopped");
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut launcher.stderr.take().unwrap(), &mut stderr).unwrap();
+    println!("launcher exited {took:?} after SIGSTOP ({status})");
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("stopped or hung"),
+        "no survivor named the stopped rank:\n{stderr}"
+    );
+    // The watchdog takes 3 missed heartbeats (3 s) to call a rank hung; the launcher then
+    // allows the others 1 s. It used to wait 10 s more for the stopped rank.
+    assert!(took < Duration::from_secs(7), "took {took:?}:\n{stderr}");
+    // And the stopped rank is gone, not left behind.
+    let alive =
+        std::fs::read_to_string(format!("/proc/{victim}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    assert!(!alive, "the stopped rank {victim} is still there");
+}
