@@ -198,9 +198,15 @@ impl Diagnoser {
     /// This rank and its subtree: its own state, and its children's subtrees in parallel.
     fn subtree(&self, seq: u64, until: Instant) -> Census {
         let mut census = classify(self.rank, &self.health.progress(), seq);
-        let children = tree_children(self.rank, self.peers.len());
+        self.sweep_children(self.rank, seq, until, &mut census);
+        census.sort();
+        census
+    }
+
+    /// Adds the subtrees of `node`'s children, swept in parallel, to `census`.
+    fn sweep_children(&self, node: usize, seq: u64, until: Instant, census: &mut Census) {
         let parts: Vec<Census> = std::thread::scope(|s| {
-            let hs: Vec<_> = children
+            let hs: Vec<_> = tree_children(node, self.peers.len())
                 .map(|c| s.spawn(move || self.sweep(c, seq, until)))
                 .collect();
             hs.into_iter()
@@ -210,8 +216,6 @@ impl Diagnoser {
         for part in parts {
             census.merge(part);
         }
-        census.sort();
-        census
     }
 
     /// Rank `node`'s subtree: asked of `node`, or, if it does not answer, `node` named and
@@ -229,17 +233,7 @@ impl Diagnoser {
             },
             Err(reason) => {
                 let mut census = Census::lagging(node, reason);
-                let parts: Vec<Census> = std::thread::scope(|s| {
-                    let hs: Vec<_> = tree_children(node, self.peers.len())
-                        .map(|c| s.spawn(move || self.sweep(c, seq, until)))
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| h.join().unwrap_or_default())
-                        .collect()
-                });
-                for part in parts {
-                    census.merge(part);
-                }
+                self.sweep_children(node, seq, until, &mut census);
                 census
             }
         }

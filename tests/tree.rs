@@ -22,12 +22,10 @@ fn loopback_id() -> UniqueId {
     UniqueId::new().unwrap()
 }
 
-#[test]
-fn seventy_four_ranks_join_through_a_three_level_tree_and_reduce() {
-    let n = 74; // rank 0, its 8 children, their 64, and one rank on a third level
-    assert_eq!(tree_depth(n), 3);
+/// `n` ranks as threads, initialised at once.
+fn init_all(n: usize) -> Vec<Communicator> {
     let id = loopback_id();
-    let comms: Vec<Communicator> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
                 s.spawn(move || {
@@ -36,7 +34,14 @@ fn seventy_four_ranks_join_through_a_three_level_tree_and_reduce() {
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    })
+}
+
+#[test]
+fn seventy_four_ranks_join_through_a_three_level_tree_and_reduce() {
+    let n = 74; // rank 0, its 8 children, their 64, and one rank on a third level
+    assert_eq!(tree_depth(n), 3);
+    let comms = init_all(n);
     let table: Vec<_> = comms[0].peers().iter().map(|p| p.listen).collect();
     for c in &comms {
         assert_eq!(c.size(), n);
@@ -103,17 +108,7 @@ fn a_rank_missing_inside_the_tree_is_named_by_every_rank_that_arrived() {
 fn a_rank_that_skips_a_collective_is_named_by_all_63_others_through_the_tree() {
     let n = 64;
     let skipper = 37;
-    let id = loopback_id();
-    let comms: Vec<Communicator> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                s.spawn(move || {
-                    Communicator::init_with_config(&id, n, r, cfg(Duration::from_secs(60))).unwrap()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let comms = init_all(n);
     let errors: Vec<(usize, Option<Error>)> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .iter()

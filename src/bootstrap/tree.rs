@@ -503,6 +503,29 @@ impl Rendezvous<'_> {
         self.edges.get_mut(&peer)
     }
 
+    /// `peer`'s next frame, a subtree or a table, read until `until`. A failure verdict, a
+    /// broken or silent edge, or any other frame fails init here and is passed on.
+    fn receive(&mut self, peer: usize, until: Instant, expected: &str) -> Result<Msg> {
+        match self.read(peer, until) {
+            Ok(msg @ (Msg::Subtree { .. } | Msg::Table { .. })) => Ok(msg),
+            Ok(Msg::Fail { reason, missing }) => Err(self.fail(reason, missing, Some(peer))),
+            Ok(other) => Err(self.wrong_frame(peer, &format!("{other:?}"), expected)),
+            Err(e) => {
+                let timed_out = Instant::now() >= self.deadline;
+                Err(self.fail_waiting_on(peer, &format!("sent no {expected} ({e})"), timed_out))
+            }
+        }
+    }
+
+    /// Fails init because `peer` sent `got` where `expected` belonged.
+    fn wrong_frame(&mut self, peer: usize, got: &str, expected: &str) -> Error {
+        self.fail(
+            format!("rank {peer} sent {got} instead of a {expected}"),
+            vec![peer],
+            Some(peer),
+        )
+    }
+
     /// Reads one frame from `peer`'s edge until `until`.
     fn read(&mut self, peer: usize, until: Instant) -> Result<Msg> {
         let s = self
@@ -553,24 +576,9 @@ pub(crate) fn rendezvous(
         if rv.edge(child, inbox).is_none() {
             return Err(rv.fail_waiting_on(child, "never connected to its bootstrap parent", true));
         }
-        match rv.read(child, rv.deadline) {
-            Ok(Msg::Subtree { peers }) => subtree.extend(peers),
-            Ok(Msg::Fail { reason, missing }) => return Err(rv.fail(reason, missing, Some(child))),
-            Ok(other) => {
-                return Err(rv.fail(
-                    format!("rank {child} sent {other:?} instead of its subtree"),
-                    vec![child],
-                    Some(child),
-                ));
-            }
-            Err(e) => {
-                let timed_out = Instant::now() >= rv.deadline;
-                return Err(rv.fail_waiting_on(
-                    child,
-                    &format!("did not send its subtree ({e})"),
-                    timed_out,
-                ));
-            }
+        match rv.receive(child, rv.deadline, "subtree")? {
+            Msg::Subtree { peers } => subtree.extend(peers),
+            _ => return Err(rv.wrong_frame(child, "a rank table", "subtree")),
         }
     }
     let gathered_s = start.elapsed().as_secs_f64();
@@ -599,8 +607,8 @@ pub(crate) fn rendezvous(
             if let Err(e) = send_msg(up, &Msg::Subtree { peers: subtree }) {
                 return Err(rv.fail_waiting_on(parent, &format!("left ({e})"), false));
             }
-            match rv.read(parent, rv.deadline + PARENT_GRACE) {
-                Ok(Msg::Table { peers }) => {
+            match rv.receive(parent, rv.deadline + PARENT_GRACE, "rank table")? {
+                Msg::Table { peers } => {
                     let whole =
                         peers.len() == nranks && peers.iter().enumerate().all(|(i, p)| p.rank == i);
                     if !whole {
@@ -610,24 +618,7 @@ pub(crate) fn rendezvous(
                     }
                     peers
                 }
-                Ok(Msg::Fail { reason, missing }) => {
-                    return Err(rv.fail(reason, missing, Some(parent)));
-                }
-                Ok(other) => {
-                    return Err(rv.fail(
-                        format!("rank {parent} sent {other:?} instead of the rank table"),
-                        vec![parent],
-                        Some(parent),
-                    ));
-                }
-                Err(e) => {
-                    let timed_out = Instant::now() >= rv.deadline;
-                    return Err(rv.fail_waiting_on(
-                        parent,
-                        &format!("sent no rank table ({e})"),
-                        timed_out,
-                    ));
-                }
+                _ => return Err(rv.wrong_frame(parent, "a subtree", "rank table")),
             }
         }
     };
