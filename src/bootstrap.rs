@@ -228,6 +228,8 @@ pub(crate) enum Msg {
     /// rank → root: init failed for this reason (the first posted stands); answered with the
     /// standing verdict, so every rank that asks names the same ranks.
     Verdict { reason: String, missing: Vec<usize> },
+    /// rank 0 → root: the table has gone down the tree; the directory may close.
+    Done,
     /// child → parent in the bootstrap tree: the descriptions of the child's whole subtree.
     Subtree { peers: Vec<PeerInfo> },
     /// Down the bootstrap tree (and from a shrink's gatherer): everybody is here.

@@ -105,6 +105,8 @@ struct Registry {
     closed: bool,
     /// Why init failed, as the first rank (or the deadline) to say so put it.
     verdict: Option<(String, Vec<usize>)>,
+    /// Rank 0 has sent the table down the tree: the directory's work is done.
+    finished: bool,
 }
 
 impl Registry {
@@ -162,9 +164,10 @@ impl Registry {
     }
 }
 
-/// The directory behind a unique id: serves one communicator's registrations, then exits when
-/// every rank has registered, or when its deadline and then a grace period (for the ranks'
-/// questions about who is missing) have passed.
+/// The directory behind a unique id: serves one communicator's registrations and the
+/// verdicts of ranks that fail, then exits when rank 0 says the table has gone down the tree,
+/// or when its deadline and then a grace period (for the ranks' questions about who is
+/// missing) have passed.
 pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Duration) {
     let state = Arc::new((
         Mutex::new(Registry {
@@ -174,6 +177,7 @@ pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Dur
             first_arrival: None,
             closed: false,
             verdict: None,
+            finished: false,
         }),
         Condvar::new(),
     ));
@@ -208,6 +212,11 @@ pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Dur
                     }
                 }
             },
+            Msg::Done => {
+                reg.finished = true;
+                cv.notify_all();
+                Msg::Ack
+            }
             Msg::Verdict { reason, missing } => {
                 let (reason, missing) = reg.verdict.get_or_insert((reason, missing)).clone();
                 reg.closed = true;
@@ -232,12 +241,14 @@ pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Dur
     let Ok(mut reg) = lock.lock() else { return };
     loop {
         let now = Instant::now();
-        if reg.complete() {
+        // Rank 0 says when the table has gone down the tree; until then a rank that fails in
+        // the tree may still post its verdict here.
+        if reg.complete() && reg.finished {
             break;
         }
         let expires = reg.first_arrival.map(|d| d + timeout);
         if let Some(deadline) = expires {
-            if now >= deadline && reg.verdict.is_none() {
+            if now >= deadline && reg.verdict.is_none() && !reg.complete() {
                 reg.closed = true;
                 let missing = reg.missing();
                 let reason = format!("{} never arrived", RankList(&missing));
@@ -320,7 +331,30 @@ pub fn directory_registration_time(nranks: usize, threads: usize) -> Result<Dura
                 .unwrap_or_else(|_| Err(Error::Transport("a registering thread panicked".into())))
         })
     })?;
-    Ok(start.elapsed())
+    let took = start.elapsed();
+    // Let the directory go, as rank 0 would.
+    if let Ok(mut c) = connect_authenticated(
+        id.root_addr(),
+        &secret,
+        Instant::now() + Duration::from_secs(5),
+        Duration::from_secs(5),
+        false,
+    ) {
+        let _ = send_msg(&mut c, &Msg::Done);
+    }
+    Ok(took)
+}
+
+/// Ends this side of an edge so that what was sent on it arrives: closing a socket with
+/// unread bytes (a child's subtree, say) resets the connection, and a reset can destroy the
+/// last frame before the peer reads it. So: no more writes, and whatever came is read and
+/// dropped (without waiting).
+fn close_gently(s: &mut TcpStream) {
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    if s.set_nonblocking(true).is_ok() {
+        let mut sink = [0u8; 64 << 10];
+        while matches!(std::io::Read::read(s, &mut sink), Ok(n) if n > 0) {}
+    }
 }
 
 /// One rank's view of the rendezvous while it runs.
@@ -354,6 +388,7 @@ impl Rendezvous<'_> {
                 s.set_write_timeout(Some(Duration::from_secs(2))).ok();
                 let _ = send_msg(s, msg);
             }
+            close_gently(s);
         }
     }
 
@@ -637,6 +672,9 @@ pub(crate) fn rendezvous(
                 tracing::warn!(rank, child, error = %e, "bootstrap: could not pass the table on");
             }
         }
+    }
+    if rank == 0 {
+        let _ = rv.ask_directory(&Msg::Done);
     }
     let Msg::Table { peers } = msg else {
         unreachable!("built as a table above")
