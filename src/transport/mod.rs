@@ -52,6 +52,11 @@ pub(crate) trait Transport: Send {
     fn name(&self) -> &'static str;
     /// Accepts as much of `data` as fits now and returns how much; never blocks.
     fn send_some(&mut self, data: &[u8]) -> io::Result<usize>;
+    /// Sends `head` then `tail`, in one message where the transport can (one ring slot), and
+    /// returns how many of their bytes it took, as `send_some`.
+    fn send_some_pair(&mut self, head: &[u8], tail: &[u8]) -> io::Result<usize> {
+        send_in_turn(self, head, tail)
+    }
     /// Hands received bytes to `f` — at most `max`, in whole multiples of `granule` — and
     /// returns how many were consumed; never blocks.
     fn recv_some(
@@ -78,6 +83,20 @@ pub(crate) trait Transport: Send {
     fn background(&mut self) -> io::Result<Option<Wait>> {
         Ok(None)
     }
+}
+
+/// `head` then `tail` through `send_some`: what a transport without a way to send both as
+/// one message does.
+pub(crate) fn send_in_turn<T: Transport + ?Sized>(
+    t: &mut T,
+    head: &[u8],
+    tail: &[u8],
+) -> io::Result<usize> {
+    let n = t.send_some(head)?;
+    if n < head.len() || tail.is_empty() {
+        return Ok(n);
+    }
+    Ok(n + t.send_some(tail)?)
 }
 
 /// How many of a slot's `avail` bytes to hand over now: at most `room`, in whole `granule`s;

@@ -202,6 +202,48 @@ impl RingEndpoint {
     }
 }
 
+impl RingEndpoint {
+    /// Whether the producer has a slot to fill (re-reading the consumer's counter only when
+    /// the ring looks full).
+    fn slot_free(&mut self) -> bool {
+        if self.tx_head.wrapping_sub(self.tx_tail_seen) < self.geo.slots {
+            return true;
+        }
+        self.tx_tail_seen = self.control(self.tx).tail.0.load(Ordering::Acquire);
+        self.tx_head.wrapping_sub(self.tx_tail_seen) < self.geo.slots
+    }
+
+    /// Fills the next slot with `a` then `b` and posts it. The caller has checked
+    /// [`RingEndpoint::slot_free`] and that both fit one slot's payload.
+    fn post(&mut self, a: &[u8], b: &[u8]) {
+        let slot = self.tx_head % self.geo.slots;
+        debug_assert!(a.len() + b.len() <= self.payload_capacity());
+        // SAFETY: the slot is free (head - tail < slots), so the consumer does not read it,
+        // and a and b together fit its payload.
+        unsafe {
+            let p = self.slot_ptr(self.tx, slot).add(SLOT_HEADER);
+            std::ptr::copy_nonoverlapping(a.as_ptr(), p, a.len());
+            std::ptr::copy_nonoverlapping(b.as_ptr(), p.add(a.len()), b.len());
+        }
+        self.tx_head = self.tx_head.wrapping_add(1);
+        let hdr = self.slot_header(self.tx, slot);
+        hdr.len.store((a.len() + b.len()) as u32, Ordering::Relaxed);
+        hdr.seq.store(self.tx_head, Ordering::Release);
+        self.control(self.tx)
+            .head
+            .0
+            .store(self.tx_head, Ordering::SeqCst);
+    }
+
+    /// Wakes the consumer if it sleeps.
+    fn wake_consumer(&self) {
+        let ctl = self.control(self.tx);
+        if ctl.consumer_sleeping.0.load(Ordering::SeqCst) != 0 {
+            futex::wake(&ctl.head.0);
+        }
+    }
+}
+
 /// Largest slot count.
 pub(crate) const MAX_SLOTS: u32 = 1 << 16;
 
@@ -221,38 +263,26 @@ impl Transport for RingEndpoint {
     }
 
     fn send_some(&mut self, data: &[u8]) -> io::Result<usize> {
-        let ctl = self.control(self.tx);
         let mut sent = 0;
-        while sent < data.len() {
-            if self.tx_head.wrapping_sub(self.tx_tail_seen) >= self.geo.slots {
-                // Only re-read the consumer's counter when the ring looks full.
-                self.tx_tail_seen = ctl.tail.0.load(Ordering::Acquire);
-                if self.tx_head.wrapping_sub(self.tx_tail_seen) >= self.geo.slots {
-                    break;
-                }
-            }
-            let slot = self.tx_head % self.geo.slots;
+        while sent < data.len() && self.slot_free() {
             let n = self.payload_capacity().min(data.len() - sent);
-            // SAFETY: the slot is free (head - tail < slots), so the consumer does not read it;
-            // n ≤ the payload capacity.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    data.as_ptr().add(sent),
-                    self.slot_ptr(self.tx, slot).add(SLOT_HEADER),
-                    n,
-                )
-            };
-            self.tx_head = self.tx_head.wrapping_add(1);
-            let hdr = self.slot_header(self.tx, slot);
-            hdr.len.store(n as u32, Ordering::Relaxed);
-            hdr.seq.store(self.tx_head, Ordering::Release);
-            ctl.head.0.store(self.tx_head, Ordering::SeqCst);
+            self.post(&data[sent..sent + n], &[]);
             sent += n;
         }
-        if sent > 0 && ctl.consumer_sleeping.0.load(Ordering::SeqCst) != 0 {
-            futex::wake(&ctl.head.0);
+        if sent > 0 {
+            self.wake_consumer();
         }
         Ok(sent)
+    }
+
+    fn send_some_pair(&mut self, head: &[u8], tail: &[u8]) -> io::Result<usize> {
+        let n = head.len() + tail.len();
+        if n == 0 || n > self.payload_capacity() || !self.slot_free() {
+            return super::send_in_turn(self, head, tail);
+        }
+        self.post(head, tail);
+        self.wake_consumer();
+        Ok(n)
     }
 
     fn recv_some(

@@ -143,6 +143,19 @@ impl Transport for TcpTransport {
         Ok(done)
     }
 
+    fn send_some_pair(&mut self, head: &[u8], tail: &[u8]) -> io::Result<usize> {
+        // A small pair goes out in one write (one segment, one system call).
+        const JOIN_MAX: usize = 4096;
+        let n = head.len() + tail.len();
+        if n > JOIN_MAX || head.is_empty() || tail.is_empty() {
+            return super::send_in_turn(self, head, tail);
+        }
+        let mut joined = [0u8; JOIN_MAX];
+        joined[..head.len()].copy_from_slice(head);
+        joined[head.len()..n].copy_from_slice(tail);
+        self.send_some(&joined[..n])
+    }
+
     fn recv_some(
         &mut self,
         max: usize,
