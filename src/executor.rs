@@ -18,6 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use strata_algorithms::{Algorithm, Buf, Collective, Op, RankSchedule, Region};
 
+mod small;
+pub(crate) use small::{SMALL_MAX_BYTES, SmallDoubling};
+
 /// Bytes of an operation header (with a small message, it fits one cache line of a slot).
 pub(crate) const HEADER_BYTES: usize = 32;
 const HEADER_MAGIC: u32 = 0x5244_4853; // "SHDR"
@@ -595,8 +598,14 @@ impl OpRun<'_> {
         let expect = st
             .expect
             .ok_or_else(|| Error::Transport("internal: header without expectation".into()))?;
+        self.check_header(peer, got, expect)?;
+        Ok(true)
+    }
+
+    /// The error for a header from `peer` that is not the one expected.
+    fn check_header(&self, peer: usize, got: Option<Header>, expect: Header) -> Result<()> {
         if got == Some(expect) {
-            return Ok(true);
+            return Ok(());
         }
         let who = self
             .peers
@@ -604,7 +613,6 @@ impl OpRun<'_> {
             .map(PeerInfo::describe)
             .unwrap_or_default();
         match got {
-            Some(h) if h == expect => Ok(true),
             Some(h) => Err(Error::Mismatch(format!(
                 "rank {} called {}; rank {peer} ({who}) called {}",
                 self.rank,

@@ -499,3 +499,92 @@ fn a_lone_send_to_self_is_an_error_not_a_hang() {
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     assert!(e.to_string().contains("receives 0"), "{e}");
 }
+
+/// The small all-reduce path (recursive doubling at a power-of-two rank count, up to 2 KiB
+/// per rank) gives the checked result for every type and operator, in place and out of
+/// place, and those are the calls that take it: premulsum, a larger message and a rank whose
+/// part is not a plain exchange per step (a folded rank, at 3 ranks) take the general path.
+#[test]
+fn small_all_reduce_path_is_taken_and_exact() {
+    const SMALL_MAX_BYTES: usize = 2048;
+    for transport in [TransportPolicy::Auto, TransportPolicy::Tcp] {
+        for n in [2, 3, 4] {
+            let comms = init_threads(n, transport);
+            for c in &comms {
+                // The tuner's choice at 2 KiB differs with the rank count.
+                c.set_algorithm(
+                    Collective::AllReduce,
+                    Some(strata::Algorithm::RecursiveDoubling),
+                )
+                .unwrap();
+            }
+            let before: Vec<u64> = comms.iter().map(|c| c.small_path_calls()).collect();
+            let results = on_all(&comms, |c| {
+                let mut expected = 0;
+                for dtype in DataType::ALL {
+                    let es = dtype.size();
+                    let mut ops = ReduceOp::BASIC.to_vec();
+                    ops.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
+                    for op in ops {
+                        for count in [1, 7, SMALL_MAX_BYTES / es, SMALL_MAX_BYTES / es + 1] {
+                            for in_place in [false, true] {
+                                let spec = CallSpec {
+                                    collective: Collective::AllReduce,
+                                    dtype,
+                                    count,
+                                    op,
+                                    root: 0,
+                                };
+                                checked_call(c, spec, in_place)
+                                    .map_err(|e| format!("{transport:?} {spec:?}: {e}"))?;
+                                let small = count * es <= SMALL_MAX_BYTES
+                                    && !matches!(op, ReduceOp::PreMulSum(_));
+                                // At 3 ranks, ranks 0 and 1 fold into one; rank 2's part
+                                // is a plain exchange, which the small path runs.
+                                expected += u64::from(small && (n != 3 || c.rank() == 2));
+                            }
+                        }
+                    }
+                }
+                Ok::<u64, String>(expected)
+            });
+            for (c, (r, b)) in comms.iter().zip(results.into_iter().zip(before)) {
+                let expected = r.unwrap();
+                assert_eq!(
+                    c.small_path_calls() - b,
+                    expected,
+                    "{transport:?}, {n} ranks, rank {}",
+                    c.rank()
+                );
+            }
+        }
+    }
+}
+
+/// A rank whose small all-reduce has another count than its peers' fails with a mismatch
+/// that names both calls, and so does every peer that compares headers with it (at 4 ranks:
+/// both of its partners and rank 0, which only exchanges headers with it).
+#[test]
+fn small_all_reduce_mismatch_is_named() {
+    let comms = init_threads(4, TransportPolicy::Auto);
+    let results = on_all(&comms, |c| {
+        let count = if c.rank() == 3 { 8 } else { 4 };
+        let mut buf = vec![1f32; count];
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+    });
+    for (r, result) in results.into_iter().enumerate() {
+        match result {
+            Err(Error::Mismatch(m)) => {
+                assert!(
+                    m.contains("4 elements") && m.contains("8 elements"),
+                    "rank {r}: {m}"
+                )
+            }
+            Err(e) if r != 3 => assert!(
+                matches!(e, Error::PeerFailed { .. } | Error::Aborted(_)),
+                "rank {r}: {e}"
+            ),
+            other => panic!("rank {r}: expected a mismatch, got {other:?}"),
+        }
+    }
+}

@@ -46,7 +46,7 @@ impl Communicator {
         let (p, rank, es) = (inner.size, inner.rank, spec.dtype.size());
         let mut guard = self.lock_state()?;
         let st = &mut *guard;
-        let algorithm = self.algorithm_for(spec.collective, spec.count * es);
+        let algorithm = self.chosen_algorithm(st, spec.collective, spec.count * es);
         let plan = Plan {
             collective: spec.collective,
             algorithm,
@@ -69,7 +69,7 @@ impl Communicator {
                         )
                         .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                         inner.schedules_built.fetch_add(1, Ordering::Relaxed);
-                        let c = Arc::new(CachedPlan::new(sched, rank, p));
+                        let c = Arc::new(CachedPlan::new(&plan, sched, rank, p));
                         if st.schedules.len() >= SCHEDULE_CACHE {
                             st.schedules.clear();
                         }
@@ -102,6 +102,20 @@ impl Communicator {
         inner.health.op_started(&local);
         let result = (|| {
             self.ensure_connections(st, &cached.exchange, &local)?;
+            if let Some(small) = &cached.small
+                && !matches!(spec.op, ReduceOp::PreMulSum(_))
+                && (1..=SMALL_MAX_BYTES).contains(&input_bytes)
+                && output_bytes == input_bytes
+            {
+                let (combine, divide_by) = match spec.op {
+                    ReduceOp::Avg => (Combine::Sum, Some(p)),
+                    op => (reduce::combine_of(op), None),
+                };
+                st.small_calls += 1;
+                let mut run = self.op_run(st, local, spec.dtype, (combine, divide_by));
+                // SAFETY: the caller guarantees both buffers for their byte counts.
+                return unsafe { run.run_small_doubling(small, input, output, input_bytes) };
+            }
             // Inputs the schedule must not read from the caller's memory.
             let mut input = input;
             let premul = match spec.op {
@@ -150,6 +164,21 @@ impl Communicator {
                 .run(&cached.sched, &bufs)
         })();
         self.conclude(st, &local, result)
+    }
+
+    /// [`Communicator::algorithm_for`], remembering the tuner's last answer.
+    fn chosen_algorithm(&self, st: &mut State, collective: Collective, bytes: usize) -> Algorithm {
+        if let Some(a) = self.forced_algorithm(collective) {
+            return a;
+        }
+        match st.last_choice {
+            Some((c, b, a)) if c == collective && b == bytes => a,
+            _ => {
+                let a = self.inner.tuner.choose(collective, bytes);
+                st.last_choice = Some((collective, bytes, a));
+                a
+            }
+        }
     }
 
     /// The executor's context for one call described by `local`, with no headers yet.

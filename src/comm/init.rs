@@ -247,6 +247,8 @@ impl Communicator {
             staging: Vec::new(),
             schedules: HashMap::new(),
             last_plan: None,
+            last_choice: None,
+            small_calls: 0,
             exec: Default::default(),
             splits: 0,
             shrinks: 0,

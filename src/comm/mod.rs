@@ -5,7 +5,7 @@ use crate::config::{Config, RankOrder};
 use crate::connection::{self, CommListener, Connection, ControlFrame};
 use crate::dtype::{DataType, Element, ReduceOp};
 use crate::error::{Error, RankList, Result};
-use crate::executor::{self, Buffers, Header, OpRun};
+use crate::executor::{self, Buffers, Header, OpRun, SMALL_MAX_BYTES, SmallDoubling};
 use crate::reduce::{self, Combine};
 use crate::watchdog::{self, FlightRecord, Health, Progress, Watchdog, WatchdogSetup};
 use std::collections::HashMap;
@@ -75,6 +75,11 @@ struct State {
     schedules: HashMap<Plan, Arc<CachedPlan>>,
     /// The plan of the previous call: repeated calls skip hashing.
     last_plan: Option<(Plan, Arc<CachedPlan>)>,
+    /// The tuner's choice for the previous call's (collective, bytes): a repeated call skips
+    /// the tuner's lock and table.
+    last_choice: Option<(Collective, usize, Algorithm)>,
+    /// Calls the small all-reduce path ran.
+    small_calls: u64,
     exec: executor::ExecBuffers,
     splits: u64,
     shrinks: u64,
@@ -85,10 +90,13 @@ struct CachedPlan {
     sched: RankSchedule,
     /// Ranks this rank exchanges headers with: its schedule's peers and both ring neighbours.
     exchange: Vec<usize>,
+    /// For a recursive-doubling all-reduce at a power-of-two rank count: the peers of the
+    /// small path, which runs messages up to [`SMALL_MAX_BYTES`] without the step machinery.
+    small: Option<SmallDoubling>,
 }
 
 impl CachedPlan {
-    fn new(sched: RankSchedule, rank: usize, p: usize) -> Self {
+    fn new(plan: &Plan, sched: RankSchedule, rank: usize, p: usize) -> Self {
         let mut exchange = sched.send_peers();
         exchange.extend(sched.recv_peers());
         if p > 1 {
@@ -97,7 +105,15 @@ impl CachedPlan {
         exchange.sort_unstable();
         exchange.dedup();
         exchange.retain(|&q| q != rank);
-        Self { sched, exchange }
+        let small = (plan.collective == Collective::AllReduce
+            && plan.algorithm == Algorithm::RecursiveDoubling)
+            .then(|| SmallDoubling::from_schedule(&sched, &exchange))
+            .flatten();
+        Self {
+            sched,
+            exchange,
+            small,
+        }
     }
 }
 
@@ -310,11 +326,14 @@ impl Communicator {
     /// [`Communicator::set_algorithm`] and `STRATA_ALGO`), else a tuning-file rule's, else the
     /// tuner's cheapest for the size class ([`Communicator::explain`] says why).
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
+        self.forced_algorithm(collective)
+            .unwrap_or_else(|| self.inner.tuner.choose(collective, bytes))
+    }
+
+    /// The algorithm set for `collective` by `STRATA_ALGO` or [`Communicator::set_algorithm`].
+    fn forced_algorithm(&self, collective: Collective) -> Option<Algorithm> {
         let chosen = self.inner.algo_choice[collective.code() as usize].load(Ordering::Relaxed);
-        if let Some(a) = chosen.checked_sub(1).and_then(Algorithm::from_code) {
-            return a;
-        }
-        self.inner.tuner.choose(collective, bytes)
+        chosen.checked_sub(1).and_then(Algorithm::from_code)
     }
 
     /// The tuner's ranked table for `collective` at `bytes` per rank, with predicted times on
@@ -370,6 +389,13 @@ impl Communicator {
     /// The tiers of this communicator, with their digest.
     pub fn tiers(&self) -> &TierMatrix {
         &self.inner.tiers
+    }
+
+    /// How many calls ran on the small all-reduce path (recursive doubling without the step
+    /// machinery), for tests.
+    #[doc(hidden)]
+    pub fn small_path_calls(&self) -> u64 {
+        self.inner.state.lock().map_or(0, |st| st.small_calls)
     }
 
     /// How many schedules this communicator has built. A repeated (collective, algorithm,
