@@ -78,8 +78,9 @@ struct Args {
     /// Give up (and kill the ranks) after this many seconds, with --np.
     #[arg(long)]
     timeout: Option<f64>,
-    /// With --np: bind each spawned rank to a core of its own (`core`, when there are at
-    /// least as many cores as ranks, as mpirun does), or leave placement to the scheduler.
+    /// With --np: bind each spawned rank to a core (`core`: one of its own when there are at
+    /// least as many cores as ranks, as mpirun does, else core `rank mod cores`), or leave
+    /// placement to the scheduler (`none`).
     #[arg(long = "bind-to", default_value = "core", value_parser = ["core", "none"])]
     bind_to: String,
     #[command(subcommand)]
