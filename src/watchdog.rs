@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod flight;
 mod health;
 pub use health::{FlightRecord, Progress};
 pub(crate) use health::{Health, dump_trace};

@@ -5,14 +5,11 @@ use crate::bootstrap::PeerInfo;
 use crate::error::Error;
 use crate::executor::Header;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
 use std::os::unix::net::UnixDatagram;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Operations the flight recorder keeps per communicator.
-const FLIGHT_RECORDS: usize = 256;
+use super::flight::{Recorder, now_us};
 
 /// What one rank last reported about its work.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -50,105 +47,6 @@ pub struct FlightRecord {
     pub error: Option<String>,
 }
 
-/// Microseconds since the Unix epoch, read straight from the (vDSO) clock: a call reads it
-/// twice, and `SystemTime` arithmetic cost more than the read.
-fn now_us() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec to write.
-    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut t) } != 0 {
-        return SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
-    }
-    t.tv_sec as u64 * 1_000_000 + t.tv_nsec as u64 / 1_000
-}
-
-/// The flight recorder's clock. Where the CPU's time-stamp counter is invariant (x86-64 with
-/// `constant_tsc` and `nonstop_tsc`), a call reads the counter (11 ns on the 2-core EPYC VM
-/// against 27 ns for the wall clock) and a reading becomes microseconds since the epoch only
-/// when a record is read, at the counter's rate between the recorder's start and then.
-/// Elsewhere a stamp is the wall clock itself.
-#[derive(Clone, Copy)]
-struct Clock {
-    /// (counter, wall-clock µs) when the recorder started; `None`: stamps are wall clock.
-    origin: Option<(u64, u64)>,
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Self {
-            origin: invariant_tsc().then(|| (tsc(), now_us())),
-        }
-    }
-}
-
-impl Clock {
-    fn stamp(&self) -> u64 {
-        match self.origin {
-            Some(_) => tsc(),
-            None => now_us(),
-        }
-    }
-
-    fn micros(&self, stamp: u64) -> u64 {
-        let Some((t0, w0)) = self.origin else {
-            return stamp;
-        };
-        let (t1, w1) = (tsc(), now_us());
-        if t1 <= t0 || w1 <= w0 {
-            return w0;
-        }
-        let ticks_per_us = (t1 - t0) as f64 / (w1 - w0) as f64;
-        w0 + (stamp.saturating_sub(t0) as f64 / ticks_per_us) as u64
-    }
-}
-
-/// Whether the time-stamp counter ticks at one rate on every core, in every power state.
-fn invariant_tsc() -> bool {
-    static INVARIANT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *INVARIANT.get_or_init(|| {
-        cfg!(target_arch = "x86_64")
-            && std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| {
-                let flags = c.lines().find(|l| l.starts_with("flags")).unwrap_or("");
-                let has = |f: &str| flags.split_whitespace().any(|w| w == f);
-                has("constant_tsc") && has("nonstop_tsc")
-            })
-    })
-}
-
-fn tsc() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: rdtsc has no preconditions on x86-64.
-    return unsafe { core::arch::x86_64::_rdtsc() };
-    #[cfg(not(target_arch = "x86_64"))]
-    0
-}
-
-/// What a rank is doing and has done, as kept under one lock (a call takes it once as it
-/// starts and once as it ends): the headers are formatted only when someone asks.
-#[derive(Default)]
-struct Now {
-    started: u64,
-    finished: u64,
-    current: Option<Header>,
-    flight: VecDeque<Kept>,
-    clock: Clock,
-}
-
-/// A flight record as kept (formatted into a [`FlightRecord`] when read), so that a call
-/// allocates and formats nothing to be recorded.
-struct Kept {
-    seq: u64,
-    op: Header,
-    /// [`Clock`] stamps.
-    start: u64,
-    end: Option<u64>,
-    error: Option<String>,
-}
-
 /// The health of one communicator, shared by its calls, its watchdog and other threads.
 #[derive(Default)]
 pub(crate) struct Health {
@@ -159,7 +57,7 @@ pub(crate) struct Health {
     /// Set once `fault` holds an error, so healthy calls skip the lock.
     pub has_failed: AtomicBool,
     fault: Mutex<Option<Error>>,
-    progress: Mutex<Now>,
+    recorder: Recorder,
     /// Wakes the watchdog thread so that it announces a fault at once.
     pub(super) waker: Mutex<Option<UnixDatagram>>,
 }
@@ -198,72 +96,24 @@ impl Health {
     }
 
     /// A call starts: a collective (its sequence number moves `started`) or a point-to-point
-    /// transfer ([`Header::call_seq`] 0).
+    /// transfer ([`Header::call_seq`] 0). Callers hold the communicator's state lock.
     pub fn op_started(&self, op: &Header) {
-        let seq = op.call_seq();
-        if let Ok(mut p) = self.progress.lock() {
-            if seq > 0 {
-                p.started = seq;
-            }
-            p.current = Some(*op);
-            if p.flight.len() == FLIGHT_RECORDS {
-                p.flight.pop_front();
-            }
-            let start = p.clock.stamp();
-            p.flight.push_back(Kept {
-                seq,
-                op: *op,
-                start,
-                end: None,
-                error: None,
-            });
-        }
+        self.recorder.start(op);
     }
 
-    /// The call that [`Health::op_started`] announced ended.
+    /// The call that [`Health::op_started`] announced ended. Callers hold the state lock.
     pub fn op_finished(&self, seq: u64, error: Option<&Error>) {
-        if let Ok(mut p) = self.progress.lock() {
-            if seq > 0 && error.is_none() {
-                p.finished = seq;
-            }
-            p.current = None;
-            let stamp = p.clock.stamp();
-            if let Some(last) = p.flight.back_mut() {
-                last.end = Some(stamp);
-                last.error = error.map(|e| e.to_string());
-            }
-        }
+        self.recorder.finish(seq, error);
     }
 
     /// What this rank is doing now.
     pub fn progress(&self) -> Progress {
-        self.progress
-            .lock()
-            .map(|p| Progress {
-                started: p.started,
-                finished: p.finished,
-                current: p.current.map(|h| h.describe()),
-            })
-            .unwrap_or_default()
+        self.recorder.progress()
     }
 
     /// The flight recorder's records, oldest first.
     pub fn flight_records(&self) -> Vec<FlightRecord> {
-        self.progress
-            .lock()
-            .map(|p| {
-                p.flight
-                    .iter()
-                    .map(|k| FlightRecord {
-                        seq: k.seq,
-                        op: k.op.describe(),
-                        start_us: p.clock.micros(k.start),
-                        end_us: k.end.map(|e| p.clock.micros(e)),
-                        error: k.error.clone(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.recorder.records()
     }
 }
 

@@ -1,0 +1,356 @@
+//! The flight recorder: what a rank is doing and its last operations, written by the call
+//! in progress without a lock and read by the watchdog, diagnosis and trace threads.
+//!
+//! Each of the ring's entries is a seqlock: the one writer (calls on a communicator hold its
+//! state lock, so there is one at a time) makes the entry's version odd, writes the fields,
+//! and makes it even again; a reader retries until it reads the same even version before and
+//! after the fields. A call therefore costs a few plain stores, where a mutex cost two atomic
+//! read-modify-writes at each end of every call.
+
+use super::Progress;
+use super::health::FlightRecord;
+use crate::error::Error;
+use crate::executor::{HEADER_BYTES, Header};
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Operations the flight recorder keeps per communicator.
+const FLIGHT_RECORDS: usize = 256;
+
+/// Microseconds since the Unix epoch.
+pub(super) fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The flight recorder's clock. Where the CPU's time-stamp counter is invariant (x86-64 with
+/// `constant_tsc` and `nonstop_tsc`), a call reads the counter (11 ns on the 2-core EPYC VM
+/// against 27 ns for the wall clock) and a reading becomes microseconds since the epoch only
+/// when a record is read, at the counter's rate between the recorder's start and then.
+/// Elsewhere a stamp is the wall clock itself.
+#[derive(Clone, Copy)]
+struct Clock {
+    /// (counter, wall-clock µs) when the recorder started; `None`: stamps are wall clock.
+    origin: Option<(u64, u64)>,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self {
+            origin: invariant_tsc().then(|| (tsc(), now_us())),
+        }
+    }
+}
+
+impl Clock {
+    fn stamp(&self) -> u64 {
+        match self.origin {
+            Some(_) => tsc(),
+            None => now_us(),
+        }
+    }
+
+    fn micros(&self, stamp: u64) -> u64 {
+        let Some((t0, w0)) = self.origin else {
+            return stamp;
+        };
+        let (t1, w1) = (tsc(), now_us());
+        if t1 <= t0 || w1 <= w0 {
+            return w0;
+        }
+        let ticks_per_us = (t1 - t0) as f64 / (w1 - w0) as f64;
+        w0 + (stamp.saturating_sub(t0) as f64 / ticks_per_us) as u64
+    }
+}
+
+/// Whether the time-stamp counter ticks at one rate on every core, in every power state.
+fn invariant_tsc() -> bool {
+    static INVARIANT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *INVARIANT.get_or_init(|| {
+        cfg!(target_arch = "x86_64")
+            && std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| {
+                let flags = c.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+                let has = |f: &str| flags.split_whitespace().any(|w| w == f);
+                has("constant_tsc") && has("nonstop_tsc")
+            })
+    })
+}
+
+fn tsc() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: rdtsc has no preconditions on x86-64.
+    return unsafe { core::arch::x86_64::_rdtsc() };
+    #[cfg(not(target_arch = "x86_64"))]
+    0
+}
+
+const WORDS: usize = HEADER_BYTES / 8;
+
+/// One operation in the ring.
+#[derive(Default)]
+struct Entry {
+    /// Odd while the writer is changing the entry.
+    version: AtomicU64,
+    /// The operation's number on this communicator plus one (0: never written).
+    number: AtomicU64,
+    seq: AtomicU64,
+    /// [`Clock`] stamps; `end` is 0 while the operation runs.
+    start: AtomicU64,
+    end: AtomicU64,
+    /// The operation's header, encoded.
+    header: [AtomicU64; WORDS],
+}
+
+/// An entry as read.
+#[derive(Clone, Copy)]
+struct Snapshot {
+    number: u64,
+    seq: u64,
+    start: u64,
+    end: u64,
+    header: [u64; WORDS],
+}
+
+impl Entry {
+    /// The one writer changes the entry.
+    fn write(&self, f: impl FnOnce(&Self)) {
+        let v = self.version.load(Ordering::Relaxed);
+        self.version.store(v.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        f(self);
+        self.version.store(v.wrapping_add(2), Ordering::Release);
+    }
+
+    /// A consistent copy, retried while the writer is in the middle of a change.
+    fn read(&self) -> Snapshot {
+        loop {
+            let before = self.version.load(Ordering::Acquire);
+            if before.is_multiple_of(2) {
+                let s = Snapshot {
+                    number: self.number.load(Ordering::Relaxed),
+                    seq: self.seq.load(Ordering::Relaxed),
+                    start: self.start.load(Ordering::Relaxed),
+                    end: self.end.load(Ordering::Relaxed),
+                    header: std::array::from_fn(|i| self.header[i].load(Ordering::Relaxed)),
+                };
+                fence(Ordering::Acquire);
+                if self.version.load(Ordering::Relaxed) == before {
+                    return s;
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+impl Snapshot {
+    fn header(&self) -> Option<Header> {
+        let mut b = [0u8; HEADER_BYTES];
+        for (chunk, w) in b.chunks_exact_mut(8).zip(self.header) {
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
+        Header::decode(&b)
+    }
+}
+
+/// What a rank is doing and its last [`FLIGHT_RECORDS`] operations.
+pub(super) struct Recorder {
+    clock: Clock,
+    started: AtomicU64,
+    finished: AtomicU64,
+    /// Operations recorded so far.
+    recorded: AtomicU64,
+    entries: Box<[Entry]>,
+    /// The errors operations ended with, by operation number plus one: rare, so they keep
+    /// their strings under a lock of their own.
+    errors: Mutex<VecDeque<(u64, String)>>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self {
+            clock: Clock::default(),
+            started: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            recorded: AtomicU64::new(0),
+            entries: (0..FLIGHT_RECORDS).map(|_| Entry::default()).collect(),
+            errors: Mutex::new(VecDeque::new()),
+        }
+    }
+}
+
+impl Recorder {
+    fn entry(&self, number: u64) -> &Entry {
+        &self.entries[(number % FLIGHT_RECORDS as u64) as usize]
+    }
+
+    /// An operation starts. One writer at a time (the caller holds the state lock).
+    pub fn start(&self, op: &Header) {
+        let seq = op.call_seq();
+        let n = self.recorded.load(Ordering::Relaxed);
+        let encoded = op.encode();
+        let start = self.clock.stamp();
+        self.entry(n).write(|e| {
+            e.number.store(n + 1, Ordering::Relaxed);
+            e.seq.store(seq, Ordering::Relaxed);
+            e.start.store(start, Ordering::Relaxed);
+            e.end.store(0, Ordering::Relaxed);
+            for (w, chunk) in e.header.iter().zip(encoded.chunks_exact(8)) {
+                let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+                w.store(word, Ordering::Relaxed);
+            }
+        });
+        self.recorded.store(n + 1, Ordering::Release);
+        if seq > 0 {
+            self.started.store(seq, Ordering::Release);
+        }
+    }
+
+    /// The operation [`Recorder::start`] announced ended.
+    pub fn finish(&self, seq: u64, error: Option<&Error>) {
+        let n = self.recorded.load(Ordering::Relaxed);
+        if n == 0 {
+            return;
+        }
+        let end = self.clock.stamp().max(1);
+        self.entry(n - 1)
+            .write(|e| e.end.store(end, Ordering::Relaxed));
+        match error {
+            Some(error) => {
+                if let Ok(mut errors) = self.errors.lock() {
+                    if errors.len() == FLIGHT_RECORDS {
+                        errors.pop_front();
+                    }
+                    errors.push_back((n, error.to_string()));
+                }
+            }
+            None if seq > 0 => self.finished.store(seq, Ordering::Release),
+            None => {}
+        }
+    }
+
+    /// What the rank is doing now.
+    pub fn progress(&self) -> Progress {
+        let n = self.recorded.load(Ordering::Acquire);
+        let current = (n > 0)
+            .then(|| self.entry(n - 1).read())
+            .filter(|s| s.number == n && s.end == 0)
+            .and_then(|s| s.header())
+            .map(|h| h.describe());
+        Progress {
+            started: self.started.load(Ordering::Acquire),
+            finished: self.finished.load(Ordering::Acquire),
+            current,
+        }
+    }
+
+    /// The records, oldest first (an entry overwritten while they are read is left out).
+    pub fn records(&self) -> Vec<FlightRecord> {
+        let n = self.recorded.load(Ordering::Acquire);
+        let errors: Vec<(u64, String)> = self
+            .errors
+            .lock()
+            .map(|e| e.iter().cloned().collect())
+            .unwrap_or_default();
+        (n.saturating_sub(FLIGHT_RECORDS as u64)..n)
+            .filter_map(|i| {
+                let s = self.entry(i).read();
+                let op = s.header().filter(|_| s.number == i + 1)?;
+                Some(FlightRecord {
+                    seq: s.seq,
+                    op: op.describe(),
+                    start_us: self.clock.micros(s.start),
+                    end_us: (s.end != 0).then(|| self.clock.micros(s.end)),
+                    error: errors.iter().find(|e| e.0 == i + 1).map(|e| e.1.clone()),
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DataType;
+    use strata_algorithms::{Algorithm, Collective};
+
+    fn call(seq: u64) -> Header {
+        Header {
+            collective: Collective::AllReduce,
+            seq,
+            dtype: DataType::Float32,
+            count: 8,
+            op: 0,
+            root: 0,
+            algorithm: Algorithm::Ring,
+        }
+    }
+
+    #[test]
+    fn records_progress_errors_and_wraps_the_ring() {
+        let r = Recorder::default();
+        assert_eq!(r.progress(), Progress::default());
+        r.start(&call(1));
+        let p = r.progress();
+        assert_eq!((p.started, p.finished), (1, 0));
+        assert!(p.current.unwrap().starts_with("all_reduce #1"));
+        r.finish(1, None);
+        assert_eq!(r.progress().current, None);
+        assert_eq!(r.progress().finished, 1);
+        r.start(&call(2));
+        r.finish(2, Some(&Error::Aborted(None)));
+        let recs = r.records();
+        assert_eq!(recs.len(), 2);
+        assert!(recs[0].end_us.is_some_and(|e| e >= recs[0].start_us));
+        assert!(recs[0].error.is_none());
+        assert!(recs[1].error.is_some(), "{recs:?}");
+        assert_eq!(
+            r.progress().finished,
+            1,
+            "a failed call does not count as finished"
+        );
+        for seq in 3..3 + FLIGHT_RECORDS as u64 + 10 {
+            r.start(&call(seq));
+            r.finish(seq, None);
+        }
+        let recs = r.records();
+        assert_eq!(recs.len(), FLIGHT_RECORDS);
+        assert_eq!(recs[0].seq, 13);
+        assert!(recs.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
+        let now = now_us();
+        let last = recs.last().unwrap();
+        assert!(
+            last.start_us <= now && now - last.start_us < 5_000_000,
+            "{last:?} at {now}"
+        );
+    }
+
+    #[test]
+    fn a_reader_never_sees_a_torn_entry() {
+        let r = std::sync::Arc::new(Recorder::default());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (r, stop) = (r.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut seen = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    for rec in r.records() {
+                        // The header's sequence number and the entry's agree.
+                        assert!(rec.op.contains(&format!("#{} ", rec.seq)), "{rec:?}");
+                        seen += 1;
+                    }
+                }
+                seen
+            })
+        };
+        for seq in 1..200_000 {
+            r.start(&call(seq));
+            r.finish(seq, None);
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+    }
+}
