@@ -101,16 +101,21 @@ enum Subcommand {
     /// Price the communication of one training step of a [TP, CP, PP, DP] job on a fabric,
     /// for the planned placement and a scattered one.
     Simulate(SimulateArgs),
+    /// Draw bus bandwidth and time against message size as an SVG from one or more --json
+    /// result files.
+    Plot(PlotArgs),
 }
 
 mod bench;
 mod device;
 mod launch;
+mod plot;
 mod simulate;
 mod tools;
 
 use bench::*;
 use launch::*;
+use plot::*;
 use simulate::*;
 use tools::*;
 
@@ -168,6 +173,7 @@ fn main() -> ExitCode {
         Some(Subcommand::Layout(l)) => return layout_main(l),
         Some(Subcommand::Explain(e)) => return explain_main(e),
         Some(Subcommand::Simulate(s)) => return simulate_main(s),
+        Some(Subcommand::Plot(p)) => return plot_main(p),
         None => {}
     }
     if let Ok(id_hex) = std::env::var(ENV_ID) {
