@@ -153,6 +153,18 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
         if rank == 0 {
             print_columns(algo);
         }
+        // As nccl-tests does: warm up at the largest and the smallest size, untimed, so that
+        // the first row does not pay for first calls (connections, schedules, caches).
+        if args.warmup > 0 {
+            let warm = Args {
+                iters: 0,
+                check: 0,
+                ..args.clone()
+            };
+            for size in [sizes[sizes.len() - 1], sizes[0]] {
+                bench_row(&warm, comm, collective, dtypes[0], ReduceOp::Sum, size)?;
+            }
+        }
         let first_row = rows.len();
         for &dtype in &dtypes {
             let ops = if collective.reduces() {
