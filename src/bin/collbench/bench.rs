@@ -211,6 +211,19 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
     comm.set_algorithm(collective, None)
         .map_err(|e| e.to_string())?;
     let avg = avg_busbw(&rows);
+    if args.memory && args.device == "host" {
+        let rate = super::memory::memcpy_rate(comm)?;
+        if rank == 0 {
+            let traffic: Vec<(usize, String, f64, (f64, f64))> = rows
+                .iter()
+                .filter_map(|r| {
+                    let t = r.memory_traffic_per_byte?;
+                    Some((r.size_bytes, r.algorithm.clone(), r.out_of_place.time_us, t))
+                })
+                .collect();
+            super::memory::print_memory(&traffic, rate);
+        }
+    }
     if rank == 0 {
         println!(
             "# Out of bounds values : {total_wrong} {}",
@@ -439,6 +452,9 @@ pub(super) fn bench_row(
         count,
         out_of_place: results[0],
         in_place: (!args.no_in_place).then_some(results[1]),
+        memory_traffic_per_byte: (args.memory && collective != Collective::Send)
+            .then(|| super::memory::traffic_per_byte(comm, collective, algorithm, count, es))
+            .flatten(),
     })
 }
 

@@ -72,6 +72,11 @@ struct Args {
     /// Root of rooted collectives.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
+    /// After the table, the bytes each rank reads and writes per byte of the message (from
+    /// its schedule) beside this host's memcpy rate: how far each row is from the memory
+    /// bandwidth limit.
+    #[arg(long)]
+    memory: bool,
     /// Also write the results as JSON to this file.
     #[arg(short = 'J', long = "json")]
     json: Option<std::path::PathBuf>,
@@ -109,6 +114,7 @@ enum Subcommand {
 mod bench;
 mod device;
 mod launch;
+mod memory;
 mod plot;
 mod simulate;
 mod tools;
@@ -155,6 +161,10 @@ struct Row {
     out_of_place: Measure,
     /// Absent with --no-in-place.
     in_place: Option<Measure>,
+    /// With --memory: bytes this rank reads and writes per byte of the message, in the
+    /// buffers and in the ring's slots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_traffic_per_byte: Option<(f64, f64)>,
 }
 
 #[derive(Serialize)]
