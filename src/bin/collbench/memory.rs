@@ -96,7 +96,7 @@ pub(super) fn print_memory(rows: &[(usize, String, f64, (f64, f64))], memcpy_byt
         "size(B)", "algorithm", "buffers", "slots", "bound(us)", "measured(us)", "of limit"
     );
     println!(
-        "#   (of limit = bound / measured; above 100% the message is served from the caches and the bound does not apply)"
+        "#   (of limit = bound / measured: about 100% is the memory limit for this much traffic; far above it the message lives in the caches)"
     );
     for (size, algorithm, measured_us, (buffers, slots)) in rows {
         let bound_us = *size as f64 * buffers / traffic_rate * 1e6;

@@ -129,7 +129,18 @@ fn draw(series: &[Series], out: &Path, title: &str) -> Result<(), String> {
     root.fill(&WHITE).map_err(e)?;
     let root = root.titled(title, ("sans-serif", 28)).map_err(e)?;
     let (left, right) = root.split_horizontally(700);
-    let palette = |i: usize| Palette99::pick(i).to_rgba();
+    // Colours that stay apart on white (the first ones of matplotlib's tab10).
+    const COLOURS: [RGBColor; 8] = [
+        RGBColor(0xd6, 0x27, 0x28),
+        RGBColor(0x1f, 0x77, 0xb4),
+        RGBColor(0xff, 0x7f, 0x0e),
+        RGBColor(0x2c, 0xa0, 0x2c),
+        RGBColor(0x94, 0x67, 0xbd),
+        RGBColor(0x8c, 0x56, 0x4b),
+        RGBColor(0xe3, 0x77, 0xc2),
+        RGBColor(0x7f, 0x7f, 0x7f),
+    ];
+    let palette = |i: usize| COLOURS[i % COLOURS.len()].to_rgba();
     let x_axis = lo..hi;
     let x_label = |x: &f64| size_label(x.exp2());
     let ticks = (hi - lo) as usize + 1;
@@ -137,6 +148,7 @@ fn draw(series: &[Series], out: &Path, title: &str) -> Result<(), String> {
     let mut busbw = ChartBuilder::on(&left)
         .margin(12)
         .caption("bus bandwidth", ("sans-serif", 24))
+        .margin_right(40)
         .x_label_area_size(44)
         .y_label_area_size(60)
         .build_cartesian_2d(x_axis.clone(), 0f64..bmax * 1.1 + 1e-9)
@@ -155,6 +167,7 @@ fn draw(series: &[Series], out: &Path, title: &str) -> Result<(), String> {
     let mut time = ChartBuilder::on(&right)
         .margin(12)
         .caption("time per call", ("sans-serif", 24))
+        .margin_right(40)
         .x_label_area_size(44)
         .y_label_area_size(60)
         .build_cartesian_2d(x_axis, (tmin * 0.8..tmax * 1.25).log_scale())
@@ -162,6 +175,13 @@ fn draw(series: &[Series], out: &Path, title: &str) -> Result<(), String> {
     time.configure_mesh()
         .x_desc("message size (bytes per rank)")
         .y_desc("time (µs)")
+        .y_label_formatter(&|t| {
+            if *t >= 1.0 {
+                format!("{t:.0}")
+            } else {
+                format!("{t:.1}")
+            }
+        })
         .x_label_formatter(&x_label)
         .x_labels(ticks.min(14))
         .label_style(("sans-serif", 15))
@@ -200,7 +220,7 @@ fn draw(series: &[Series], out: &Path, title: &str) -> Result<(), String> {
     }
     busbw
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
