@@ -480,14 +480,25 @@ impl OpRun<'_> {
             if all_done && waits.is_empty() {
                 return Ok(());
             }
-            if progressed {
-                idle = 0;
-                self.progress_events += 1;
-                continue;
-            }
-            idle += 1;
-            self.idle_wait(idle, waits)?;
+            self.end_round(progressed, &mut idle, waits)?;
         }
+    }
+
+    /// Ends one round of a progress loop: a round that moved bytes is counted and the next
+    /// starts at once; an idle one waits ([`OpRun::idle_wait`]) on `waits`.
+    fn end_round(
+        &mut self,
+        progressed: bool,
+        idle: &mut u32,
+        waits: &[(usize, Direction)],
+    ) -> Result<()> {
+        if progressed {
+            *idle = 0;
+            self.progress_events += 1;
+            return Ok(());
+        }
+        *idle += 1;
+        self.idle_wait(*idle, waits)
     }
 
     /// Runs a copy or a finalize (which only `avg` needs).

@@ -199,20 +199,9 @@ impl OpRun<'_> {
             if out == total && got == total && headers_out {
                 return Ok(());
             }
-            if progressed {
-                idle = 0;
-                self.progress_events += 1;
-                continue;
-            }
-            idle += 1;
-            let mut waits = [(partner, Direction::Recv); 2];
-            let n = if out < total {
-                waits[1] = (partner, Direction::Send);
-                2
-            } else {
-                1
-            };
-            self.idle_wait(idle, &waits[..n])?;
+            let waits = [(partner, Direction::Recv), (partner, Direction::Send)];
+            let n = if out < total { 2 } else { 1 };
+            self.end_round(progressed, &mut idle, &waits[..n])?;
         }
     }
 
@@ -276,16 +265,11 @@ impl OpRun<'_> {
             if n == 0 && sent[..peers.len()].iter().all(|&s| s == HEADER_BYTES) {
                 return Ok(());
             }
-            if progressed {
-                idle = 0;
-                continue;
-            }
-            idle += 1;
             if n == 0 {
                 waits[0] = (peers[0], Direction::Send);
                 n = 1;
             }
-            self.idle_wait(idle, &waits[..n])?;
+            self.end_round(progressed, &mut idle, &waits[..n])?;
         }
     }
 }

@@ -1,6 +1,8 @@
 //! `collbench plot`: bus bandwidth and time against message size, as an SVG, from one or more
 //! `--json` files (collbench's own, or the medians `benches/openmpi_compare.sh` writes).
 
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -112,6 +114,41 @@ fn size_label(bytes: f64) -> String {
     }
 }
 
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// One of the two charts, before its axes are given.
+fn chart<'a, 'b>(area: &'a Area<'b>, caption: &str) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut c = ChartBuilder::on(area);
+    c.margin(12)
+        .caption(caption, ("sans-serif", 24))
+        .margin_right(40)
+        .x_label_area_size(44)
+        .y_label_area_size(60);
+    c
+}
+
+/// The grid, tick labels and axis names of a chart whose x axis is log2 of the size.
+fn mesh<'a, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, Y>>,
+    y_desc: &str,
+    y_label: &dyn Fn(&f64) -> String,
+    ticks: usize,
+) -> Result<(), DrawingAreaErrorKind<std::io::Error>>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    chart
+        .configure_mesh()
+        .x_desc("message size (bytes per rank)")
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| size_label(x.exp2()))
+        .y_label_formatter(y_label)
+        .x_labels(ticks.min(14))
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
+        .draw()
+}
+
 fn draw(series: &[Series], out: &Path, title: &str) -> Result<(), String> {
     let all = series.iter().flat_map(|s| s.points.iter());
     let (mut lo, mut hi, mut tmin, mut tmax, mut bmax) = (f64::MAX, 0f64, f64::MAX, 0f64, 0f64);
@@ -142,52 +179,23 @@ fn draw(series: &[Series], out: &Path, title: &str) -> Result<(), String> {
     ];
     let palette = |i: usize| COLOURS[i % COLOURS.len()].to_rgba();
     let x_axis = lo..hi;
-    let x_label = |x: &f64| size_label(x.exp2());
     let ticks = (hi - lo) as usize + 1;
-    // Bus bandwidth, linear.
-    let mut busbw = ChartBuilder::on(&left)
-        .margin(12)
-        .caption("bus bandwidth", ("sans-serif", 24))
-        .margin_right(40)
-        .x_label_area_size(44)
-        .y_label_area_size(60)
-        .build_cartesian_2d(x_axis.clone(), 0f64..bmax * 1.1 + 1e-9)
+    // Bus bandwidth, linear (with headroom for the legend); time, log.
+    let mut busbw = chart(&left, "bus bandwidth")
+        .build_cartesian_2d(x_axis.clone(), 0f64..bmax * 1.4 + 1e-9)
         .map_err(e)?;
-    busbw
-        .configure_mesh()
-        .x_desc("message size (bytes per rank)")
-        .y_desc("busbw (GB/s)")
-        .x_label_formatter(&x_label)
-        .x_labels(ticks.min(14))
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 17))
-        .draw()
-        .map_err(e)?;
-    // Time, log.
-    let mut time = ChartBuilder::on(&right)
-        .margin(12)
-        .caption("time per call", ("sans-serif", 24))
-        .margin_right(40)
-        .x_label_area_size(44)
-        .y_label_area_size(60)
+    mesh(&mut busbw, "busbw (GB/s)", &|b| format!("{b:.1}"), ticks).map_err(e)?;
+    let mut time = chart(&right, "time per call")
         .build_cartesian_2d(x_axis, (tmin * 0.8..tmax * 1.25).log_scale())
         .map_err(e)?;
-    time.configure_mesh()
-        .x_desc("message size (bytes per rank)")
-        .y_desc("time (µs)")
-        .y_label_formatter(&|t| {
-            if *t >= 1.0 {
-                format!("{t:.0}")
-            } else {
-                format!("{t:.1}")
-            }
-        })
-        .x_label_formatter(&x_label)
-        .x_labels(ticks.min(14))
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 17))
-        .draw()
-        .map_err(e)?;
+    let whole = |t: &f64| {
+        if *t >= 1.0 {
+            format!("{t:.0}")
+        } else {
+            format!("{t:.1}")
+        }
+    };
+    mesh(&mut time, "time (µs)", &whole, ticks).map_err(e)?;
     for (i, s) in series.iter().enumerate() {
         let color = palette(i);
         let style = ShapeStyle::from(color).stroke_width(2);
@@ -220,7 +228,7 @@ fn draw(series: &[Series], out: &Path, title: &str) -> Result<(), String> {
     }
     busbw
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
