@@ -90,8 +90,9 @@ struct CachedPlan {
     sched: RankSchedule,
     /// Ranks this rank exchanges headers with: its schedule's peers and both ring neighbours.
     exchange: Vec<usize>,
-    /// For a recursive-doubling all-reduce at a power-of-two rank count: the peers of the
-    /// small path, which runs messages up to [`SMALL_MAX_BYTES`] without the step machinery.
+    /// For a recursive-doubling all-reduce whose part on this rank is one plain exchange per
+    /// step (every rank at a power-of-two rank count): the peers of the small path, which runs
+    /// messages up to [`SMALL_MAX_BYTES`] without the step machinery.
     small: Option<SmallDoubling>,
 }
 

@@ -34,10 +34,15 @@ impl SmallDoubling {
         let mut partners = Vec::new();
         for step in &sched.steps {
             match step.ops.as_slice() {
+                // Send what is held, and reduce the partner's copy into it.
                 [
                     Op::Send { peer: a, src },
-                    Op::RecvReduce { peer: b, dst, .. },
-                ] if a == b && src.len == dst.len => partners.push(*a),
+                    Op::RecvReduce {
+                        peer: b,
+                        src: held,
+                        dst,
+                    },
+                ] if a == b && src == held && src.len == dst.len => partners.push(*a),
                 ops if ops.iter().all(|op| op.peer().is_none()) => {}
                 _ => return None,
             }
