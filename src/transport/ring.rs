@@ -558,6 +558,35 @@ mod tests {
     }
 
     #[test]
+    fn a_pair_that_fits_goes_in_one_slot_and_one_that_does_not_still_arrives_whole() {
+        let (mut a, mut b) = pair(Geometry {
+            slots: 2,
+            slot_size: 64,
+        });
+        let chunks = |b: &mut RingEndpoint| {
+            let mut got = Vec::new();
+            b.recv_some(usize::MAX, 1, &mut |x| got.push(x.to_vec()))
+                .unwrap();
+            got
+        };
+        // 32 + 24 bytes: one 56-byte payload, so one slot.
+        assert_eq!(a.send_some_pair(&[1; 32], &[2; 24]).unwrap(), 56);
+        let got = chunks(&mut b);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0], [[1u8; 32].as_slice(), &[2; 24]].concat());
+        // 32 + 40 bytes does not fit a slot: head and tail in turn, as far as the ring takes
+        // them (two slots of 56), and the rest later, in order.
+        let tail: Vec<u8> = (0..40).collect();
+        let n = a.send_some_pair(&[9; 32], &tail).unwrap();
+        assert_eq!(n, 72);
+        let got: Vec<u8> = chunks(&mut b).concat();
+        assert_eq!(got, [[9u8; 32].as_slice(), &tail].concat());
+        // A full ring takes nothing.
+        assert_eq!(a.send_some(&[0; 112]).unwrap(), 112);
+        assert_eq!(a.send_some_pair(&[1; 8], &[1; 8]).unwrap(), 0);
+    }
+
+    #[test]
     fn shm_segment_maps_twice() {
         let name = format!("/strata-test-{}", std::process::id());
         let geo = Geometry {

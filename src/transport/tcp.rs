@@ -245,4 +245,35 @@ mod tests {
         }
         assert_eq!(got, data);
     }
+
+    #[test]
+    fn pairs_arrive_whole_and_in_order_small_or_large() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (c, s) = (TcpStream::connect(addr).unwrap(), l.accept().unwrap().0);
+        let mut a = TcpTransport::new(vec![c], 1 << 20).unwrap();
+        let mut b = TcpTransport::new(vec![s], 1 << 20).unwrap();
+        let big: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        // Joined into one write (small), then sent in turn (large).
+        let mut want = [[7u8; 32].as_slice(), &[3; 40]].concat();
+        want.extend_from_slice(&[8; 32]);
+        want.extend_from_slice(&big);
+        assert_eq!(a.send_some_pair(&[7; 32], &[3; 40]).unwrap(), 72);
+        let mut sent = a.send_some_pair(&[8; 32], &big).unwrap();
+        let mut got = Vec::new();
+        let start = std::time::Instant::now();
+        while got.len() < want.len() {
+            assert!(start.elapsed().as_secs() < 20);
+            if sent < 32 + big.len() {
+                sent += if sent < 32 {
+                    a.send_some_pair(&[8; 32][sent..], &big).unwrap()
+                } else {
+                    a.send_some(&big[sent - 32..]).unwrap()
+                };
+            }
+            b.recv_some(want.len() - got.len(), 1, &mut |x| got.extend_from_slice(x))
+                .unwrap();
+        }
+        assert_eq!(got, want);
+    }
 }
