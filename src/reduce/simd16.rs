@@ -23,59 +23,71 @@ pub(super) fn available() -> bool {
 /// `dst = op(a, b)` (`a` = `None`: `dst` itself) over the leading multiple of 8 elements;
 /// returns how many it did (0 where the CPU lacks AVX2 or F16C).
 pub(super) fn f16_combine(op: Combine, dst: &mut [f16], a: Option<&[f16]>, b: &[f16]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        let n = dst
-            .len()
-            .min(b.len())
-            .min(a.map_or(usize::MAX, <[f16]>::len))
-            / 8
-            * 8;
-        // SAFETY: the CPU has AVX2 and F16C; every slice holds at least `n` elements.
-        unsafe {
-            x86::f16_combine(
-                op,
-                dst.as_mut_ptr().cast(),
-                a.map(|a| a.as_ptr().cast()),
-                b.as_ptr().cast(),
-                n,
-            )
-        };
-        return n;
-    }
-    let _ = (op, dst, a, b);
-    0
+    let bits = bytemuck::cast_slice::<f16, u16>;
+    combine_bits(
+        Format::F16,
+        op,
+        bytemuck::cast_slice_mut(dst),
+        a.map(bits),
+        bits(b),
+    )
 }
 
 /// As [`f16_combine`], for `bf16`.
 pub(super) fn bf16_combine(op: Combine, dst: &mut [bf16], a: Option<&[bf16]>, b: &[bf16]) -> usize {
+    let bits = bytemuck::cast_slice::<bf16, u16>;
+    combine_bits(
+        Format::Bf16,
+        op,
+        bytemuck::cast_slice_mut(dst),
+        a.map(bits),
+        bits(b),
+    )
+}
+
+/// Which 16-bit float the bits hold.
+#[derive(Clone, Copy)]
+enum Format {
+    F16,
+    Bf16,
+}
+
+/// [`f16_combine`] and [`bf16_combine`] on the elements' bits.
+fn combine_bits(
+    format: Format,
+    op: Combine,
+    dst: &mut [u16],
+    a: Option<&[u16]>,
+    b: &[u16],
+) -> usize {
     #[cfg(target_arch = "x86_64")]
     if available() {
         let n = dst
             .len()
             .min(b.len())
-            .min(a.map_or(usize::MAX, <[bf16]>::len))
+            .min(a.map_or(usize::MAX, <[u16]>::len))
             / 8
             * 8;
-        // SAFETY: the CPU has AVX2; every slice holds at least `n` elements.
+        // SAFETY: the CPU has AVX2 and F16C; every slice holds at least `n` elements.
         unsafe {
-            x86::bf16_combine(
+            x86::combine(
+                format,
                 op,
-                dst.as_mut_ptr().cast(),
-                a.map(|a| a.as_ptr().cast()),
-                b.as_ptr().cast(),
+                dst.as_mut_ptr(),
+                a.map(<[u16]>::as_ptr),
+                b.as_ptr(),
                 n,
             )
         };
         return n;
     }
-    let _ = (op, dst, a, b);
+    let _ = (format, op, dst, a, b);
     0
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::Combine;
+    use super::{Combine, Format};
     use std::arch::x86_64::*;
 
     const SUM: u8 = 0;
@@ -108,22 +120,31 @@ mod x86 {
         }
     }
 
-    pub(super) unsafe fn f16_combine(
+    /// One kernel loop: `dst = op(a, b)` over `n` (a multiple of 8) elements.
+    type Loop = unsafe fn(*mut u16, Option<*const u16>, *const u16, usize);
+
+    /// Runs the loop for `format` and `op`. The CPU must have AVX2 and F16C and every
+    /// pointer must hold `n` elements.
+    pub(super) unsafe fn combine(
+        format: Format,
         op: Combine,
         dst: *mut u16,
         a: Option<*const u16>,
         b: *const u16,
         n: usize,
     ) {
+        let run: Loop = match (format, code(op)) {
+            (Format::F16, SUM) => f16_loop::<SUM>,
+            (Format::F16, PROD) => f16_loop::<PROD>,
+            (Format::F16, MIN) => f16_loop::<MIN>,
+            (Format::F16, _) => f16_loop::<MAX>,
+            (Format::Bf16, SUM) => bf16_loop::<SUM>,
+            (Format::Bf16, PROD) => bf16_loop::<PROD>,
+            (Format::Bf16, MIN) => bf16_loop::<MIN>,
+            (Format::Bf16, _) => bf16_loop::<MAX>,
+        };
         // SAFETY: as the caller's.
-        unsafe {
-            match code(op) {
-                SUM => f16_loop::<SUM>(dst, a, b, n),
-                PROD => f16_loop::<PROD>(dst, a, b, n),
-                MIN => f16_loop::<MIN>(dst, a, b, n),
-                _ => f16_loop::<MAX>(dst, a, b, n),
-            }
-        }
+        unsafe { run(dst, a, b, n) }
     }
 
     #[target_feature(enable = "avx2,f16c")]
@@ -147,24 +168,6 @@ mod x86 {
                 );
             }
             i += 8;
-        }
-    }
-
-    pub(super) unsafe fn bf16_combine(
-        op: Combine,
-        dst: *mut u16,
-        a: Option<*const u16>,
-        b: *const u16,
-        n: usize,
-    ) {
-        // SAFETY: as the caller's.
-        unsafe {
-            match code(op) {
-                SUM => bf16_loop::<SUM>(dst, a, b, n),
-                PROD => bf16_loop::<PROD>(dst, a, b, n),
-                MIN => bf16_loop::<MIN>(dst, a, b, n),
-                _ => bf16_loop::<MAX>(dst, a, b, n),
-            }
         }
     }
 
