@@ -26,8 +26,8 @@ pub(super) fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// The flight recorder's clock. Where the CPU's time-stamp counter is invariant (x86-64 with
-/// `constant_tsc` and `nonstop_tsc`), a call reads the counter (11 ns on the 2-core EPYC VM
+/// The flight recorder's clock. Where the CPU's time-stamp counter is invariant (x86-64 CPUs
+/// that say so in CPUID), a call reads the counter (11 ns on the 2-core EPYC VM
 /// against 27 ns for the wall clock) and a reading becomes microseconds since the epoch only
 /// when a record is read, at the counter's rate between the recorder's start and then.
 /// Elsewhere a stamp is the wall clock itself.
@@ -66,17 +66,20 @@ impl Clock {
     }
 }
 
-/// Whether the time-stamp counter ticks at one rate on every core, in every power state.
+/// Whether the time-stamp counter ticks at one rate on every core, in every power state: the
+/// CPU says so in CPUID leaf 0x80000007, EDX bit 8 (what Linux shows as `nonstop_tsc`). Asked
+/// of the CPU, not of /proc/cpuinfo, which takes milliseconds to read on a large host.
 fn invariant_tsc() -> bool {
-    static INVARIANT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *INVARIANT.get_or_init(|| {
-        cfg!(target_arch = "x86_64")
-            && std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| {
-                let flags = c.lines().find(|l| l.starts_with("flags")).unwrap_or("");
-                let has = |f: &str| flags.split_whitespace().any(|w| w == f);
-                has("constant_tsc") && has("nonstop_tsc")
-            })
-    })
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::__cpuid;
+        const POWER_LEAF: u32 = 0x8000_0007;
+        // The leaf is asked for only when the CPU reports it.
+        let max_extended = __cpuid(0x8000_0000).eax;
+        max_extended >= POWER_LEAF && __cpuid(POWER_LEAF).edx & (1 << 8) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 fn tsc() -> u64 {
