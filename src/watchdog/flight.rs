@@ -53,16 +53,19 @@ impl Clock {
         }
     }
 
-    fn micros(&self, stamp: u64) -> u64 {
-        let Some((t0, w0)) = self.origin else {
-            return stamp;
-        };
-        let (t1, w1) = (tsc(), now_us());
-        if t1 <= t0 || w1 <= w0 {
-            return w0;
+    /// Turns stamps into microseconds since the epoch, at the counter's rate measured once,
+    /// now, for all the stamps it is given.
+    fn epoch_micros(&self) -> impl Fn(u64) -> u64 {
+        let rate = self.origin.map(|(t0, w0)| {
+            let (t1, w1) = (tsc(), now_us());
+            let ticks_per_us = (t1 > t0 && w1 > w0).then(|| (t1 - t0) as f64 / (w1 - w0) as f64);
+            (t0, w0, ticks_per_us)
+        });
+        move |stamp| match rate {
+            None => stamp,
+            Some((_, w0, None)) => w0,
+            Some((t0, w0, Some(r))) => w0 + (stamp.saturating_sub(t0) as f64 / r) as u64,
         }
-        let ticks_per_us = (t1 - t0) as f64 / (w1 - w0) as f64;
-        w0 + (stamp.saturating_sub(t0) as f64 / ticks_per_us) as u64
     }
 }
 
@@ -258,6 +261,7 @@ impl Recorder {
             .lock()
             .map(|e| e.iter().cloned().collect())
             .unwrap_or_default();
+        let micros = self.clock.epoch_micros();
         (n.saturating_sub(FLIGHT_RECORDS as u64)..n)
             .filter_map(|i| {
                 let s = self.entry(i).read();
@@ -265,8 +269,8 @@ impl Recorder {
                 Some(FlightRecord {
                     seq: s.seq,
                     op: op.describe(),
-                    start_us: self.clock.micros(s.start),
-                    end_us: (s.end != 0).then(|| self.clock.micros(s.end)),
+                    start_us: micros(s.start),
+                    end_us: (s.end != 0).then(|| micros(s.end)),
                     error: errors.iter().find(|e| e.0 == i + 1).map(|e| e.1.clone()),
                 })
             })
