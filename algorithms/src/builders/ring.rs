@@ -161,3 +161,145 @@ pub fn chain_broadcast(p: usize, r: usize, n: usize, root: usize, chunk: usize) 
     }
     s
 }
+
+/// Ring all-reduce run slice by slice, as NCCL's ring runs: each of the `p` blocks is cut
+/// into slices of at most `slice` elements, and a slice moves on to its next ring step as
+/// soon as its previous one is done, while later slices follow behind it. A rank therefore
+/// sends a partial sum one step after it computed it, while it is still in cache, instead of
+/// after the whole block. With one slice per block it is the plain ring. Bytes on every
+/// link are the same as the plain ring's; the schedule has `slices + 2p - 3` transfer steps.
+pub fn ring_pipelined_all_reduce(p: usize, me: usize, n: usize, slice: usize) -> RankSchedule {
+    let input = Blocks::split(Buf::Input, 0, n, p);
+    let out = Blocks::split(Buf::Output, 0, n, p);
+    let mut s = RankSchedule::default();
+    if p == 1 {
+        one_rank(&mut s, input.one(0), out.one(0));
+        return s;
+    }
+    let slices = input.one(0).len.div_ceil(slice.max(1)).max(1);
+    // Slice `j` of block `c` of `blocks`.
+    let piece = |blocks: &Blocks, c: usize, j: usize| {
+        let b = blocks.one(c);
+        let (off, len) = super::block(b.len, slices, j);
+        Region::new(b.buf, b.offset + off, len)
+    };
+    let (next, prev) = ((me + 1) % p, (me + p - 1) % p);
+    let block_at = |k: usize| modp(me as isize - k as isize, p);
+    // Ring step `k` of one slice: steps 0..p-1 reduce-scatter, p-1..2p-2 all-gather.
+    let stage = |k: usize, j: usize| -> [Op; 2] {
+        if k + 1 < p {
+            let sent = block_at(k + 1);
+            let received = block_at(k + 2);
+            let src = if k == 0 {
+                piece(&input, sent, j)
+            } else {
+                piece(&out, sent, j)
+            };
+            [
+                Op::Send { peer: next, src },
+                Op::RecvReduce {
+                    peer: prev,
+                    src: piece(&input, received, j),
+                    dst: piece(&out, received, j),
+                },
+            ]
+        } else {
+            let a = k + 1 - p;
+            [
+                Op::Send {
+                    peer: next,
+                    src: piece(&out, block_at(a), j),
+                },
+                Op::Recv {
+                    peer: prev,
+                    dst: piece(&out, block_at(a + 1), j),
+                },
+            ]
+        }
+    };
+    let stages = 2 * p - 2;
+    for t in 0..slices + stages - 1 {
+        let first = (t + 1).saturating_sub(stages);
+        let ops = (first..slices.min(t + 1))
+            .flat_map(|j| stage(t - j, j))
+            .collect();
+        s.step(ops);
+        // The slice whose reduction completed in this step is finalized before it is sent.
+        if let Some(j) = t.checked_sub(p - 2).filter(|&j| j < slices) {
+            s.step(vec![Op::Finalize {
+                region: piece(&out, me, j),
+            }]);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::Collective;
+    use crate::sim::{Placement, check_schedules};
+
+    #[test]
+    fn pipelined_ring_all_reduce_is_exact_for_every_shape() {
+        for p in 1..=7usize {
+            for n in [0, 1, p.saturating_sub(1), p, 2 * p + 1, 37, 100] {
+                for slice in [1, 2, 3, 5, 1000] {
+                    let scheds: Vec<_> = (0..p)
+                        .map(|r| ring_pipelined_all_reduce(p, r, n, slice))
+                        .collect();
+                    for placement in [Placement::OutOfPlace, Placement::InPlace] {
+                        check_schedules(Collective::AllReduce, &scheds, n, 0, placement)
+                            .unwrap_or_else(|e| panic!("p={p} n={n} slice={slice}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pipelined_ring_overlaps_slices_and_moves_the_plain_rings_bytes() {
+        let (p, n) = (4, 4 * 12);
+        for r in 0..p {
+            let plain = composed_plain(p, r, n);
+            let piped = ring_pipelined_all_reduce(p, r, n, 4);
+            assert_eq!(piped.elems_sent(), plain.elems_sent());
+            assert_eq!(piped.totals().received, plain.totals().received);
+            // 3 slices per block, 2p - 2 = 6 ring steps: 3 + 6 - 1 transfer steps, and a
+            // full step carries one send per slice in flight.
+            let transfer: Vec<_> = piped
+                .steps
+                .iter()
+                .filter(|s| s.ops.iter().any(|op| op.peer().is_some()))
+                .collect();
+            assert_eq!(transfer.len(), 8);
+            let most = transfer
+                .iter()
+                .map(|s| s.ops.iter().filter(|op| op.elems_sent() > 0).count())
+                .max();
+            assert_eq!(most, Some(3));
+        }
+        // One slice per block is the plain ring, step for step.
+        for r in 0..p {
+            let one = ring_pipelined_all_reduce(p, r, n, n);
+            let transfers = |s: &RankSchedule| -> Vec<Vec<Op>> {
+                s.steps
+                    .iter()
+                    .filter(|st| st.ops.iter().any(|op| op.peer().is_some()))
+                    .map(|st| st.ops.clone())
+                    .collect()
+            };
+            assert_eq!(transfers(&one), transfers(&composed_plain(p, r, n)));
+        }
+    }
+
+    fn composed_plain(p: usize, r: usize, n: usize) -> RankSchedule {
+        crate::builders::composed_all_reduce(
+            crate::ReduceScatterPart::Ring,
+            crate::AllGatherPart::Ring,
+            p,
+            r,
+            n,
+        )
+    }
+}
