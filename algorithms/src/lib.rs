@@ -392,32 +392,7 @@ impl std::error::Error for PlanError {}
 /// Builds the schedule of `plan.rank` with ranks in launcher order. Hierarchical algorithms
 /// need [`plan_on`].
 pub fn plan(plan: &Plan) -> Result<RankSchedule, PlanError> {
-    validate(plan)?;
-    let Plan {
-        collective,
-        algorithm,
-        nranks: p,
-        rank: r,
-        count: n,
-        root,
-        chunk_elems,
-    } = *plan;
-    if algorithm.is_hierarchical() {
-        return Err(PlanError::NotHierarchical(
-            algorithm,
-            "no hierarchy was given".into(),
-        ));
-    }
-    builders::build(
-        collective,
-        algorithm.normalized(),
-        p,
-        r,
-        n,
-        root,
-        chunk_elems.max(1),
-    )
-    .ok_or(PlanError::Unsupported(collective, algorithm))
+    plan_in_launcher_order(plan, None)
 }
 
 /// Builds the schedule of `plan.rank` on a communicator laid out as `h`. Hierarchical
@@ -426,6 +401,75 @@ pub fn plan(plan: &Plan) -> Result<RankSchedule, PlanError> {
 /// visits every rank of a host and of a leaf before it leaves them); other flat schedules,
 /// and all of them without `ordered`, keep the launcher's order.
 pub fn plan_on(plan: &Plan, h: &Hierarchy, ordered: bool) -> Result<RankSchedule, PlanError> {
+    plan_with(plan, h, ordered, None)
+}
+
+/// The schedule the runtime executes for `plan`: [`plan_on`]'s, except that a flat ring
+/// all-reduce runs sliced ([`builders::ring_pipelined_all_reduce`]) with slices of
+/// `ring_slice_elems` (0: step by step). The cost model prices [`plan_on`]'s form: the same
+/// bytes over the same links in the same ring order; slicing changes when a rank sends what
+/// it reduced (a step later, from cache, instead of a whole block later), which a model of
+/// links does not see.
+pub fn plan_to_run_on(
+    plan: &Plan,
+    h: &Hierarchy,
+    ordered: bool,
+    ring_slice_elems: usize,
+) -> Result<RankSchedule, PlanError> {
+    plan_with(
+        plan,
+        h,
+        ordered,
+        (ring_slice_elems > 0).then_some(ring_slice_elems),
+    )
+}
+
+fn plan_in_launcher_order(
+    plan: &Plan,
+    ring_slice: Option<usize>,
+) -> Result<RankSchedule, PlanError> {
+    validate(plan)?;
+    if plan.algorithm.is_hierarchical() {
+        return Err(PlanError::NotHierarchical(
+            plan.algorithm,
+            "no hierarchy was given".into(),
+        ));
+    }
+    build_flat(plan, plan.rank, plan.root, ring_slice)
+}
+
+/// The flat schedule of `plan` for the rank at ring position `pos` (root at `root`).
+fn build_flat(
+    plan: &Plan,
+    pos: usize,
+    root: usize,
+    ring_slice: Option<usize>,
+) -> Result<RankSchedule, PlanError> {
+    let (collective, algorithm) = (plan.collective, plan.algorithm.normalized());
+    let (p, n) = (plan.nranks, plan.count);
+    if let (Some(slice), Collective::AllReduce, Algorithm::Ring) =
+        (ring_slice, collective, algorithm)
+    {
+        return Ok(builders::ring_pipelined_all_reduce(p, pos, n, slice));
+    }
+    builders::build(
+        collective,
+        algorithm,
+        p,
+        pos,
+        n,
+        root,
+        plan.chunk_elems.max(1),
+    )
+    .ok_or(PlanError::Unsupported(collective, plan.algorithm))
+}
+
+fn plan_with(
+    plan: &Plan,
+    h: &Hierarchy,
+    ordered: bool,
+    ring_slice: Option<usize>,
+) -> Result<RankSchedule, PlanError> {
     validate(plan)?;
     let Plan {
         collective,
@@ -461,15 +505,14 @@ pub fn plan_on(plan: &Plan, h: &Hierarchy, ordered: bool) -> Result<RankSchedule
         _ => None,
     };
     let Some(blocks) = blocks.filter(|_| ordered && !h.is_launcher_order()) else {
-        return self::plan(plan);
+        return plan_in_launcher_order(plan, ring_slice);
     };
     let root_pos = if collective.rooted() {
         h.position(root)
     } else {
         root
     };
-    let sched = builders::build(collective, algorithm, p, h.position(r), n, root_pos, chunk)
-        .ok_or(PlanError::Unsupported(collective, algorithm))?;
+    let sched = build_flat(plan, h.position(r), root_pos, ring_slice)?;
     builders::along_topology(sched, h.order(), blocks).ok_or_else(|| {
         PlanError::OutOfRange(format!(
             "internal: {algorithm} for {collective} cannot be laid along the topology"
@@ -584,5 +627,49 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    #[test]
+    fn the_ring_the_runtime_runs_is_sliced_and_laid_along_the_topology() {
+        use crate::sim::{Placement, check_schedules};
+        use strata_topology::Tier;
+        // Hosts dealt out of order: the ring runs in topology order.
+        let host_of = [1, 0, 2, 1, 0, 1];
+        let keys: Vec<Vec<String>> = host_of.iter().map(|h| vec![format!("h{h}")]).collect();
+        let k = keys.clone();
+        let h = Hierarchy::from_keys(
+            &keys,
+            move |a, b| {
+                if k[a] == k[b] { Tier::Host } else { Tier::Leaf }
+            },
+        );
+        let n = 6 * 9 + 4;
+        let base = Plan {
+            collective: Collective::AllReduce,
+            algorithm: Algorithm::Ring,
+            nranks: 6,
+            rank: 0,
+            count: n,
+            root: 0,
+            chunk_elems: 4,
+        };
+        let run = |slice: usize| -> Vec<RankSchedule> {
+            (0..6)
+                .map(|rank| plan_to_run_on(&Plan { rank, ..base }, &h, true, slice).unwrap())
+                .collect()
+        };
+        for placement in [Placement::OutOfPlace, Placement::InPlace] {
+            check_schedules(Collective::AllReduce, &run(3), n, 0, placement).unwrap();
+        }
+        for rank in 0..6 {
+            let plain = plan_on(&Plan { rank, ..base }, &h, true).unwrap();
+            let sliced = &run(3)[rank];
+            // The same neighbours in the topology's ring, more steps.
+            assert_eq!(sliced.send_peers(), plain.send_peers());
+            assert_eq!(sliced.recv_peers(), plain.recv_peers());
+            assert!(sliced.steps.len() > plain.steps.len());
+            // Slice 0 is the plain ring.
+            assert_eq!(run(0)[rank], plain);
+        }
     }
 }
