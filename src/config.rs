@@ -57,6 +57,10 @@ pub struct Config {
     pub shm_slot_size: usize,
     /// Pipeline chunk of chunked schedules (`STRATA_CHUNK_SIZE`, default 512 KiB).
     pub chunk_bytes: usize,
+    /// Bytes the ranks of one host keep in flight together in a ring all-reduce run slice by
+    /// slice (`STRATA_RING_PIPELINE`, default 4 MiB; 0 runs the ring block by block). See
+    /// [`Config::ring_slice_bytes`].
+    pub ring_pipeline_bytes: usize,
     /// Whether flat schedules run in topology order (`STRATA_RANK_ORDER=topology`, the
     /// default) or in the launcher's order (`launcher`: a topology-blind baseline).
     pub rank_order: RankOrder,
@@ -101,6 +105,11 @@ fn secs(name: &str, default: f64) -> Result<Duration> {
     }
     Ok(Duration::from_secs_f64(s))
 }
+
+/// Default of [`Config::ring_pipeline_bytes`].
+pub const RING_PIPELINE_BYTES: usize = 4 << 20;
+/// The smallest slice of a sliced ring all-reduce.
+const RING_SLICE_MIN_BYTES: usize = 64 << 10;
 
 impl Config {
     /// Reads the environment; a malformed value is an error that names the variable.
@@ -154,6 +163,7 @@ impl Config {
             shm_slots,
             shm_slot_size,
             chunk_bytes: parse_env::<usize>("STRATA_CHUNK_SIZE", 512 << 10)?.max(64),
+            ring_pipeline_bytes: parse_env("STRATA_RING_PIPELINE", RING_PIPELINE_BYTES)?,
             rank_order: match env("STRATA_RANK_ORDER").map(|s| s.to_ascii_lowercase()) {
                 None => RankOrder::Topology,
                 Some(s) if s == "topology" => RankOrder::Topology,
@@ -181,6 +191,20 @@ impl Config {
             },
             trace_dir: env("STRATA_TRACE_DIR").map(std::path::PathBuf::from),
         })
+    }
+
+    /// The slice of a ring all-reduce over `nranks` ranks, `local_ranks` of them on this host,
+    /// in bytes (0: not sliced). A rank has a slice in flight in each of its ring's 2p - 2
+    /// steps, so a host's ranks share `ring_pipeline_bytes` out as `local_ranks × (2p - 2)`
+    /// slices, each at least 64 KiB: what was reduced is then sent on from cache. On a 2-core
+    /// EPYC (L2 512 KiB per core, L3 32 MiB) the fastest 64 MiB all-reduce had 1 MiB slices at
+    /// 2 ranks and 170–256 KiB at 4, both 4 MiB in flight per host (`benches/ring_slices.sh`).
+    pub fn ring_slice_bytes(&self, nranks: usize, local_ranks: usize) -> usize {
+        if self.ring_pipeline_bytes == 0 || nranks < 2 {
+            return 0;
+        }
+        (self.ring_pipeline_bytes / (local_ranks.max(1) * (2 * nranks - 2)))
+            .max(RING_SLICE_MIN_BYTES)
     }
 }
 

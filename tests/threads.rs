@@ -588,3 +588,54 @@ fn small_all_reduce_mismatch_is_named() {
         }
     }
 }
+
+/// The ring all-reduce run slice by slice (64 KiB slices, blocks of three to four of them,
+/// uneven across ranks) is exact for every type class and for the ops that finalize (avg) or
+/// do not add (max), in and out of place, over the in-process transport and TCP.
+#[test]
+fn sliced_ring_all_reduce_is_exact() {
+    for transport in [TransportPolicy::Auto, TransportPolicy::Tcp] {
+        for n in [2, 3, 5] {
+            let id = loopback_id();
+            let handles: Vec<_> = (0..n)
+                .map(|r| {
+                    let mut c = cfg(transport);
+                    // The smallest budget gives the smallest slice.
+                    c.ring_pipeline_bytes = 1;
+                    std::thread::spawn(move || Communicator::init_with_config(&id, n, r, c))
+                })
+                .collect();
+            let comms: Vec<Communicator> = handles
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap())
+                .collect();
+            for c in &comms {
+                assert_eq!(c.ring_slice_bytes(), 64 << 10);
+                c.set_algorithm(Collective::AllReduce, Some(strata::Algorithm::Ring))
+                    .unwrap();
+            }
+            let results = on_all(&comms, |c| {
+                for dtype in [DataType::Float32, DataType::Bfloat16, DataType::Int64] {
+                    let count = n * (200 << 10) / dtype.size() + 3;
+                    for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
+                        for in_place in [false, true] {
+                            let spec = CallSpec {
+                                collective: Collective::AllReduce,
+                                dtype,
+                                count,
+                                op,
+                                root: 0,
+                            };
+                            checked_call(c, spec, in_place)
+                                .map_err(|e| format!("{transport:?} {n} ranks {spec:?}: {e}"))?;
+                        }
+                    }
+                }
+                Ok::<(), String>(())
+            });
+            for r in results {
+                r.unwrap();
+            }
+        }
+    }
+}

@@ -62,10 +62,11 @@ impl Communicator {
                 let c = match st.schedules.get(&plan) {
                     Some(c) => c.clone(),
                     None => {
-                        let sched = strata_algorithms::plan_on(
+                        let sched = strata_algorithms::plan_to_run_on(
                             &plan,
                             inner.tuner.hierarchy(),
                             inner.tuner.ordered(),
+                            inner.ring_slice_bytes / es,
                         )
                         .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                         inner.schedules_built.fetch_add(1, Ordering::Relaxed);

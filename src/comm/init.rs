@@ -273,6 +273,7 @@ impl Communicator {
             health: health.clone(),
             incoming: listener.watchdog_inbox(),
         })?;
+        let ring_slice_bytes = cfg.ring_slice_bytes(size, local_ranks);
         Ok(Self {
             inner: Arc::new(Inner {
                 rank,
@@ -292,6 +293,7 @@ impl Communicator {
                 tiers,
                 tuner,
                 spin: executor::SpinPolicy::for_host(local_ranks),
+                ring_slice_bytes,
                 gpu: std::sync::OnceLock::new(),
                 diagnoser,
             }),
