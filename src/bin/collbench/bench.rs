@@ -214,7 +214,7 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
     if args.memory && args.device == "host" {
         let rate = super::memory::memcpy_rate(comm)?;
         if rank == 0 {
-            let traffic: Vec<(usize, String, f64, (f64, f64))> = rows
+            let traffic: Vec<(usize, String, f64, super::memory::Traffic)> = rows
                 .iter()
                 .filter_map(|r| {
                     let t = r.memory_traffic_per_byte?;

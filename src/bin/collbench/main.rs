@@ -162,9 +162,9 @@ struct Row {
     /// Absent with --no-in-place.
     in_place: Option<Measure>,
     /// With --memory: bytes this rank reads and writes per byte of the message, in the
-    /// buffers and in the ring's slots.
+    /// buffers, from cache and in the ring's slots.
     #[serde(skip_serializing_if = "Option::is_none")]
-    memory_traffic_per_byte: Option<(f64, f64)>,
+    memory_traffic_per_byte: Option<memory::Traffic>,
 }
 
 #[derive(Serialize)]
