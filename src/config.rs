@@ -193,18 +193,26 @@ impl Config {
         })
     }
 
-    /// The slice of a ring all-reduce over `nranks` ranks, `local_ranks` of them on this host,
-    /// in bytes (0: not sliced). A rank has a slice in flight in each of its ring's 2p - 2
-    /// steps, so a host's ranks share `ring_pipeline_bytes` out as `local_ranks × (2p - 2)`
-    /// slices, each at least 64 KiB: what was reduced is then sent on from cache. On a 2-core
-    /// EPYC (L2 512 KiB per core, L3 32 MiB) the fastest 64 MiB all-reduce had 1 MiB slices at
-    /// 2 ranks and 170–256 KiB at 4, both 4 MiB in flight per host (`benches/ring_slices.sh`).
-    pub fn ring_slice_bytes(&self, nranks: usize, local_ranks: usize) -> usize {
-        if self.ring_pipeline_bytes == 0 || nranks < 2 {
+    /// The slice of a ring all-reduce of `message_bytes` over `nranks` ranks, `local_ranks`
+    /// of them on this host, in bytes (0: not sliced). A rank has a slice in flight in each
+    /// of its ring's 2p - 2 steps, so a host's ranks share `ring_pipeline_bytes` out as
+    /// `local_ranks × (2p - 2)` slices, each at least 64 KiB: what a rank reduced is then
+    /// sent on from cache. A ring whose blocks, one per local rank, already fit in that budget
+    /// is not sliced: slicing would only add steps. On a 2-core EPYC (L2 512 KiB per core, L3
+    /// 32 MiB) 4 MiB per host was the fastest budget at 2 and at 4 ranks
+    /// (`benches/ring_slices.sh`).
+    pub fn ring_slice_bytes(
+        &self,
+        nranks: usize,
+        local_ranks: usize,
+        message_bytes: usize,
+    ) -> usize {
+        let budget = self.ring_pipeline_bytes;
+        let local = local_ranks.max(1);
+        if budget == 0 || nranks < 2 || message_bytes.div_ceil(nranks) * local <= budget {
             return 0;
         }
-        (self.ring_pipeline_bytes / (local_ranks.max(1) * (2 * nranks - 2)))
-            .max(RING_SLICE_MIN_BYTES)
+        (budget / (local * (2 * nranks - 2))).max(RING_SLICE_MIN_BYTES)
     }
 }
 
@@ -299,5 +307,22 @@ mod tests {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         );
         assert!(pick_interface(Some("=no-such-interface0")).is_err());
+    }
+
+    #[test]
+    fn ring_slices_share_the_hosts_budget_and_only_when_blocks_do_not_fit() {
+        let mut c = Config::from_env().unwrap();
+        c.ring_pipeline_bytes = RING_PIPELINE_BYTES;
+        let mib = 1 << 20;
+        // 2 ranks on one host: 2 ranks × 2 steps share 4 MiB.
+        assert_eq!(c.ring_slice_bytes(2, 2, 64 * mib), mib);
+        // Blocks of 2 MiB, two on the host, fit the 4 MiB: the plain ring.
+        assert_eq!(c.ring_slice_bytes(2, 2, 4 * mib), 0);
+        assert_eq!(c.ring_slice_bytes(4, 4, 64 * mib), (4 * mib) / 24);
+        // Many ranks: the floor.
+        assert_eq!(c.ring_slice_bytes(64, 8, 1 << 30), 64 << 10);
+        assert_eq!(c.ring_slice_bytes(1, 1, 64 * mib), 0);
+        c.ring_pipeline_bytes = 0;
+        assert_eq!(c.ring_slice_bytes(2, 2, 64 * mib), 0);
     }
 }

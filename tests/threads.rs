@@ -610,7 +610,7 @@ fn sliced_ring_all_reduce_is_exact() {
                 .map(|h| h.join().unwrap().unwrap())
                 .collect();
             for c in &comms {
-                assert_eq!(c.ring_slice_bytes(), 64 << 10);
+                assert_eq!(c.ring_slice_bytes(n * (200 << 10)), 64 << 10);
                 c.set_algorithm(Collective::AllReduce, Some(strata::Algorithm::Ring))
                     .unwrap();
             }

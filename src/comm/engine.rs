@@ -66,7 +66,7 @@ impl Communicator {
                             &plan,
                             inner.tuner.hierarchy(),
                             inner.tuner.ordered(),
-                            inner.ring_slice_bytes / es,
+                            self.ring_slice_bytes(spec.count * es) / es,
                         )
                         .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                         inner.schedules_built.fetch_add(1, Ordering::Relaxed);

@@ -273,7 +273,6 @@ impl Communicator {
             health: health.clone(),
             incoming: listener.watchdog_inbox(),
         })?;
-        let ring_slice_bytes = cfg.ring_slice_bytes(size, local_ranks);
         Ok(Self {
             inner: Arc::new(Inner {
                 rank,
@@ -293,7 +292,7 @@ impl Communicator {
                 tiers,
                 tuner,
                 spin: executor::SpinPolicy::for_host(local_ranks),
-                ring_slice_bytes,
+                local_ranks,
                 gpu: std::sync::OnceLock::new(),
                 diagnoser,
             }),

@@ -145,8 +145,8 @@ pub(crate) struct Inner {
     /// Prices algorithms on those tiers and chooses one per collective and size class.
     tuner: Tuner,
     spin: executor::SpinPolicy,
-    /// Slice of a ring all-reduce in bytes ([`Config::ring_slice_bytes`]; 0: not sliced).
-    ring_slice_bytes: usize,
+    /// Ranks of this communicator on this host.
+    local_ranks: usize,
     /// The progress thread of stream-ordered calls on device buffers, started by the first.
     gpu: std::sync::OnceLock<crate::gpu::StreamQueue>,
     /// Takes the census of a call that timed out (shared with the listener, which answers
@@ -401,10 +401,13 @@ impl Communicator {
         self.inner.state.lock().map_or(0, |st| st.small_calls)
     }
 
-    /// The slice a ring all-reduce runs with on this communicator, in bytes (0: block by
-    /// block); see [`Config::ring_slice_bytes`].
-    pub fn ring_slice_bytes(&self) -> usize {
-        self.inner.ring_slice_bytes
+    /// The slice a ring all-reduce of `message_bytes` runs with on this communicator, in
+    /// bytes (0: block by block); see [`Config::ring_slice_bytes`].
+    pub fn ring_slice_bytes(&self, message_bytes: usize) -> usize {
+        let inner = &*self.inner;
+        inner
+            .cfg
+            .ring_slice_bytes(inner.size, inner.local_ranks, message_bytes)
     }
 
     /// How many schedules this communicator has built. A repeated (collective, algorithm,

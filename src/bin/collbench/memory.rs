@@ -98,7 +98,7 @@ pub(super) fn traffic_per_byte(
         chunk_elems: count.max(1),
     };
     let hierarchy = Hierarchy::single_host(comm.size());
-    let slice = comm.ring_slice_bytes() / es;
+    let slice = comm.ring_slice_bytes(count * es) / es;
     let sched = strata_algorithms::plan_to_run_on(&plan, &hierarchy, false, slice).ok()?;
     let message = (count * es).max(1) as f64;
     let t = schedule_traffic(&sched, es);
