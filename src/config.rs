@@ -108,8 +108,6 @@ fn secs(name: &str, default: f64) -> Result<Duration> {
 
 /// Default of [`Config::ring_pipeline_bytes`].
 pub const RING_PIPELINE_BYTES: usize = 4 << 20;
-/// The smallest slice of a sliced ring all-reduce.
-const RING_SLICE_MIN_BYTES: usize = 64 << 10;
 
 impl Config {
     /// Reads the environment; a malformed value is an error that names the variable.
@@ -194,11 +192,9 @@ impl Config {
     }
 
     /// The slice of a ring all-reduce of `message_bytes` over `nranks` ranks, `local_ranks`
-    /// of them on this host, in bytes (0: not sliced). A rank has a slice in flight in each
-    /// of its ring's 2p - 2 steps, so a host's ranks share `ring_pipeline_bytes` out as
-    /// `local_ranks × (2p - 2)` slices, each at least 64 KiB: what a rank reduced is then
-    /// sent on from cache. A ring whose blocks, one per local rank, already fit in that budget
-    /// is not sliced: slicing would only add steps. On a 2-core EPYC (L2 512 KiB per core, L3
+    /// of them on this host, in bytes (0: not sliced), by
+    /// [`strata_algorithms::builders::ring_slice_bytes`] with `ring_pipeline_bytes`. What a
+    /// rank reduced is then sent on from cache. On a 2-core EPYC (L2 512 KiB per core, L3
     /// 32 MiB) 4 MiB per host was the fastest budget at 2 and at 4 ranks
     /// (`benches/ring_slices.sh`).
     pub fn ring_slice_bytes(
@@ -207,12 +203,12 @@ impl Config {
         local_ranks: usize,
         message_bytes: usize,
     ) -> usize {
-        let budget = self.ring_pipeline_bytes;
-        let local = local_ranks.max(1);
-        if budget == 0 || nranks < 2 || message_bytes.div_ceil(nranks) * local <= budget {
-            return 0;
-        }
-        (budget / (local * (2 * nranks - 2))).max(RING_SLICE_MIN_BYTES)
+        strata_algorithms::builders::ring_slice_bytes(
+            self.ring_pipeline_bytes,
+            nranks,
+            local_ranks,
+            message_bytes,
+        )
     }
 }
 

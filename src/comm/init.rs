@@ -228,16 +228,17 @@ impl Communicator {
                 tiers.hosts()
             );
         }
+        // Ranks that share this kernel's cores, network namespaces or not: they compete for
+        // the CPU while they wait, and for its caches.
+        let me = &peers[rank].host;
+        let local_ranks = peers.iter().filter(|p| p.host.same_kernel(me)).count();
         let tuner = Tuner::new(
             Hierarchy::from_tiers(&tiers),
             tiers.costs(),
             cfg.rank_order == RankOrder::Topology,
         )
-        .with_rules(cfg.tuning_rules.clone());
-        // Ranks that share this kernel's cores, network namespaces or not: they compete for
-        // the CPU while they wait.
-        let me = &peers[rank].host;
-        let local_ranks = peers.iter().filter(|p| p.host.same_kernel(me)).count();
+        .with_rules(cfg.tuning_rules.clone())
+        .with_ring_pipeline(cfg.ring_pipeline_bytes, local_ranks);
         let state = State {
             conns: (0..size).map(|_| None).collect(),
             seq: 0,

@@ -162,6 +162,29 @@ pub fn chain_broadcast(p: usize, r: usize, n: usize, root: usize, chunk: usize) 
     s
 }
 
+/// The smallest slice of a sliced ring all-reduce, in bytes.
+pub const RING_SLICE_MIN_BYTES: usize = 64 << 10;
+
+/// The slice, in bytes, of a ring all-reduce of `message_bytes` per rank over `nranks` ranks,
+/// `local_ranks` of them on the host, whose ranks keep `pipeline_bytes` in flight together
+/// (0: the ring runs block by block). A rank has a slice in flight in each of its ring's
+/// 2p - 2 steps, so the host's ranks share the budget out as `local_ranks × (2p - 2)` slices,
+/// each at least [`RING_SLICE_MIN_BYTES`]. A ring whose blocks, one per local rank, already
+/// fit in the budget is not sliced: slicing would only add steps.
+pub fn ring_slice_bytes(
+    pipeline_bytes: usize,
+    nranks: usize,
+    local_ranks: usize,
+    message_bytes: usize,
+) -> usize {
+    let local = local_ranks.max(1);
+    if pipeline_bytes == 0 || nranks < 2 || message_bytes.div_ceil(nranks) * local <= pipeline_bytes
+    {
+        return 0;
+    }
+    (pipeline_bytes / (local * (2 * nranks - 2))).max(RING_SLICE_MIN_BYTES)
+}
+
 /// Ring all-reduce run slice by slice, as NCCL's ring runs: each of the `p` blocks is cut
 /// into slices of at most `slice` elements, and a slice moves on to its next ring step as
 /// soon as its previous one is done, while later slices follow behind it. A rank therefore

@@ -172,7 +172,7 @@ fn explain_tuner(a: &ExplainArgs) -> Result<(strata::algorithms::tuner::Tuner, S
         .topo_file
         .clone()
         .or_else(|| std::env::var_os("STRATA_TOPO_FILE").map(Into::into));
-    let (hierarchy, costs, source) = match path {
+    let (hierarchy, costs, source, local) = match path {
         Some(path) => {
             let fab = fabric::load_file(&path).map_err(|e| e.to_string())?;
             let np = a.np.unwrap_or(fab.ranks().min(256));
@@ -186,7 +186,7 @@ fn explain_tuner(a: &ExplainArgs) -> Result<(strata::algorithms::tuner::Tuner, S
                 (0..np).collect()
             };
             let h = Hierarchy::on_fabric(&fab, &devices);
-            (h, fab.tiers, path.display().to_string())
+            (h, fab.tiers, path.display().to_string(), per_host.min(np))
         }
         None => {
             let np = a.np.unwrap_or(8);
@@ -194,10 +194,20 @@ fn explain_tuner(a: &ExplainArgs) -> Result<(strata::algorithms::tuner::Tuner, S
                 Hierarchy::single_host(np),
                 TierCosts::default(),
                 "one host".into(),
+                np,
             )
         }
     };
-    Ok((Tuner::new(hierarchy, costs, !a.launcher_order), source))
+    // The runtime's ring slicing, which the choice takes into account as a run would.
+    let pipeline = match std::env::var("STRATA_RING_PIPELINE") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| format!("STRATA_RING_PIPELINE={v} is not a number of bytes"))?,
+        Err(_) => strata::config::RING_PIPELINE_BYTES,
+    };
+    let tuner = Tuner::new(hierarchy, costs, !a.launcher_order).with_ring_pipeline(pipeline, local);
+    Ok((tuner, source))
 }
 
 /// `collbench explain --write-tuning`: the choice of every size class of every collective,
