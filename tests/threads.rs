@@ -326,8 +326,20 @@ fn the_tuner_explains_its_choice_and_tuning_rules_override_it() {
     let comms = init_threads(4, TransportPolicy::Auto);
     let big = 64 << 20;
     let e = comms[0].explain(Collective::AllReduce, big);
-    assert_eq!(e.chosen, e.ranked[0].algorithm, "{}", e.render());
-    assert!(e.ranked[0].seconds.is_ok());
+    // The cheapest, or a ring the runtime slices that is priced within 1% of it.
+    let price = |a| {
+        e.ranked
+            .iter()
+            .find(|p| p.algorithm == a)
+            .and_then(|p| p.seconds.clone().ok())
+            .unwrap()
+    };
+    let best = price(e.ranked[0].algorithm);
+    if e.chosen != e.ranked[0].algorithm {
+        assert_eq!(e.chosen, strata::Algorithm::Ring, "{}", e.render());
+        assert!(e.reason.contains("slice by slice"), "{}", e.render());
+    }
+    assert!(price(e.chosen) <= best * 1.01, "{}", e.render());
     let choices = on_all(&comms, |c| c.algorithm_for(Collective::AllReduce, big));
     assert!(choices.iter().all(|a| *a == e.chosen), "{choices:?}");
     let ring = comms[0]
