@@ -20,17 +20,4 @@ for round in $(seq 1 "$ROUNDS"); do
   done
   echo "round $round of $ROUNDS done" >&2
 done
-python3 - "$out" "$ROUNDS" $SETTINGS <<'PY'
-import json, statistics, sys
-out, rounds, settings = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-table = {}
-for s in settings:
-    for r in range(1, rounds + 1):
-        for row in json.load(open(f"{out}/{s}-{r}.json"))["rows"]:
-            table.setdefault(s, {}).setdefault(row["size_bytes"], []).append(row["out_of_place"]["time_us"])
-sizes = sorted(next(iter(table.values())))
-print(f"# ring all_reduce float sum, time (us), median of {rounds} interleaved rounds; setting = STRATA_RING_PIPELINE bytes")
-print(f"{'setting':>10}" + "".join(f"{s:>12}" for s in sizes))
-for s in settings:
-    print(f"{s:>10}" + "".join(f"{statistics.median(table[s][z]):>12.1f}" for z in sizes))
-PY
+python3 benches/settings_medians.py "$out" "$ROUNDS" "ring forced; STRATA_RING_PIPELINE bytes" $SETTINGS

@@ -75,6 +75,29 @@ fn checked_call(c: &Communicator, spec: CallSpec, in_place: bool) -> Result<(), 
     }
 }
 
+/// Checks an all-reduce of `count` elements on `c` out of place, then in place; `what` leads
+/// the error.
+fn all_reduce_both_ways(
+    c: &Communicator,
+    dtype: DataType,
+    count: usize,
+    op: ReduceOp,
+    what: &str,
+) -> Result<(), String> {
+    for in_place in [false, true] {
+        let spec = CallSpec {
+            collective: Collective::AllReduce,
+            dtype,
+            count,
+            op,
+            root: 0,
+        };
+        checked_call(c, spec, in_place)
+            .map_err(|e| format!("{what}: {spec:?}, in place {in_place}: {e}"))?;
+    }
+    Ok(())
+}
+
 const COLLECTIVES: [Collective; 8] = Collective::WITH_BUFFERS;
 
 fn shape() -> impl Strategy<Value = (usize, usize, usize, usize, usize, usize, bool)> {
@@ -539,22 +562,13 @@ fn small_all_reduce_path_is_taken_and_exact() {
                     ops.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
                     for op in ops {
                         for count in [1, 7, SMALL_MAX_BYTES / es, SMALL_MAX_BYTES / es + 1] {
-                            for in_place in [false, true] {
-                                let spec = CallSpec {
-                                    collective: Collective::AllReduce,
-                                    dtype,
-                                    count,
-                                    op,
-                                    root: 0,
-                                };
-                                checked_call(c, spec, in_place)
-                                    .map_err(|e| format!("{transport:?} {spec:?}: {e}"))?;
-                                let small = count * es <= SMALL_MAX_BYTES
-                                    && !matches!(op, ReduceOp::PreMulSum(_));
-                                // At 3 ranks, ranks 0 and 1 fold into one; rank 2's part
-                                // is a plain exchange, which the small path runs.
-                                expected += u64::from(small && (n != 3 || c.rank() == 2));
-                            }
+                            all_reduce_both_ways(c, dtype, count, op, &format!("{transport:?}"))?;
+                            let small = count * es <= SMALL_MAX_BYTES
+                                && !matches!(op, ReduceOp::PreMulSum(_));
+                            // At 3 ranks, ranks 0 and 1 fold into one; rank 2's part is a
+                            // plain exchange, which the small path runs. Two calls: out of
+                            // place and in place.
+                            expected += 2 * u64::from(small && (n != 3 || c.rank() == 2));
                         }
                     }
                 }
@@ -630,17 +644,7 @@ fn sliced_ring_all_reduce_is_exact() {
                 for dtype in [DataType::Float32, DataType::Bfloat16, DataType::Int64] {
                     let count = n * (200 << 10) / dtype.size() + 3;
                     for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
-                        for in_place in [false, true] {
-                            let spec = CallSpec {
-                                collective: Collective::AllReduce,
-                                dtype,
-                                count,
-                                op,
-                                root: 0,
-                            };
-                            checked_call(c, spec, in_place)
-                                .map_err(|e| format!("{transport:?} {n} ranks {spec:?}: {e}"))?;
-                        }
+                        all_reduce_both_ways(c, dtype, count, op, &format!("{transport:?} {n}"))?;
                     }
                 }
                 Ok::<(), String>(())

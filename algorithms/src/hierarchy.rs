@@ -316,6 +316,20 @@ pub fn tier_name(t: Tier) -> &'static str {
 pub(crate) mod tests {
     use super::*;
 
+    /// Six ranks on hosts of 2, 3 and 1 ranks, dealt out of order: topology order
+    /// `[1, 4, 0, 3, 5, 2]`, hosts joined by leaves.
+    pub(crate) fn hosts_dealt_out_of_order() -> Hierarchy {
+        let host_of = [1, 0, 2, 1, 0, 1];
+        let keys: Vec<Vec<String>> = host_of.iter().map(|h| vec![format!("h{h}")]).collect();
+        let k = keys.clone();
+        Hierarchy::from_keys(
+            &keys,
+            move |a, b| {
+                if k[a] == k[b] { Tier::Host } else { Tier::Leaf }
+            },
+        )
+    }
+
     /// `hosts` hosts of `per_host` ranks, `hosts_per_leaf` per leaf, `leaves_per_pod` per
     /// pod; rank r sits at slot `place[r]` (identity when `None`).
     pub(crate) fn fat_tree(

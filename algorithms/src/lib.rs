@@ -632,17 +632,8 @@ mod tests {
     #[test]
     fn the_ring_the_runtime_runs_is_sliced_and_laid_along_the_topology() {
         use crate::sim::{Placement, check_schedules};
-        use strata_topology::Tier;
         // Hosts dealt out of order: the ring runs in topology order.
-        let host_of = [1, 0, 2, 1, 0, 1];
-        let keys: Vec<Vec<String>> = host_of.iter().map(|h| vec![format!("h{h}")]).collect();
-        let k = keys.clone();
-        let h = Hierarchy::from_keys(
-            &keys,
-            move |a, b| {
-                if k[a] == k[b] { Tier::Host } else { Tier::Leaf }
-            },
-        );
+        let h = crate::hierarchy::tests::hosts_dealt_out_of_order();
         let n = 6 * 9 + 4;
         let base = Plan {
             collective: Collective::AllReduce,

@@ -471,13 +471,22 @@ pub(crate) mod tests {
     fn a_ring_the_runtime_slices_wins_a_near_tie() {
         let h = Hierarchy::single_host(4);
         let plain = Tuner::new(h.clone(), TierCosts::default(), true);
-        let sliced = plain.clone_with_rules(Vec::new()).with_ring_pipeline(4 << 20, 4);
+        let sliced = plain
+            .clone_with_rules(Vec::new())
+            .with_ring_pipeline(4 << 20, 4);
         let big = 64 << 20;
         // The model alone prefers recursive halving/doubling by a few latencies.
         let e = plain.explain(Collective::AllReduce, big);
         assert_ne!(e.chosen, Algorithm::Ring);
         let ring = |e: &Explanation| {
-            let t = |a| e.ranked.iter().find(|p| p.algorithm == a).unwrap().seconds.clone();
+            let t = |a| {
+                e.ranked
+                    .iter()
+                    .find(|p| p.algorithm == a)
+                    .unwrap()
+                    .seconds
+                    .clone()
+            };
             t(Algorithm::Ring).unwrap() / t(e.ranked[0].algorithm).unwrap()
         };
         assert!(ring(&e) <= 1.0 + SLICED_RING_TOLERANCE, "{}", e.render());

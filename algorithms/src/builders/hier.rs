@@ -481,15 +481,7 @@ mod tests {
     #[test]
     fn irregular_groups_refuse_hierarchical_algorithms_and_still_order_rings() {
         // Hosts of 2, 3 and 1 ranks, dealt out of order.
-        let host_of = [1, 0, 2, 1, 0, 1];
-        let keys: Vec<Vec<String>> = host_of.iter().map(|h| vec![format!("h{h}")]).collect();
-        let k = keys.clone();
-        let h = Hierarchy::from_keys(
-            &keys,
-            move |a, b| {
-                if k[a] == k[b] { Tier::Host } else { Tier::Leaf }
-            },
-        );
+        let h = crate::hierarchy::tests::hosts_dealt_out_of_order();
         assert_eq!(h.order(), &[1, 4, 0, 3, 5, 2]);
         for c in COLLECTIVES {
             for &a in algorithms_for(c) {
