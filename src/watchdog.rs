@@ -15,8 +15,9 @@
 //! A fault found here, or one a collective call on this rank ran into, is recorded in the
 //! communicator's health record (which interrupts the call in progress) and sent on every link
 //! as an abort; a rank that learns of a fault first from a neighbour records it and passes it
-//! on every other link, counting hops. Every rank ends up failing with the error of the rank
-//! that saw it first.
+//! on every other link, counting hops, and passes on again any later copy from the same origin
+//! that came by a shorter route, so that each rank learns its distance from the origin. Every
+//! rank ends up failing with the error of the rank that saw it first.
 
 use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret};
 use crate::config::Config;
@@ -480,6 +481,34 @@ impl Runner {
                             self.dump_trace();
                             // Pass it on to every other neighbour; this rank need not announce
                             // it again.
+                            let frame = Frame::Abort {
+                                origin,
+                                error,
+                                hops: hops + 1,
+                            };
+                            for (j, l) in self.links.iter_mut().enumerate() {
+                                if j != i {
+                                    l.send(&frame);
+                                }
+                            }
+                            self.announced = Some(frame);
+                        } else if let Some(Frame::Abort {
+                            origin: first,
+                            hops: passed_on,
+                            ..
+                        }) = &self.announced
+                            && *first == origin
+                            && hops + 1 < *passed_on
+                        {
+                            // A shorter route from the same origin: pass it on too, so that
+                            // every rank learns its distance (at most ⌈lg p⌉ links) even when
+                            // a longer route won the race. Each rank improves a few times.
+                            let from = self.links[i].peer;
+                            tracing::warn!(
+                                rank = self.s.rank,
+                                "abort: heard again from rank {from}, {hops} hops from rank \
+                                 {origin}"
+                            );
                             let frame = Frame::Abort {
                                 origin,
                                 error,
