@@ -192,7 +192,8 @@ impl Config {
     }
 
     /// The slice of a ring all-reduce of `message_bytes` over `nranks` ranks, `local_ranks`
-    /// of them on this host, in bytes (0: not sliced), by
+    /// of them on the fullest host (every rank must cut the ring alike), in bytes (0: not
+    /// sliced), by
     /// [`strata_algorithms::builders::ring_slice_bytes`] with `ring_pipeline_bytes`. What a
     /// rank reduced is then sent on from cache. On a 2-core EPYC (L2 512 KiB per core, L3
     /// 32 MiB) 4 MiB per host was the fastest budget at 2 and at 4 ranks

@@ -3,8 +3,8 @@
 //! All operations of a step progress together through non-blocking transport calls; operations
 //! of one step that use the same connection direction go in list order, which keeps each byte
 //! stream in schedule order. Before its data, every connection an operation uses carries a
-//! 32-byte header (sequence number, collective, type, count, op, root) in each direction, and
-//! the receiver checks it against its own call. Every wait spins briefly, then yields, then
+//! 32-byte header (sequence number, collective, type, count, op, root or ring slice) in each
+//! direction, and the receiver checks it against its own call. Every wait spins briefly, then yields, then
 //! sleeps on futexes or sockets for at most 50 ms at a time, checking the abort flag, the
 //! deadline and the peers' control streams in between.
 
@@ -40,7 +40,10 @@ pub(crate) struct Header {
     pub dtype: DataType,
     pub count: u64,
     pub op: u8,
-    pub root: u64,
+    /// The root of a rooted collective, the peer of a send or receive, and the slice in
+    /// elements of a ring all-reduce (0: block by block), so that ranks that would cut the
+    /// ring differently fail with a mismatch instead of exchanging misaligned slices.
+    pub param: u64,
     pub algorithm: Algorithm,
 }
 
@@ -54,7 +57,7 @@ impl Header {
         b[7] = self.algorithm.code();
         b[8..16].copy_from_slice(&self.seq.to_le_bytes());
         b[16..24].copy_from_slice(&self.count.to_le_bytes());
-        b[24..32].copy_from_slice(&self.root.to_le_bytes());
+        b[24..32].copy_from_slice(&self.param.to_le_bytes());
         b
     }
 
@@ -70,7 +73,7 @@ impl Header {
             algorithm: Algorithm::from_code(b[7])?,
             seq: u64_at(8),
             count: u64_at(16),
-            root: u64_at(24),
+            param: u64_at(24),
         })
     }
 
@@ -92,9 +95,10 @@ impl Header {
         }
         s += &format!(", {} elements", self.count);
         match c {
-            _ if c.rooted() => s += &format!(", root {}", self.root),
-            Collective::Send => s += &format!(", to rank {}", self.root),
-            Collective::Recv => s += &format!(", from rank {}", self.root),
+            _ if c.rooted() => s += &format!(", root {}", self.param),
+            Collective::Send => s += &format!(", to rank {}", self.param),
+            Collective::Recv => s += &format!(", from rank {}", self.param),
+            _ if self.param > 0 => s += &format!(", slices of {}", self.param),
             _ => {}
         }
         s + &format!("; {})", self.algorithm)
@@ -882,13 +886,19 @@ mod tests {
             dtype: DataType::Float32,
             count: 1024,
             op: 0,
-            root: 0,
+            param: 0,
             algorithm: Algorithm::Ring,
         };
         assert_eq!(Header::decode(&h.encode()), Some(h));
         assert_eq!(
             h.describe(),
             "all_reduce #7 (float, sum, 1024 elements; ring)"
+        );
+        let sliced = Header { param: 4096, ..h };
+        assert_eq!(Header::decode(&sliced.encode()), Some(sliced));
+        assert_eq!(
+            sliced.describe(),
+            "all_reduce #7 (float, sum, 1024 elements, slices of 4096; ring)"
         );
         assert!(Header::decode(&[0u8; 64]).is_none());
     }

@@ -615,6 +615,50 @@ fn small_all_reduce_mismatch_is_named() {
     }
 }
 
+/// Ranks configured to cut the ring differently (one runs it block by block, the others in
+/// 64 KiB slices) fail with a mismatch that names the slice, instead of exchanging
+/// misaligned slices.
+#[test]
+fn ranks_that_would_slice_the_ring_differently_fail_with_a_mismatch() {
+    let n = 3;
+    let id = loopback_id();
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let mut c = cfg(TransportPolicy::Auto);
+            c.ring_pipeline_bytes = if r == 1 { 0 } else { 1 };
+            c.timeout = Duration::from_secs(20);
+            std::thread::spawn(move || Communicator::init_with_config(&id, n, r, c))
+        })
+        .collect();
+    let comms: Vec<Communicator> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    for c in &comms {
+        c.set_algorithm(Collective::AllReduce, Some(strata::Algorithm::Ring))
+            .unwrap();
+    }
+    let results = on_all(&comms, |c| {
+        let mut buf = vec![1f32; n * (200 << 10) / 4];
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+    });
+    let mut named = 0;
+    for (r, result) in results.into_iter().enumerate() {
+        match result {
+            Err(Error::Mismatch(m)) => {
+                assert!(m.contains("slices of 16384"), "rank {r}: {m}");
+                named += 1;
+            }
+            Err(e) => assert!(
+                matches!(e, Error::PeerFailed { .. } | Error::Aborted(_)),
+                "rank {r}: {e}"
+            ),
+            Ok(()) => panic!("rank {r} finished a ring its peers cut differently"),
+        }
+    }
+    assert!(named >= 2, "the mismatch was named on {named} ranks");
+}
+
 /// The ring all-reduce run slice by slice (64 KiB slices, blocks of three to four of them,
 /// uneven across ranks) is exact for every type class and for the ops that finalize (avg) or
 /// do not add (max), in and out of place, over the in-process transport and TCP.

@@ -47,6 +47,14 @@ impl Communicator {
         let mut guard = self.lock_state()?;
         let st = &mut *guard;
         let algorithm = self.chosen_algorithm(st, spec.collective, spec.count * es);
+        // The slice of a ring all-reduce (0 for anything else); it travels in the header.
+        let ring_slice = if spec.collective == Collective::AllReduce
+            && algorithm.normalized() == Algorithm::Ring
+        {
+            self.ring_slice_bytes(spec.count * es) / es
+        } else {
+            0
+        };
         let plan = Plan {
             collective: spec.collective,
             algorithm,
@@ -66,7 +74,7 @@ impl Communicator {
                             &plan,
                             inner.tuner.hierarchy(),
                             inner.tuner.ordered(),
-                            self.ring_slice_bytes(spec.count * es) / es,
+                            ring_slice,
                         )
                         .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                         inner.schedules_built.fetch_add(1, Ordering::Relaxed);
@@ -93,10 +101,10 @@ impl Communicator {
             } else {
                 0
             },
-            root: if spec.collective.rooted() {
+            param: if spec.collective.rooted() {
                 spec.root as u64
             } else {
-                0
+                ring_slice as u64
             },
             algorithm,
         };

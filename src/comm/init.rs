@@ -232,13 +232,15 @@ impl Communicator {
         // the CPU while they wait, and for its caches.
         let me = &peers[rank].host;
         let local_ranks = peers.iter().filter(|p| p.host.same_kernel(me)).count();
+        // What slices the ring must be the same on every rank, so it counts the fullest host.
+        let fullest_host = fullest_host(&peers);
         let tuner = Tuner::new(
             Hierarchy::from_tiers(&tiers),
             tiers.costs(),
             cfg.rank_order == RankOrder::Topology,
         )
         .with_rules(cfg.tuning_rules.clone())
-        .with_ring_pipeline(cfg.ring_pipeline_bytes, local_ranks);
+        .with_ring_pipeline(cfg.ring_pipeline_bytes, fullest_host);
         let state = State {
             conns: (0..size).map(|_| None).collect(),
             seq: 0,
@@ -293,7 +295,7 @@ impl Communicator {
                 tiers,
                 tuner,
                 spin: executor::SpinPolicy::for_host(local_ranks),
-                local_ranks,
+                fullest_host,
                 gpu: std::sync::OnceLock::new(),
                 diagnoser,
             }),
@@ -384,6 +386,16 @@ fn root_from_env() -> Result<SocketAddr> {
         }
     };
     resolve(&format!("{}:{port}", addr.trim()))
+}
+
+/// The most ranks that share one kernel (any network namespace); a rank whose host has no
+/// boot id counts alone. Every rank computes the same number from the same table.
+fn fullest_host(peers: &[PeerInfo]) -> usize {
+    let mut per_kernel: HashMap<&str, usize> = HashMap::new();
+    for p in peers.iter().filter(|p| !p.host.boot_id.is_empty()) {
+        *per_kernel.entry(p.host.boot_id.as_str()).or_default() += 1;
+    }
+    per_kernel.into_values().max().unwrap_or(0).max(1)
 }
 
 fn secret_from_env(root: &SocketAddr) -> Result<Secret> {

@@ -145,8 +145,9 @@ pub(crate) struct Inner {
     /// Prices algorithms on those tiers and chooses one per collective and size class.
     tuner: Tuner,
     spin: executor::SpinPolicy,
-    /// Ranks of this communicator on this host.
-    local_ranks: usize,
+    /// The most ranks of this communicator on one host, the same on every rank: what the ring
+    /// all-reduce's slice is computed from.
+    fullest_host: usize,
     /// The progress thread of stream-ordered calls on device buffers, started by the first.
     gpu: std::sync::OnceLock<crate::gpu::StreamQueue>,
     /// Takes the census of a call that timed out (shared with the listener, which answers
@@ -402,12 +403,13 @@ impl Communicator {
     }
 
     /// The slice a ring all-reduce of `message_bytes` runs with on this communicator, in
-    /// bytes (0: block by block); see [`Config::ring_slice_bytes`].
+    /// bytes (0: block by block), the same on every rank (it counts the fullest host); see
+    /// [`Config::ring_slice_bytes`].
     pub fn ring_slice_bytes(&self, message_bytes: usize) -> usize {
         let inner = &*self.inner;
         inner
             .cfg
-            .ring_slice_bytes(inner.size, inner.local_ranks, message_bytes)
+            .ring_slice_bytes(inner.size, inner.fullest_host, message_bytes)
     }
 
     /// How many schedules this communicator has built. A repeated (collective, algorithm,

@@ -138,12 +138,12 @@ impl Communicator {
                 dtype,
                 count: (len / dtype.size()) as u64,
                 op: 0,
-                root: peer as u64,
+                param: peer as u64,
                 algorithm: Algorithm::Direct,
             };
             let wire = Header {
                 collective: Collective::Send,
-                root: if sending { peer } else { rank } as u64,
+                param: if sending { peer } else { rank } as u64,
                 ..local
             };
             let entry = match headers.iter().position(|h| h.0 == peer) {

@@ -291,7 +291,7 @@ mod tests {
             dtype: DataType::Float32,
             count: 8,
             op: 0,
-            root: 0,
+            param: 0,
             algorithm: Algorithm::Ring,
         }
     }
