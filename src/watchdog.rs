@@ -450,6 +450,22 @@ impl Runner {
         }
     }
 
+    /// Passes an abort that came over link `came_on`, `hops` links from `origin`, on to every
+    /// other neighbour, and remembers it as what this rank has said.
+    fn pass_on(&mut self, came_on: usize, origin: usize, error: Error, hops: u32) {
+        let frame = Frame::Abort {
+            origin,
+            error,
+            hops: hops + 1,
+        };
+        for (j, l) in self.links.iter_mut().enumerate() {
+            if j != came_on {
+                l.send(&frame);
+            }
+        }
+        self.announced = Some(frame);
+    }
+
     fn drain_wake(&self) {
         let mut buf = [0u8; 64];
         while matches!(self.wake.recv(&mut buf), Ok(n) if n > 0) {}
@@ -479,19 +495,8 @@ impl Runner {
                                  {from}, {hops} hops from rank {origin})"
                             );
                             self.dump_trace();
-                            // Pass it on to every other neighbour; this rank need not announce
-                            // it again.
-                            let frame = Frame::Abort {
-                                origin,
-                                error,
-                                hops: hops + 1,
-                            };
-                            for (j, l) in self.links.iter_mut().enumerate() {
-                                if j != i {
-                                    l.send(&frame);
-                                }
-                            }
-                            self.announced = Some(frame);
+                            // This rank need not announce it again.
+                            self.pass_on(i, origin, error, hops);
                         } else if let Some(Frame::Abort {
                             origin: first,
                             hops: passed_on,
@@ -503,23 +508,12 @@ impl Runner {
                             // A shorter route from the same origin: pass it on too, so that
                             // every rank learns its distance (at most ⌈lg p⌉ links) even when
                             // a longer route won the race. Each rank improves a few times.
-                            let from = self.links[i].peer;
                             tracing::warn!(
                                 rank = self.s.rank,
                                 "abort: heard again from rank {from}, {hops} hops from rank \
                                  {origin}"
                             );
-                            let frame = Frame::Abort {
-                                origin,
-                                error,
-                                hops: hops + 1,
-                            };
-                            for (j, l) in self.links.iter_mut().enumerate() {
-                                if j != i {
-                                    l.send(&frame);
-                                }
-                            }
-                            self.announced = Some(frame);
+                            self.pass_on(i, origin, error, hops);
                         }
                     }
                 }
