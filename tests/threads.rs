@@ -32,11 +32,19 @@ fn init_threads(n: usize, transport: TransportPolicy) -> Vec<Communicator> {
 }
 
 fn init_threads_with(id: UniqueId, n: usize, transport: TransportPolicy) -> Vec<Communicator> {
+    init_threads_configured(id, n, |_| cfg(transport))
+}
+
+/// Initialises `n` ranks as threads, rank r with `config(r)`, in rank order.
+fn init_threads_configured(
+    id: UniqueId,
+    n: usize,
+    config: impl Fn(usize) -> Config,
+) -> Vec<Communicator> {
     let handles: Vec<_> = (0..n)
         .map(|r| {
-            std::thread::spawn(move || {
-                Communicator::init_with_config(&id, n, r, cfg(transport)).unwrap()
-            })
+            let c = config(r);
+            std::thread::spawn(move || Communicator::init_with_config(&id, n, r, c).unwrap())
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -621,19 +629,12 @@ fn small_all_reduce_mismatch_is_named() {
 #[test]
 fn ranks_that_would_slice_the_ring_differently_fail_with_a_mismatch() {
     let n = 3;
-    let id = loopback_id();
-    let handles: Vec<_> = (0..n)
-        .map(|r| {
-            let mut c = cfg(TransportPolicy::Auto);
-            c.ring_pipeline_bytes = if r == 1 { 0 } else { 1 };
-            c.timeout = Duration::from_secs(20);
-            std::thread::spawn(move || Communicator::init_with_config(&id, n, r, c))
-        })
-        .collect();
-    let comms: Vec<Communicator> = handles
-        .into_iter()
-        .map(|h| h.join().unwrap().unwrap())
-        .collect();
+    let comms = init_threads_configured(loopback_id(), n, |r| {
+        let mut c = cfg(TransportPolicy::Auto);
+        c.ring_pipeline_bytes = if r == 1 { 0 } else { 1 };
+        c.timeout = Duration::from_secs(20);
+        c
+    });
     for c in &comms {
         c.set_algorithm(Collective::AllReduce, Some(strata::Algorithm::Ring))
             .unwrap();
@@ -666,19 +667,12 @@ fn ranks_that_would_slice_the_ring_differently_fail_with_a_mismatch() {
 fn sliced_ring_all_reduce_is_exact() {
     for transport in [TransportPolicy::Auto, TransportPolicy::Tcp] {
         for n in [2, 3, 5] {
-            let id = loopback_id();
-            let handles: Vec<_> = (0..n)
-                .map(|r| {
-                    let mut c = cfg(transport);
-                    // The smallest budget gives the smallest slice.
-                    c.ring_pipeline_bytes = 1;
-                    std::thread::spawn(move || Communicator::init_with_config(&id, n, r, c))
-                })
-                .collect();
-            let comms: Vec<Communicator> = handles
-                .into_iter()
-                .map(|h| h.join().unwrap().unwrap())
-                .collect();
+            let comms = init_threads_configured(loopback_id(), n, |_| {
+                let mut c = cfg(transport);
+                // The smallest budget gives the smallest slice.
+                c.ring_pipeline_bytes = 1;
+                c
+            });
             for c in &comms {
                 assert_eq!(c.ring_slice_bytes(n * (200 << 10)), 64 << 10);
                 c.set_algorithm(Collective::AllReduce, Some(strata::Algorithm::Ring))
