@@ -77,6 +77,10 @@ impl TcpTransport {
             let (idx, room) = self.next_stream(self.received);
             let n = room.min(dst.len() - done);
             match self.streams[idx].read(&mut dst[done..done + n]) {
+                // Bytes read before a close or an error are delivered first; the next read
+                // meets the close again and reports it. (A peer that sends its last bytes and
+                // exits at once must not lose them to the read-ahead that finds its FIN.)
+                Ok(0) if done > 0 => break,
                 Ok(0) => {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -89,6 +93,7 @@ impl TcpTransport {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) if done > 0 => break,
                 Err(e) => return Err(e),
             }
         }
@@ -275,5 +280,41 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(got, want);
+    }
+
+    /// A peer that sends its last bytes and closes at once (a rank leaving after its part of
+    /// the last call): the bytes are delivered, and only the next read reports the close.
+    #[test]
+    fn last_bytes_before_a_close_are_delivered_before_the_eof() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut client = Vec::new();
+        let mut server = Vec::new();
+        for _ in 0..2 {
+            client.push(TcpStream::connect(addr).unwrap());
+            server.push(l.accept().unwrap().0);
+        }
+        let mut a = TcpTransport::new(client, 4096).unwrap();
+        let mut b = TcpTransport::new(server, 4096).unwrap();
+        // 6000 bytes: the first stripe on one stream, the rest on the other.
+        let data: Vec<u8> = (0..6000u32).map(|i| (i % 249) as u8).collect();
+        let mut sent = 0;
+        while sent < data.len() {
+            sent += a.send_some(&data[sent..]).unwrap();
+        }
+        drop(a);
+        // Both FINs are queued behind the data before the first read.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut got = Vec::new();
+        let start = std::time::Instant::now();
+        while got.len() < data.len() {
+            assert!(start.elapsed().as_secs() < 20);
+            b.recv_some(data.len() - got.len(), 4, &mut |x| got.extend_from_slice(x))
+                .expect("bytes sent before the close");
+        }
+        assert_eq!(got, data);
+        let err = b.recv_some(4, 4, &mut |_| ()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(b.recv_into(&mut [0u8; 8]).is_err());
     }
 }
