@@ -41,21 +41,143 @@ struct Flow {
     /// When it starts to move data (both ends ready, plus α).
     start: f64,
     remaining: f64,
+    demand: Demand,
+}
+
+impl AsMut<Demand> for Flow {
+    fn as_mut(&mut self) -> &mut Demand {
+        &mut self.demand
+    }
+}
+
+/// What a flow asks of the links it crosses, and the rate it gets.
+pub(crate) struct Demand {
     /// Its own link's rate alone, bytes per second.
-    cap: f64,
-    rate: f64,
-    /// Indices into `Engine::resources`.
-    uses: Vec<usize>,
+    pub cap: f64,
+    pub rate: f64,
+    /// The resources it uses (indices) and how many flows it stands for on each (1 here;
+    /// a class of alike flows in fast pricing's engine). The first two are the sender's and
+    /// the receiver's ports.
+    pub uses: Vec<(usize, f64)>,
 }
 
 /// Something flows share: a port or an uplink, with its capacity in bytes per second.
-struct Resource {
-    capacity: f64,
+pub(crate) struct Resource {
+    pub capacity: f64,
     /// The fraction of `capacity` two or more flows get together.
-    shared_efficiency: f64,
+    pub shared_efficiency: f64,
     /// Scratch for the fair-share computation.
     left: f64,
-    users: usize,
+    /// Flows on it (weighted), then those not yet frozen.
+    load: f64,
+    users: f64,
+}
+
+impl Resource {
+    /// A resource of `capacity` bytes per second.
+    pub(crate) fn new(capacity: f64, shared_efficiency: f64) -> Self {
+        Self {
+            capacity,
+            shared_efficiency,
+            left: 0.0,
+            load: 0.0,
+            users: 0.0,
+        }
+    }
+}
+
+/// Max-min fair rates for `flows` over `resources` (progressive filling). A port's capacity
+/// is the fastest link among the flows using it: a rank sends no faster than its own link.
+/// A resource that two or more flows use gives them `shared_efficiency` of its capacity.
+pub(crate) fn share<F: AsMut<Demand>>(
+    resources: &mut [Resource],
+    flows: &mut [F],
+    frozen: &mut Vec<bool>,
+) {
+    for res in resources.iter_mut() {
+        res.load = 0.0;
+    }
+    for f in flows.iter_mut() {
+        for &(u, _) in &f.as_mut().uses[..2] {
+            resources[u].capacity = 0.0;
+        }
+    }
+    for f in flows.iter_mut() {
+        let f = f.as_mut();
+        for &(u, _) in &f.uses[..2] {
+            let res = &mut resources[u];
+            res.capacity = res.capacity.max(f.cap);
+        }
+    }
+    for f in flows.iter_mut() {
+        let f = f.as_mut();
+        f.rate = 0.0;
+        for &(u, w) in &f.uses {
+            resources[u].load += w;
+        }
+    }
+    for res in resources.iter_mut() {
+        res.users = res.load;
+        res.left = if res.load > 1.0 + 1e-9 {
+            res.capacity * res.shared_efficiency
+        } else {
+            res.capacity
+        };
+    }
+    frozen.clear();
+    frozen.resize(flows.len(), false);
+    let mut unfrozen = flows.len();
+    while unfrozen > 0 {
+        let mut inc = f64::INFINITY;
+        for (k, f) in flows.iter_mut().enumerate() {
+            if frozen[k] {
+                continue;
+            }
+            let f = f.as_mut();
+            inc = inc.min(f.cap - f.rate);
+            for &(u, _) in &f.uses {
+                // Every unfrozen flow grows by `inc`, taking `inc` per flow it stands for.
+                let res = &resources[u];
+                inc = inc.min(res.left / res.users);
+            }
+        }
+        if !inc.is_finite() {
+            // Nothing limits these flows (zero-cost links): they finish at once.
+            for (k, f) in flows.iter_mut().enumerate() {
+                if !frozen[k] {
+                    f.as_mut().rate = f64::INFINITY;
+                }
+            }
+            break;
+        }
+        for (k, f) in flows.iter_mut().enumerate() {
+            if !frozen[k] {
+                let f = f.as_mut();
+                f.rate += inc;
+                for &(u, w) in &f.uses {
+                    resources[u].left -= inc * w;
+                }
+            }
+        }
+        for (k, f) in flows.iter_mut().enumerate() {
+            if frozen[k] {
+                continue;
+            }
+            let f = f.as_mut();
+            let saturated = f.rate >= f.cap * (1.0 - 1e-9)
+                || f.uses.iter().any(|&(u, _)| {
+                    let res = &resources[u];
+                    res.left <= res.capacity * 1e-9
+                });
+            if saturated {
+                frozen[k] = true;
+                unfrozen -= 1;
+                for &(u, w) in &f.uses {
+                    resources[u].users -= w;
+                }
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -93,6 +215,7 @@ struct Engine<'a> {
     resources: Vec<Resource>,
     ports: HashMap<Port, usize>,
     uplinks: Vec<Uplink>,
+    frozen: Vec<bool>,
 }
 
 /// Runs `schedules` on `net` with flows sharing links by time and returns when each rank
@@ -114,6 +237,7 @@ pub(crate) fn time(
         resources: Vec::new(),
         ports: HashMap::new(),
         uplinks: Vec::new(),
+        frozen: Vec::new(),
     };
     for r in 0..schedules.len() {
         e.enter(r, 0.0);
@@ -201,20 +325,22 @@ impl Engine<'_> {
         let bytes = elems as f64 * self.elem_bytes;
         let start = self.ranks[from].entered.max(self.ranks[to].entered) + link.alpha;
         let off_host = self.net.crosses_hosts(from, to);
-        let mut uses = vec![
+        let mut uses = [
             self.port(Port::Send {
                 rank: from,
                 off_host,
             }),
             self.port(Port::Recv { rank: to, off_host }),
-        ];
+        ]
+        .map(|u| (u, 1.0))
+        .to_vec();
         self.net.uplinks(from, to, &mut self.uplinks);
         for k in 0..self.uplinks.len() {
             let up = self.uplinks[k];
             let res = self.port(Port::Uplink(up.id));
             self.resources[res].capacity = 1.0 / up.seconds_per_byte;
             self.resources[res].shared_efficiency = up.shared_efficiency;
-            uses.push(res);
+            uses.push((res, 1.0));
         }
         self.waiting.push(Flow {
             from,
@@ -225,13 +351,15 @@ impl Engine<'_> {
             reduces,
             start,
             remaining: bytes,
-            cap: if link.beta > 0.0 {
-                1.0 / link.beta
-            } else {
-                f64::INFINITY
+            demand: Demand {
+                cap: if link.beta > 0.0 {
+                    1.0 / link.beta
+                } else {
+                    f64::INFINITY
+                },
+                rate: 0.0,
+                uses,
             },
-            rate: 0.0,
-            uses,
         });
     }
 
@@ -239,95 +367,13 @@ impl Engine<'_> {
         let next = self.resources.len();
         let id = *self.ports.entry(p).or_insert(next);
         if id == next {
-            self.resources.push(Resource {
-                capacity: f64::INFINITY,
-                shared_efficiency: 1.0,
-                left: 0.0,
-                users: 0,
-            });
+            self.resources.push(Resource::new(f64::INFINITY, 1.0));
         }
         id
     }
 
-    /// Max-min fair rates for the active flows (progressive filling). A port's capacity is
-    /// the fastest link among the flows using it: a rank sends no faster than its own link.
     fn share(&mut self) {
-        for res in &mut self.resources {
-            res.users = 0;
-        }
-        for f in &self.active {
-            for &u in &f.uses[..2] {
-                self.resources[u].capacity = 0.0;
-            }
-        }
-        for f in &self.active {
-            for &u in &f.uses[..2] {
-                let res = &mut self.resources[u];
-                res.capacity = res.capacity.max(f.cap);
-            }
-        }
-        for f in &mut self.active {
-            f.rate = 0.0;
-            for &u in &f.uses {
-                self.resources[u].users += 1;
-            }
-        }
-        for res in &mut self.resources {
-            res.left = if res.users > 1 {
-                res.capacity * res.shared_efficiency
-            } else {
-                res.capacity
-            };
-        }
-        let mut frozen = vec![false; self.active.len()];
-        let mut unfrozen = self.active.len();
-        while unfrozen > 0 {
-            let mut inc = f64::INFINITY;
-            for (k, f) in self.active.iter().enumerate() {
-                if frozen[k] {
-                    continue;
-                }
-                inc = inc.min(f.cap - f.rate);
-                for &u in &f.uses {
-                    let res = &self.resources[u];
-                    inc = inc.min(res.left / res.users as f64);
-                }
-            }
-            if !inc.is_finite() {
-                // Nothing limits these flows (zero-cost links): they finish at once.
-                for (k, f) in self.active.iter_mut().enumerate() {
-                    if !frozen[k] {
-                        f.rate = f64::INFINITY;
-                    }
-                }
-                break;
-            }
-            for (k, f) in self.active.iter_mut().enumerate() {
-                if !frozen[k] {
-                    f.rate += inc;
-                    for &u in &f.uses {
-                        self.resources[u].left -= inc;
-                    }
-                }
-            }
-            for (k, f) in self.active.iter().enumerate() {
-                if frozen[k] {
-                    continue;
-                }
-                let saturated = f.rate >= f.cap * (1.0 - 1e-9)
-                    || f.uses.iter().any(|&u| {
-                        let res = &self.resources[u];
-                        res.left <= res.capacity * 1e-9
-                    });
-                if saturated {
-                    frozen[k] = true;
-                    unfrozen -= 1;
-                    for &u in &f.uses {
-                        self.resources[u].users -= 1;
-                    }
-                }
-            }
-        }
+        share(&mut self.resources, &mut self.active, &mut self.frozen);
     }
 
     fn run(&mut self) -> Result<(), String> {
@@ -340,7 +386,7 @@ impl Engine<'_> {
             let next_finish = self
                 .active
                 .iter()
-                .map(|f| self.now + f.remaining / f.rate)
+                .map(|f| self.now + f.remaining / f.demand.rate)
                 .fold(f64::INFINITY, f64::min);
             let next_done = self.done.peek().map_or(f64::INFINITY, |d| d.at);
             let next = next_start.min(next_finish).min(next_done);
@@ -355,12 +401,13 @@ impl Engine<'_> {
             let mut k = 0;
             while k < self.active.len() {
                 let f = &mut self.active[k];
-                if f.rate.is_infinite() {
+                let rate = f.demand.rate;
+                if rate.is_infinite() {
                     f.remaining = 0.0;
                 } else {
-                    f.remaining -= f.rate * dt;
+                    f.remaining -= rate * dt;
                 }
-                if f.remaining <= f.bytes * 1e-9 || f.remaining / f.rate <= tol {
+                if f.remaining <= f.bytes * 1e-9 || f.remaining / rate <= tol {
                     let f = self.active.swap_remove(k);
                     self.finish(f);
                     changed = true;
