@@ -38,17 +38,17 @@ pub(crate) enum Kind {
 /// [`Op`]'s 64).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Transfer {
-    peer: u32,
-    kind: Kind,
-    elems: u64,
+    pub(super) peer: u32,
+    pub(super) kind: Kind,
+    pub(super) elems: u64,
 }
 
 impl Transfer {
-    fn peer(&self) -> usize {
+    pub(super) fn peer(&self) -> usize {
         self.peer as usize
     }
 
-    fn sends(&self) -> bool {
+    pub(super) fn sends(&self) -> bool {
         self.kind == Kind::Send
     }
 }
@@ -56,9 +56,9 @@ impl Transfer {
 /// A rank's schedule without its local operations and empty steps.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Compact {
-    transfers: Vec<Transfer>,
+    pub(super) transfers: Vec<Transfer>,
     /// Where each step starts in `transfers`, and the end.
-    bounds: Vec<u32>,
+    pub(super) bounds: Vec<u32>,
 }
 
 impl Compact {
@@ -94,11 +94,11 @@ impl Compact {
         self.transfers.len()
     }
 
-    fn steps(&self) -> usize {
+    pub(super) fn steps(&self) -> usize {
         self.bounds.len() - 1
     }
 
-    fn step(&self, i: usize) -> &[Transfer] {
+    pub(super) fn step(&self, i: usize) -> &[Transfer] {
         match (self.bounds.get(i), self.bounds.get(i + 1)) {
             (Some(&a), Some(&b)) => &self.transfers[a as usize..b as usize],
             _ => &[],

@@ -3,31 +3,45 @@
 //!
 //! The full simulation (`crate::cost::price` on a [`FabricModel`]) is the reference; it
 //! shares every link by time and costs O(messages × flows in flight). This module prices the
-//! same schedules in three ways, each checked against it (`tests/fast_pricing.rs`):
+//! same schedules in these ways, each checked against it (`tests/fast_pricing.rs`, 1% for
+//! every algorithm up to 1,024 ranks, contended uplinks and irregular shapes included):
 //!
+//! * **Flows on classes of alike ranks** ([`classes`], [`quotient`]): a schedule that can be
+//!   built is folded onto one representative per class of ranks that the fabric and the
+//!   schedule cannot tell apart (colour refinement), and timed by the full simulation's own
+//!   rule, each flow standing for its class's alike flows on the ports and uplinks they
+//!   share. That is exact; it costs what the classes cost, so recursive doubling on a
+//!   regular fat tree is one class at any size, and a tree whose every rank differs is as
+//!   dear as the full simulation (bounded by [`FOLD_MAX_CLASSES`] and [`FOLD_MAX_WORK`]).
 //! * **Ring phases in closed form.** In a ring reduce-scatter or all-gather every step moves
 //!   the same pattern (member i to member i + 1), so the phase takes `(d − 1) × W` after its
 //!   group's last member starts, where W is the slowest member's step (its send, or its
 //!   receive plus the reduction) with the uplink sharing of one step. This is the longest path
 //!   of the max-plus recurrence, which stays at the slowest member; it costs O(p) however many
-//!   steps the ring has, instead of O(p²) messages.
-//! * **Pairwise phases step by step** on a vector of entry times, O(p) per step, never holding
-//!   the O(p²) operations; above [`PAIRWISE_STEPWISE_MAX`] ranks (topology order), in closed
-//!   form with every rank in step: each step's slowest message, over the most expensive tier
-//!   or the most shared uplink.
-//! * **Everything else on a lean max-plus engine** ([`lockstep`]): every operation of every
-//!   rank timed once, ports shared by processor sharing among a step's messages, shared
-//!   uplinks among the messages that overlap on them (iterated to a fixed point).
-//!   Pipelined trees are priced with enough chunks to reach their steady state and extended
-//!   linearly to the real chunk count.
+//!   steps the ring has, instead of O(p²) messages. Members that enter at different times
+//!   overlap otherwise, so up to [`FLOW_PHASE_MAX_RANKS`] such a phase is built and folded.
+//! * **Pairwise phases**: built and folded up to [`FLOW_PHASE_MAX_RANKS`] ranks; step by step
+//!   on a vector of entry times up to [`PAIRWISE_STEPWISE_MAX`], O(p) per step; beyond, in
+//!   closed form with every rank in step: each step's slowest message, over the most
+//!   expensive tier or the most shared uplink.
+//! * **What folds into too many classes** on a lean max-plus engine ([`lockstep`]): every
+//!   operation of every rank timed once, ports shared by processor sharing among a step's
+//!   messages, shared uplinks among the messages that overlap on them (iterated to a fixed
+//!   point). That is an approximation (a few percent where ranks drift apart on contended
+//!   uplinks); at the ranks the tests reach, only trees above 1,024 ranks and Bruck above
+//!   1,024 ranks use it.
 //!
-//! Composed and hierarchical algorithms are cut into these phases, each starting from the
-//! times the previous one ended at (a vector over ranks), so a hierarchical all-reduce at
-//! 24,576 ranks prices its 191-step pod rings in closed form and its halving and tree phases
-//! on the engine.
+//! Pipelined trees are priced with enough chunks to reach their steady state and extended
+//! linearly to the real chunk count. Composed all-reduces up to [`FLOW_PHASE_MAX_RANKS`] are
+//! built whole (their halves overlap where ranks finish the first at different times); above,
+//! they and hierarchical algorithms are cut into phases, each starting from the times the
+//! previous one ended at (a vector over ranks), so a hierarchical all-reduce at 24,576 ranks
+//! prices its 191-step pod rings in closed form and its halving and tree phases folded.
 
+mod classes;
 mod groups;
 mod lockstep;
+mod quotient;
 
 pub use groups::{GroupQuery, price_groups};
 
@@ -45,6 +59,21 @@ use crate::{Algorithm, AllGatherPart, HierPart, Plan, PlanError, ReduceScatterPa
 /// Most transfers fast pricing holds for one phase (16 bytes each); above it a phase is
 /// refused rather than filling memory.
 pub const MAX_MATERIALIZED_OPS: usize = 24_000_000;
+
+/// Most transfers a phase may hold to be timed by flows on its classes of alike ranks.
+pub const FOLD_MAX_TRANSFERS: usize = 4_000_000;
+
+/// Most classes of alike ranks a phase may fold into to be timed by flows.
+pub const FOLD_MAX_CLASSES: usize = 1024;
+
+/// Most (transfers of the representatives × classes) a folded phase may hold to be timed by
+/// flows: a flow-level simulation costs about that many steps of max-min sharing (a double
+/// binary tree on 1,024 ranks that fold into 1,024 classes, 4 × 10⁸: about half a second).
+pub const FOLD_MAX_WORK: usize = 500_000_000;
+
+/// Up to this many ranks, phases that cost O(p²) transfers to build (a pairwise exchange,
+/// a ring whose members enter at different times) are built and timed by flows.
+pub const FLOW_PHASE_MAX_RANKS: usize = 256;
 
 /// Up to this many ranks a pairwise exchange is priced step by step (O(p²)); beyond, in
 /// closed form.
@@ -92,6 +121,11 @@ pub fn price(q: &Query) -> Result<f64, String> {
             let step = pricer.ring_step(&g);
             pricer.ring_with(&g, &step, &vec![q.count; p], true)?;
             pricer.ring_with(&g, &step, &vec![q.count; p], false)?;
+        }
+        // Small enough to build whole: its halves overlap where ranks finish the first at
+        // different times, which pricing them one after the other would miss.
+        (Collective::AllReduce, Algorithm::Composed(..)) if p <= FLOW_PHASE_MAX_RANKS => {
+            pricer.whole()?
         }
         (Collective::AllReduce, Algorithm::Composed(rs, ag)) => pricer.composed(rs, ag)?,
         (Collective::AllGather, Algorithm::Ring) => {
@@ -257,8 +291,9 @@ impl<'a> Pricer<'a> {
     }
 
     /// [`Pricer::ring`] with its step already known. When some block is empty its steps are
-    /// skipped, which the closed form cannot express: such a phase runs on the engine (if it
-    /// is small enough to build).
+    /// skipped, which the closed form cannot express, and when members enter at different
+    /// times they overlap differently than it assumes: such a phase runs on the engine (if
+    /// it is small enough to build; uneven entries up to [`FLOW_PHASE_MAX_RANKS`] ranks).
     fn ring_with<G: AsRef<[usize]>>(
         &mut self,
         groups: &[G],
@@ -266,11 +301,12 @@ impl<'a> Pricer<'a> {
         len: &[usize],
         reduces: bool,
     ) -> Result<(), String> {
-        if groups
-            .iter()
-            .map(AsRef::as_ref)
-            .any(|g| g.iter().any(|&x| len[x] < g.len()))
-        {
+        let uneven = |g: &[usize]| {
+            g.iter().any(|&x| len[x] < g.len())
+                || (self.p() <= FLOW_PHASE_MAX_RANKS
+                    && g.iter().any(|&x| self.free[x] != self.free[g[0]]))
+        };
+        if groups.iter().map(AsRef::as_ref).any(uneven) {
             return self.materialized(groups, len, |d, me, n| {
                 let blocks = Blocks::split(Buf::Output, 0, n, d);
                 let mut s = RankSchedule::default();
@@ -318,11 +354,21 @@ impl<'a> Pricer<'a> {
     }
 
     /// Pairwise-exchange reduce-scatter over all ranks of `total` elements split into p
-    /// blocks (empty blocks are not sent): step by step up to [`PAIRWISE_STEPWISE_MAX`]
-    /// ranks, in closed form beyond (topology order only).
+    /// blocks (empty blocks are not sent): built and run on the engine up to
+    /// [`FLOW_PHASE_MAX_RANKS`] ranks, step by step up to [`PAIRWISE_STEPWISE_MAX`], in
+    /// closed form beyond (topology order only).
     fn pairwise(&mut self, total: usize) -> Result<(), String> {
         let p = self.p();
-        if p <= PAIRWISE_STEPWISE_MAX {
+        if p <= FLOW_PHASE_MAX_RANKS {
+            let input = Blocks::split(Buf::Input, 0, total, p);
+            let out = Blocks::split(Buf::Output, 0, total, p);
+            let scheds = self.compact(|x| {
+                let mut s = RankSchedule::default();
+                builders::pairwise_reduce_scatter_core(&mut s, p, x, input, out.one(x));
+                Ok(s)
+            })?;
+            self.run(&scheds)
+        } else if p <= PAIRWISE_STEPWISE_MAX {
             self.pairwise_stepwise(total);
             Ok(())
         } else if self.topo || self.q.hierarchy.is_launcher_order() {
@@ -425,9 +471,23 @@ impl<'a> Pricer<'a> {
         }
     }
 
-    /// Prices schedules (one per position) on the engine from the current times.
+    /// Prices schedules (one per position) from the current times: by flows on their
+    /// classes of alike ranks ([`classes`], [`quotient`]) when they hold at most
+    /// [`FOLD_MAX_TRANSFERS`] transfers and fold into at most [`FOLD_MAX_CLASSES`] classes
+    /// whose flows are few enough to time ([`FOLD_MAX_WORK`]), else on the lock-step engine.
     fn run(&mut self, scheds: &[Compact]) -> Result<(), String> {
-        self.free = lockstep::time(scheds, &self.net, self.q.elem_bytes as f64, &self.free)?;
+        let eb = self.q.elem_bytes as f64;
+        let total: usize = scheds.iter().map(Compact::len).sum();
+        if total <= FOLD_MAX_TRANSFERS
+            && let Some(folded) = classes::fold(scheds, &self.net, &self.free, FOLD_MAX_CLASSES)?
+        {
+            let flows: usize = folded.reps.iter().map(|&r| scheds[r].len()).sum();
+            if flows.saturating_mul(folded.classes()) <= FOLD_MAX_WORK {
+                self.free = quotient::time(scheds, &folded, eb, &self.free)?;
+                return Ok(());
+            }
+        }
+        self.free = lockstep::time(scheds, &self.net, eb, &self.free)?;
         Ok(())
     }
 

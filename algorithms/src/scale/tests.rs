@@ -3,6 +3,7 @@
 use super::*;
 use crate::hierarchy::tests::fat_tree;
 use crate::tuner::tests::emulated_costs;
+use crate::{AllGatherPart, ReduceScatterPart};
 
 fn query(h: &Hierarchy, costs: TierCosts, algorithm: Algorithm, count: usize) -> Query<'_> {
     Query {
@@ -92,4 +93,94 @@ fn refuses_what_it_cannot_price_and_prices_one_rank_at_zero() {
         price(&query(&one, emulated_costs(), Algorithm::Ring, 8)),
         Ok(0.0)
     );
+}
+
+/// Every position's whole schedule for `q`, in full and compact.
+fn schedules(q: &Query) -> (Vec<RankSchedule>, Vec<Compact>) {
+    let pricer = Pricer::new(q);
+    let full: Vec<RankSchedule> = (0..q.hierarchy.len())
+        .map(|x| pricer.build(x, q.count).unwrap())
+        .collect();
+    let compact = full.iter().map(Compact::new).collect();
+    (full, compact)
+}
+
+/// Folded onto classes of alike ranks, a schedule times exactly as the full flow-level
+/// simulation times every rank, on contended uplinks and with fan-in (trees, Bruck's
+/// wrapped ranges): the folding is exact, not an approximation.
+#[test]
+fn folded_schedules_time_exactly_as_the_full_simulation() {
+    let shapes = [
+        fat_tree(2, 2, 4, 2, None),
+        fat_tree(4, 2, 2, 1, None),
+        fat_tree(1, 2, 3, 1, None),
+        fat_tree(3, 2, 2, 1, None),
+    ];
+    for h in &shapes {
+        for (c, a) in [
+            (Collective::AllReduce, Algorithm::RecursiveDoubling),
+            (Collective::AllReduce, Algorithm::Rabenseifner),
+            (Collective::AllReduce, Algorithm::Tree),
+            (
+                Collective::AllReduce,
+                Algorithm::Composed(ReduceScatterPart::Halving, AllGatherPart::Bruck),
+            ),
+            (
+                Collective::AllReduce,
+                Algorithm::Composed(ReduceScatterPart::Pairwise, AllGatherPart::Ring),
+            ),
+            (Collective::AllGather, Algorithm::Bruck),
+            (Collective::AllToAll, Algorithm::Bruck),
+            (Collective::Reduce, Algorithm::BinomialTree),
+            (Collective::Broadcast, Algorithm::BinomialTree),
+            // Every rank sends to the root at once: one class, many flows into one port.
+            (Collective::Gather, Algorithm::Linear),
+        ] {
+            let mut q = query(h, emulated_costs(), a, 3 << 18);
+            q.collective = c;
+            q.root = h.len() / 3;
+            let (full, compact) = schedules(&q);
+            let pricer = Pricer::new(&q);
+            let start = vec![0.0; h.len()];
+            let folded = classes::fold(&compact, &pricer.net, &start, usize::MAX)
+                .unwrap()
+                .unwrap();
+            let fast = quotient::time(&compact, &folded, 4.0, &start).unwrap();
+            let reference = crate::fluid::time(&full, &pricer.net, 4.0).unwrap();
+            for (x, (f, r)) in fast.iter().zip(&reference).enumerate() {
+                assert!(
+                    (f - r).abs() <= 1e-9 * r.abs().max(1e-12),
+                    "{c} {a} on {} ranks, position {x}: folded {f}, full {r}",
+                    h.len()
+                );
+            }
+        }
+    }
+}
+
+/// Ranks the fabric and the schedule cannot tell apart share a class: recursive doubling
+/// on a regular fat tree in topology order is one class however many ranks it has; a
+/// schedule that treats every rank differently is as many classes as ranks; and a limit on
+/// classes is kept.
+#[test]
+fn alike_ranks_share_a_class() {
+    let classes_of = |h: &Hierarchy, a: Algorithm, max: usize| {
+        let q = query(h, emulated_costs(), a, 1 << 10);
+        let (_, compact) = schedules(&q);
+        let pricer = Pricer::new(&q);
+        classes::fold(&compact, &pricer.net, &vec![0.0; h.len()], max)
+            .unwrap()
+            .map(|f| f.classes())
+    };
+    for h in [fat_tree(2, 2, 4, 2, None), fat_tree(8, 4, 4, 2, None)] {
+        assert_eq!(
+            classes_of(&h, Algorithm::RecursiveDoubling, usize::MAX),
+            Some(1)
+        );
+    }
+    let h = fat_tree(2, 2, 4, 2, None);
+    // A tree's ranks sit at different depths of two different trees.
+    let tree = classes_of(&h, Algorithm::Tree, usize::MAX).unwrap();
+    assert!(tree > 4, "{tree} classes");
+    assert_eq!(classes_of(&h, Algorithm::Tree, 4), None);
 }
