@@ -51,6 +51,7 @@ impl AsMut<Demand> for Flow {
 }
 
 /// What a flow asks of the links it crosses, and the rate it gets.
+#[derive(Default)]
 pub(crate) struct Demand {
     /// Its own link's rate alone, bytes per second.
     pub cap: f64,
@@ -59,6 +60,12 @@ pub(crate) struct Demand {
     /// a class of alike flows in fast pricing's engine). The first two are the sender's and
     /// the receiver's ports.
     pub uses: Vec<(usize, f64)>,
+}
+
+impl AsMut<Demand> for Demand {
+    fn as_mut(&mut self) -> &mut Demand {
+        self
+    }
 }
 
 /// Something flows share: a port or an uplink, with its capacity in bytes per second.
@@ -89,16 +96,19 @@ impl Resource {
 /// Max-min fair rates for `flows` over `resources` (progressive filling). A port's capacity
 /// is the fastest link among the flows using it: a rank sends no faster than its own link.
 /// A resource that two or more flows use gives them `shared_efficiency` of its capacity.
+/// Only the resources `flows` use are touched, so a caller may pass one connected component
+/// of flows (those that share nothing with the rest keep their rates).
 pub(crate) fn share<F: AsMut<Demand>>(
     resources: &mut [Resource],
     flows: &mut [F],
     frozen: &mut Vec<bool>,
 ) {
-    for res in resources.iter_mut() {
-        res.load = 0.0;
-    }
     for f in flows.iter_mut() {
-        for &(u, _) in &f.as_mut().uses[..2] {
+        let f = f.as_mut();
+        for &(u, _) in &f.uses {
+            resources[u].load = 0.0;
+        }
+        for &(u, _) in &f.uses[..2] {
             resources[u].capacity = 0.0;
         }
     }
@@ -116,13 +126,16 @@ pub(crate) fn share<F: AsMut<Demand>>(
             resources[u].load += w;
         }
     }
-    for res in resources.iter_mut() {
-        res.users = res.load;
-        res.left = if res.load > 1.0 + 1e-9 {
-            res.capacity * res.shared_efficiency
-        } else {
-            res.capacity
-        };
+    for f in flows.iter_mut() {
+        for &(u, _) in &f.as_mut().uses {
+            let res = &mut resources[u];
+            res.users = res.load;
+            res.left = if res.load > 1.0 + 1e-9 {
+                res.capacity * res.shared_efficiency
+            } else {
+                res.capacity
+            };
+        }
     }
     frozen.clear();
     frozen.resize(flows.len(), false);

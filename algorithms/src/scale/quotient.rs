@@ -8,6 +8,10 @@
 //! `bytes × γ` after its data, one reduction at a time per rank. Since alike ranks move
 //! alike, the times are those of the full simulation, at the cost of the classes instead of
 //! the ranks.
+//!
+//! An event re-shares only the flows connected to what it changed (through the resources
+//! they share), and the next start and finish come from heaps, so an event costs what its
+//! connected flows cost, not what every flow in flight costs.
 
 use std::collections::{BinaryHeap, HashMap};
 
@@ -23,15 +27,13 @@ struct Flow {
     class: u32,
     op: u32,
     bytes: f64,
-    start: f64,
+    /// Bytes left at `updated`, moving at `demand.rate` since.
     remaining: f64,
+    updated: f64,
+    /// Set from the engine's counter at every new rate (never reused, not even by a flow
+    /// that takes a finished one's id), so stale finish events are known.
+    version: u64,
     demand: Demand,
-}
-
-impl AsMut<Demand> for Flow {
-    fn as_mut(&mut self) -> &mut Demand {
-        &mut self.demand
-    }
 }
 
 #[derive(Default)]
@@ -52,15 +54,28 @@ struct Engine<'a> {
     /// Per class, per transfer of its representative: its flow was started.
     started: Vec<Vec<bool>>,
     now: f64,
-    waiting: Vec<Flow>,
-    active: Vec<Flow>,
+    /// Flows by id (waiting for their start, or moving data); `None` once finished.
+    flows: Vec<Option<Flow>>,
+    free_ids: Vec<u32>,
+    /// Waiting flows by start time; moving flows by finish time (with the version).
+    starts: BinaryHeap<Earliest<u32>>,
+    finishes: BinaryHeap<Earliest<(u32, u64)>>,
+    versions: u64,
     done: BinaryHeap<Earliest<(u32, u32)>>,
     resources: Vec<Resource>,
+    /// Per resource, the moving flows that use it.
+    on: Vec<Vec<u32>>,
     /// (class, sends, off host) → port.
     ports: HashMap<(u32, bool, bool), usize>,
     /// Uplink class → resource.
     uplinks: Vec<Option<usize>>,
     frozen: Vec<bool>,
+    /// Scratch for re-sharing: resources to visit, flows found, their demands.
+    dirty: Vec<usize>,
+    seen_res: Vec<bool>,
+    seen_flow: Vec<bool>,
+    component: Vec<u32>,
+    demands: Vec<Demand>,
 }
 
 /// Times `scheds` (one per position, entering at `start`) folded as `folded`; returns when
@@ -83,13 +98,22 @@ pub(super) fn time(
             .map(|&r| vec![false; scheds[r].transfers.len()])
             .collect(),
         now: 0.0,
-        waiting: Vec::new(),
-        active: Vec::new(),
+        flows: Vec::new(),
+        free_ids: Vec::new(),
+        starts: BinaryHeap::new(),
+        finishes: BinaryHeap::new(),
+        versions: 0,
         done: BinaryHeap::new(),
         resources: Vec::new(),
+        on: Vec::new(),
         ports: HashMap::new(),
         uplinks: vec![None; folded.uplink_classes.len()],
         frozen: Vec::new(),
+        dirty: Vec::new(),
+        seen_res: Vec::new(),
+        seen_flow: Vec::new(),
+        component: Vec::new(),
+        demands: Vec::new(),
     };
     for c in 0..n {
         e.enter(c, start[folded.reps[c]]);
@@ -166,9 +190,9 @@ impl Engine<'_> {
                 Some(r) => r,
                 None => {
                     let (rate, eff) = self.folded.uplink_classes[u as usize];
-                    self.resources.push(Resource::new(rate, eff));
-                    self.uplinks[u as usize] = Some(self.resources.len() - 1);
-                    self.resources.len() - 1
+                    let r = self.resource(rate, eff);
+                    self.uplinks[u as usize] = Some(r);
+                    r
                 }
             };
             uses.push((res, w));
@@ -178,91 +202,182 @@ impl Engine<'_> {
         } else {
             f64::INFINITY
         };
-        self.waiting.push(Flow {
+        let flow = Flow {
             class: c as u32,
             op: t as u32,
             bytes,
-            start,
             remaining: bytes,
+            updated: start,
+            version: 0,
             demand: Demand {
                 cap,
                 rate: 0.0,
                 uses,
             },
-        });
+        };
+        let id = match self.free_ids.pop() {
+            Some(id) => {
+                self.flows[id as usize] = Some(flow);
+                id
+            }
+            None => {
+                self.flows.push(Some(flow));
+                self.seen_flow.push(false);
+                self.flows.len() as u32 - 1
+            }
+        };
+        self.starts.push(Earliest { at: start, key: id });
+    }
+
+    fn resource(&mut self, capacity: f64, shared_efficiency: f64) -> usize {
+        self.resources
+            .push(Resource::new(capacity, shared_efficiency));
+        self.on.push(Vec::new());
+        self.seen_res.push(false);
+        self.resources.len() - 1
     }
 
     fn port(&mut self, class: u32, sends: bool, off_host: bool) -> usize {
         let next = self.resources.len();
         let id = *self.ports.entry((class, sends, off_host)).or_insert(next);
         if id == next {
-            self.resources.push(Resource::new(f64::INFINITY, 1.0));
+            self.resource(f64::INFINITY, 1.0);
         }
         id
     }
 
     fn run(&mut self) {
         loop {
-            let next_start = self
-                .waiting
-                .iter()
-                .map(|f| f.start)
-                .fold(f64::INFINITY, f64::min);
-            let next_finish = self
-                .active
-                .iter()
-                .map(|f| self.now + f.remaining / f.demand.rate)
-                .fold(f64::INFINITY, f64::min);
+            let next_start = self.starts.peek().map_or(f64::INFINITY, |e| e.at);
+            let next_finish = self.next_finish();
             let next_done = self.done.peek().map_or(f64::INFINITY, |d| d.at);
             let next = next_start.min(next_finish).min(next_done);
             if !next.is_finite() {
                 return;
             }
-            let dt = (next - self.now).max(0.0);
             self.now = self.now.max(next);
             let tol = EPS * self.now.max(1e-9);
-            let mut changed = false;
-            let mut k = 0;
-            while k < self.active.len() {
-                let f = &mut self.active[k];
-                let rate = f.demand.rate;
-                if rate.is_infinite() {
-                    f.remaining = 0.0;
-                } else {
-                    f.remaining -= rate * dt;
-                }
-                if f.remaining <= f.bytes * 1e-9 || f.remaining / rate <= tol {
-                    let f = self.active.swap_remove(k);
-                    self.finish(&f);
-                    changed = true;
-                } else {
-                    k += 1;
-                }
-            }
-            let mut k = 0;
-            while k < self.waiting.len() {
-                if self.waiting[k].start <= self.now + tol {
-                    let f = self.waiting.swap_remove(k);
-                    if f.bytes == 0.0 {
-                        self.finish(&f);
-                    } else {
-                        self.active.push(f);
+            // Flows that deliver their last byte now.
+            while self.next_finish() <= self.now + tol {
+                let Some(e) = self.finishes.pop() else { break };
+                let id = e.key.0 as usize;
+                let Some(f) = self.flows[id].take() else {
+                    continue;
+                };
+                self.free_ids.push(id as u32);
+                for &(u, _) in &f.demand.uses {
+                    let on = &mut self.on[u];
+                    if let Some(k) = on.iter().position(|&x| x as usize == id) {
+                        on.swap_remove(k);
                     }
-                    changed = true;
-                } else {
-                    k += 1;
+                    self.dirty.push(u);
+                }
+                self.finish(&f);
+            }
+            // Flows whose α has elapsed start moving data.
+            while self.starts.peek().is_some_and(|e| e.at <= self.now + tol) {
+                let Some(e) = self.starts.pop() else { break };
+                let id = e.key as usize;
+                let zero = self.flows[id].as_ref().is_some_and(|f| f.bytes == 0.0);
+                if zero {
+                    if let Some(f) = self.flows[id].take() {
+                        self.free_ids.push(id as u32);
+                        self.finish(&f);
+                    }
+                    continue;
+                }
+                if let Some(f) = self.flows[id].as_mut() {
+                    f.updated = self.now;
+                    for &(u, _) in &f.demand.uses {
+                        self.on[u].push(id as u32);
+                        self.dirty.push(u);
+                    }
                 }
             }
+            // Completions due now may move classes to their next step, which starts flows.
             while let Some(d) = self.done.peek().copied() {
                 if d.at > self.now + tol {
                     break;
                 }
                 self.done.pop();
                 self.complete(d.key.0 as usize, d.at);
-                changed = true;
             }
-            if changed {
-                share(&mut self.resources, &mut self.active, &mut self.frozen);
+            if !self.dirty.is_empty() {
+                self.reshare();
+            }
+        }
+    }
+
+    /// When the next moving flow finishes (stale events dropped).
+    fn next_finish(&mut self) -> f64 {
+        while let Some(e) = self.finishes.peek() {
+            let (id, version) = e.key;
+            if self.flows[id as usize]
+                .as_ref()
+                .is_some_and(|f| f.version == version)
+            {
+                return e.at;
+            }
+            self.finishes.pop();
+        }
+        f64::INFINITY
+    }
+
+    /// New fair rates for the moving flows connected to the resources an event touched.
+    fn reshare(&mut self) {
+        self.component.clear();
+        let mut visited: Vec<usize> = Vec::new();
+        while let Some(u) = self.dirty.pop() {
+            if self.seen_res[u] {
+                continue;
+            }
+            self.seen_res[u] = true;
+            visited.push(u);
+            for &id in &self.on[u] {
+                if self.seen_flow[id as usize] {
+                    continue;
+                }
+                self.seen_flow[id as usize] = true;
+                self.component.push(id);
+                if let Some(f) = self.flows[id as usize].as_ref() {
+                    self.dirty.extend(f.demand.uses.iter().map(|&(r, _)| r));
+                }
+            }
+        }
+        for u in visited {
+            self.seen_res[u] = false;
+        }
+        // Data moved until now at the old rates; then the new rates.
+        self.demands.clear();
+        for &id in &self.component {
+            self.seen_flow[id as usize] = false;
+            if let Some(f) = self.flows[id as usize].as_mut() {
+                if f.demand.rate.is_infinite() {
+                    f.remaining = 0.0;
+                } else {
+                    f.remaining -= f.demand.rate * (self.now - f.updated);
+                }
+                f.updated = self.now;
+                self.demands.push(std::mem::take(&mut f.demand));
+            }
+        }
+        share(&mut self.resources, &mut self.demands, &mut self.frozen);
+        for (k, d) in self.demands.drain(..).enumerate() {
+            let id = self.component[k];
+            if let Some(f) = self.flows[id as usize].as_mut() {
+                f.demand = d;
+                self.versions += 1;
+                f.version = self.versions;
+                let rate = f.demand.rate;
+                let at = if rate.is_infinite() || f.remaining <= f.bytes * 1e-9 {
+                    self.now
+                } else {
+                    self.now + f.remaining / rate
+                };
+                self.finishes.push(Earliest {
+                    at,
+                    key: (id, f.version),
+                });
             }
         }
     }
