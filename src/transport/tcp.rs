@@ -220,18 +220,25 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    #[test]
-    fn striped_streams_preserve_order_and_reduce_granules() {
+    /// Two ends of `streams` loopback streams striped by `stripe` bytes.
+    fn striped_pair(streams: usize, stripe: usize) -> (TcpTransport, TcpTransport) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let mut client = Vec::new();
         let mut server = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..streams {
             client.push(TcpStream::connect(addr).unwrap());
             server.push(l.accept().unwrap().0);
         }
-        let mut a = TcpTransport::new(client, 4096).unwrap();
-        let mut b = TcpTransport::new(server, 4096).unwrap();
+        (
+            TcpTransport::new(client, stripe).unwrap(),
+            TcpTransport::new(server, stripe).unwrap(),
+        )
+    }
+
+    #[test]
+    fn striped_streams_preserve_order_and_reduce_granules() {
+        let (mut a, mut b) = striped_pair(3, 4096);
         let data: Vec<u8> = (0..200_001u32).map(|i| (i % 253) as u8).collect();
         let mut got = Vec::new();
         let mut sent = 0;
@@ -253,11 +260,7 @@ mod tests {
 
     #[test]
     fn pairs_arrive_whole_and_in_order_small_or_large() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let (c, s) = (TcpStream::connect(addr).unwrap(), l.accept().unwrap().0);
-        let mut a = TcpTransport::new(vec![c], 1 << 20).unwrap();
-        let mut b = TcpTransport::new(vec![s], 1 << 20).unwrap();
+        let (mut a, mut b) = striped_pair(1, 1 << 20);
         let big: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
         // Joined into one write (small), then sent in turn (large).
         let mut want = [[7u8; 32].as_slice(), &[3; 40]].concat();
@@ -286,16 +289,7 @@ mod tests {
     /// the last call): the bytes are delivered, and only the next read reports the close.
     #[test]
     fn last_bytes_before_a_close_are_delivered_before_the_eof() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let mut client = Vec::new();
-        let mut server = Vec::new();
-        for _ in 0..2 {
-            client.push(TcpStream::connect(addr).unwrap());
-            server.push(l.accept().unwrap().0);
-        }
-        let mut a = TcpTransport::new(client, 4096).unwrap();
-        let mut b = TcpTransport::new(server, 4096).unwrap();
+        let (mut a, mut b) = striped_pair(2, 4096);
         // 6000 bytes: the first stripe on one stream, the rest on the other.
         let data: Vec<u8> = (0..6000u32).map(|i| (i % 249) as u8).collect();
         let mut sent = 0;
