@@ -188,6 +188,9 @@ struct Pricer<'a> {
     /// Whether positions are the topology order (else launcher ranks).
     topo: bool,
     free: Vec<f64>,
+    /// A phase of this pricing did not fold (too many classes or flows): later phases of
+    /// the same shape (a pipelined tree's second run) go straight to the lock-step engine.
+    fold_declined: bool,
 }
 
 impl<'a> Pricer<'a> {
@@ -227,6 +230,7 @@ impl<'a> Pricer<'a> {
             },
             topo,
             free: vec![0.0; h.len()],
+            fold_declined: false,
         }
     }
 
@@ -478,14 +482,15 @@ impl<'a> Pricer<'a> {
     fn run(&mut self, scheds: &[Compact]) -> Result<(), String> {
         let eb = self.q.elem_bytes as f64;
         let total: usize = scheds.iter().map(Compact::len).sum();
-        if total <= FOLD_MAX_TRANSFERS
-            && let Some(folded) = classes::fold(scheds, &self.net, &self.free, FOLD_MAX_CLASSES)?
-        {
-            let flows: usize = folded.reps.iter().map(|&r| scheds[r].len()).sum();
-            if flows.saturating_mul(folded.classes()) <= FOLD_MAX_WORK {
-                self.free = quotient::time(scheds, &folded, eb, &self.free)?;
-                return Ok(());
+        if total <= FOLD_MAX_TRANSFERS && !self.fold_declined {
+            if let Some(folded) = classes::fold(scheds, &self.net, &self.free, FOLD_MAX_CLASSES)? {
+                let flows: usize = folded.reps.iter().map(|&r| scheds[r].len()).sum();
+                if flows.saturating_mul(folded.classes()) <= FOLD_MAX_WORK {
+                    self.free = quotient::time(scheds, &folded, eb, &self.free)?;
+                    return Ok(());
+                }
             }
+            self.fold_declined = true;
         }
         self.free = lockstep::time(scheds, &self.net, eb, &self.free)?;
         Ok(())
