@@ -3,8 +3,9 @@
 //!
 //! Two positions get the same colour when they start at the same time and their transfers,
 //! step by step and in order, have the same kinds and sizes and go to peers of the same
-//! colour over links of the same cost and through shared uplinks of the same colours; an
-//! uplink's colour says which colours of rank cross it with which transfer. Colours are
+//! colour, which meet them in the same step, over links of the same cost and through shared
+//! uplinks of the same colours; an uplink's colour says which colours of rank cross it with
+//! which transfer. Colours are
 //! refined until no class splits (O(transfers) a round, a few rounds). In the partition that
 //! remains, every member of a class sends and receives alike at every step, so one member
 //! per class stands for all: its flow for a send stands for the same send of every member,
@@ -112,7 +113,7 @@ struct Paths {
     /// Per uplink: the global sends that cross it.
     crossing_at: Vec<u32>,
     crossing: Vec<u32>,
-    /// Per uplink: (seconds per byte, shared efficiency).
+    /// Per uplink: its cost and sharing (the first copy seen).
     info: Vec<Uplink>,
 }
 
