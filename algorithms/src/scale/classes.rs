@@ -19,6 +19,15 @@
 use std::collections::HashMap;
 
 use super::lockstep::{Compact, Kind};
+
+/// Most transfers colour refinement visits, over all its rounds, before it gives up on a
+/// schedule (a few seconds on this kind of machine).
+pub(super) const MAX_REFINED_TRANSFERS: usize = 20_000_000;
+
+/// Most rounds of colour refinement above [`super::FLOW_PHASE_MAX_RANKS`] ranks. Schedules
+/// that fold well settle in a few (recursive doubling 2, Bruck 3, a double binary tree on
+/// 1,024 ranks 9 to 11).
+pub(super) const MAX_ROUNDS_AT_SCALE: usize = 16;
 use crate::cost::{LinkCost, Network, Uplink};
 
 /// The send of a class's representative, as a flow that stands for the class.
@@ -245,13 +254,22 @@ fn partners(scheds: &[Compact]) -> Vec<u32> {
 }
 
 /// Colours of positions and uplinks that no round of refinement splits further; `None`
-/// once the positions take more than `max_classes` colours.
+/// once the positions take more than `max_classes` colours, the rounds more than
+/// [`MAX_REFINED_TRANSFERS`] transfers in all, or (above [`super::FLOW_PHASE_MAX_RANKS`]
+/// ranks) more than [`MAX_ROUNDS_AT_SCALE`] rounds: a ring or a chain whose ranks differ
+/// refines one hop a round, so its classes take p / 2 rounds to settle, all to find that
+/// every rank is its own class.
 fn refine(
     scheds: &[Compact],
     start: &[f64],
     paths: &Paths,
     max_classes: usize,
 ) -> Option<(Vec<u64>, Vec<u64>)> {
+    let per_round = paths.link_sig.len().max(1);
+    let mut rounds_left = MAX_REFINED_TRANSFERS / per_round;
+    if scheds.len() > super::FLOW_PHASE_MAX_RANKS {
+        rounds_left = rounds_left.min(MAX_ROUNDS_AT_SCALE);
+    }
     let p = scheds.len();
     let mut rank: Vec<u64> = (0..p).map(|x| mix(1, start[x].to_bits())).collect();
     let mut up: Vec<u64> = paths
@@ -274,6 +292,10 @@ fn refine(
     let mut colors = Vec::new();
     let mut seen: Vec<(u64, u32)> = Vec::new();
     loop {
+        if rounds_left == 0 {
+            return None;
+        }
+        rounds_left -= 1;
         let next_rank: Vec<u64> = (0..p)
             .map(|x| {
                 let s = &scheds[x];

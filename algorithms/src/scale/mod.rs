@@ -28,8 +28,10 @@
 //!   operation of every rank timed once, ports shared by processor sharing among a step's
 //!   messages, shared uplinks among the messages that overlap on them (iterated to a fixed
 //!   point). That is an approximation (a few percent where ranks drift apart on contended
-//!   uplinks); at the ranks the tests reach, only trees above 1,024 ranks and Bruck above
-//!   1,024 ranks use it.
+//!   uplinks). Up to the 1,024 ranks the tests reach, only phases of over a million transfers
+//!   and rings or chains whose ranks all differ use it (those do not settle within
+//!   [`classes::MAX_ROUNDS_AT_SCALE`] rounds above [`FLOW_PHASE_MAX_RANKS`] ranks); beyond,
+//!   trees and Bruck too.
 //!
 //! Pipelined trees are priced with enough chunks to reach their steady state and extended
 //! linearly to the real chunk count. Composed all-reduces up to [`FLOW_PHASE_MAX_RANKS`] are
@@ -61,14 +63,15 @@ use crate::{Algorithm, AllGatherPart, HierPart, Plan, PlanError, ReduceScatterPa
 pub const MAX_MATERIALIZED_OPS: usize = 24_000_000;
 
 /// Most transfers a phase may hold to be timed by flows on its classes of alike ranks.
-pub const FOLD_MAX_TRANSFERS: usize = 4_000_000;
+pub const FOLD_MAX_TRANSFERS: usize = 1_000_000;
 
 /// Most classes of alike ranks a phase may fold into to be timed by flows.
 pub const FOLD_MAX_CLASSES: usize = 1024;
 
 /// Most (transfers of the representatives × classes) a folded phase may hold to be timed by
 /// flows: a flow-level simulation costs about that many steps of max-min sharing (a double
-/// binary tree on 1,024 ranks that fold into 1,024 classes, 4 × 10⁸: about half a second).
+/// binary tree on 1,024 ranks that fold into 1,024 classes, 4 × 10⁸: a few tenths of a
+/// second).
 pub const FOLD_MAX_WORK: usize = 500_000_000;
 
 /// Up to this many ranks, phases that cost O(p²) transfers to build (a pairwise exchange,
