@@ -119,9 +119,9 @@ struct Paths {
     /// Per global transfer: the index of the transfer that meets it at its peer
     /// (`u32::MAX`: none).
     partner: Vec<u32>,
-    /// Per uplink: the global sends that cross it.
+    /// Per uplink: the sends that cross it, as (position, transfer index).
     crossing_at: Vec<u32>,
-    crossing: Vec<u32>,
+    crossing: Vec<(u32, u32)>,
     /// Per uplink: its cost and sharing (the first copy seen).
     info: Vec<Uplink>,
 }
@@ -180,13 +180,13 @@ impl Paths {
             count[u + 1] += count[u];
         }
         let crossing_at = count.clone();
-        let mut crossing = vec![0u32; *count.last().unwrap_or(&0) as usize];
+        let mut crossing = vec![(0u32, 0u32); *count.last().unwrap_or(&0) as usize];
         for (x, s) in scheds.iter().enumerate() {
             for (t, tr) in s.transfers.iter().enumerate() {
                 if tr.sends() {
                     let g = offset[x] + t;
                     for &u in &path[path_at[g] as usize..path_at[g + 1] as usize] {
-                        crossing[count[u as usize] as usize] = g as u32;
+                        crossing[count[u as usize] as usize] = (x as u32, t as u32);
                         count[u as usize] += 1;
                     }
                 }
@@ -206,12 +206,6 @@ impl Paths {
 
     fn path(&self, g: usize) -> &[u32] {
         &self.path[self.path_at[g] as usize..self.path_at[g + 1] as usize]
-    }
-
-    /// The position that owns global transfer `g`, and its index there.
-    fn owner(&self, g: usize) -> (usize, usize) {
-        let x = self.offset.partition_point(|&o| o <= g) - 1;
-        (x, g - self.offset[x])
     }
 }
 
@@ -282,12 +276,6 @@ fn refine(
             )
         })
         .collect();
-    let owners: Vec<(u32, u32)> = (0..paths.crossing.len())
-        .map(|i| {
-            let (x, t) = paths.owner(paths.crossing[i] as usize);
-            (x as u32, t as u32)
-        })
-        .collect();
     let mut classes = distinct(&rank) + distinct(&up);
     let mut colors = Vec::new();
     let mut seen: Vec<(u64, u32)> = Vec::new();
@@ -341,7 +329,11 @@ fn refine(
                     paths.crossing_at[u + 1] as usize,
                 );
                 seen.clear();
-                seen.extend(owners[a..b].iter().map(|&(x, t)| (rank[x as usize], t)));
+                seen.extend(
+                    paths.crossing[a..b]
+                        .iter()
+                        .map(|&(x, t)| (rank[x as usize], t)),
+                );
                 seen.sort_unstable();
                 seen.iter()
                     .fold(up[u], |h, &(c, t)| mix(mix(h, c), t as u64))

@@ -75,6 +75,7 @@ struct Engine<'a> {
     seen_res: Vec<bool>,
     seen_flow: Vec<bool>,
     component: Vec<u32>,
+    visited: Vec<usize>,
     demands: Vec<Demand>,
 }
 
@@ -113,6 +114,7 @@ pub(super) fn time(
         seen_res: Vec::new(),
         seen_flow: Vec::new(),
         component: Vec::new(),
+        visited: Vec::new(),
         demands: Vec::new(),
     };
     for c in 0..n {
@@ -326,13 +328,13 @@ impl Engine<'_> {
     /// New fair rates for the moving flows connected to the resources an event touched.
     fn reshare(&mut self) {
         self.component.clear();
-        let mut visited: Vec<usize> = Vec::new();
+        self.visited.clear();
         while let Some(u) = self.dirty.pop() {
             if self.seen_res[u] {
                 continue;
             }
             self.seen_res[u] = true;
-            visited.push(u);
+            self.visited.push(u);
             for &id in &self.on[u] {
                 if self.seen_flow[id as usize] {
                     continue;
@@ -344,7 +346,7 @@ impl Engine<'_> {
                 }
             }
         }
-        for u in visited {
+        for &u in &self.visited {
             self.seen_res[u] = false;
         }
         // Data moved until now at the old rates; then the new rates.
