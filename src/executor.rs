@@ -9,101 +9,24 @@
 //! deadline and the peers' control streams in between.
 
 use crate::bootstrap::PeerInfo;
-use crate::connection::{Connection, ControlFrame};
-use crate::dtype::{DataType, ReduceOp};
+use crate::connection::Connection;
+use crate::dtype::DataType;
 use crate::error::{Error, RankList, Result};
 use crate::reduce::{self, Combine};
-use crate::transport::{Direction, Wait, futex};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use crate::transport::Direction;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use strata_algorithms::{Algorithm, Buf, Collective, Op, RankSchedule, Region};
+use strata_algorithms::{Buf, Op, RankSchedule, Region};
 
+mod header;
 mod small;
+mod wait;
+pub(crate) use header::{HEADER_BYTES, Header};
 pub(crate) use small::{SMALL_MAX_BYTES, SmallDoubling};
+pub(crate) use wait::{SpinPolicy, check_control};
 
-/// Bytes of an operation header (with a small message, it fits one cache line of a slot).
-pub(crate) const HEADER_BYTES: usize = 32;
-const HEADER_MAGIC: u32 = 0x5244_4853; // "SHDR"
-const MAX_SLEEP: Duration = Duration::from_millis(50);
-/// How long a call keeps polling a peer that has said goodbye before it gives up on it.
-const GOODBYE_GRACE: Duration = Duration::from_secs(2);
-/// Idle polls before the spin loop starts pausing between polls.
-const PAUSE_AFTER: u32 = 64;
 /// A first message up to this size travels in the same transport write as its header.
 const COALESCE_MAX: usize = 4096;
-
-/// What a rank says about the operation it is in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Header {
-    pub collective: Collective,
-    pub seq: u64,
-    pub dtype: DataType,
-    pub count: u64,
-    pub op: u8,
-    /// The root of a rooted collective, the peer of a send or receive, and the slice in
-    /// elements of a ring all-reduce (0: block by block), so that ranks that would cut the
-    /// ring differently fail with a mismatch instead of exchanging misaligned slices.
-    pub param: u64,
-    pub algorithm: Algorithm,
-}
-
-impl Header {
-    pub fn encode(&self) -> [u8; HEADER_BYTES] {
-        let mut b = [0u8; HEADER_BYTES];
-        b[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
-        b[4] = self.collective.code();
-        b[5] = self.dtype as u8;
-        b[6] = self.op;
-        b[7] = self.algorithm.code();
-        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        b[16..24].copy_from_slice(&self.count.to_le_bytes());
-        b[24..32].copy_from_slice(&self.param.to_le_bytes());
-        b
-    }
-
-    pub fn decode(b: &[u8]) -> Option<Self> {
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
-        if b.len() < HEADER_BYTES || u32::from_le_bytes(b[0..4].try_into().ok()?) != HEADER_MAGIC {
-            return None;
-        }
-        Some(Self {
-            collective: Collective::from_code(b[4])?,
-            dtype: DataType::from_code(b[5])?,
-            op: b[6],
-            algorithm: Algorithm::from_code(b[7])?,
-            seq: u64_at(8),
-            count: u64_at(16),
-            param: u64_at(24),
-        })
-    }
-
-    /// The call's sequence number on its communicator as faults and progress report it: the
-    /// collective's, or 0 for a point-to-point transfer (numbered per peer instead).
-    pub fn call_seq(&self) -> u64 {
-        match self.collective {
-            Collective::Send | Collective::Recv => 0,
-            _ => self.seq,
-        }
-    }
-
-    /// `all_reduce #3 (float, sum, 1024 elements)`.
-    pub fn describe(&self) -> String {
-        let c = self.collective;
-        let mut s = format!("{c} #{} ({}", self.seq, self.dtype);
-        if c.reduces() {
-            s += &format!(", {}", ReduceOp::name_of_code(self.op));
-        }
-        s += &format!(", {} elements", self.count);
-        match c {
-            _ if c.rooted() => s += &format!(", root {}", self.param),
-            Collective::Send => s += &format!(", to rank {}", self.param),
-            Collective::Recv => s += &format!(", from rank {}", self.param),
-            _ if self.param > 0 => s += &format!(", slices of {}", self.param),
-            _ => {}
-        }
-        s + &format!("; {})", self.algorithm)
-    }
-}
 
 /// The caller's buffers and the scratch memory, as raw spans.
 pub(crate) struct Buffers {
@@ -192,32 +115,6 @@ pub(crate) struct OpRun<'a> {
     pub goodbye_seen: Option<(u64, Instant)>,
     /// Idle polls spent spinning, then yielding, before sleeping.
     pub spin: SpinPolicy,
-}
-
-/// How long an idle wait spins and yields before it sleeps.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SpinPolicy {
-    pub spins: u32,
-    pub yields: u32,
-}
-
-impl SpinPolicy {
-    /// Spin generously when every rank of the host has a core of its own; barely at all when
-    /// ranks outnumber cores, because a spinning rank would take the core of the rank it waits
-    /// for. `STRATA_SPIN` overrides the spin count.
-    pub fn for_host(local_ranks: usize) -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let oversubscribed = local_ranks > cores;
-        let default = if oversubscribed { 20 } else { 2000 };
-        let spins = std::env::var("STRATA_SPIN")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(default);
-        Self {
-            spins,
-            yields: if oversubscribed { 2 } else { 50 },
-        }
-    }
 }
 
 /// Per-call bookkeeping, kept by the communicator and reused.
@@ -488,23 +385,6 @@ impl OpRun<'_> {
         }
     }
 
-    /// Ends one round of a progress loop: a round that moved bytes is counted and the next
-    /// starts at once; an idle one waits ([`OpRun::idle_wait`]) on `waits`.
-    fn end_round(
-        &mut self,
-        progressed: bool,
-        idle: &mut u32,
-        waits: &[(usize, Direction)],
-    ) -> Result<()> {
-        if progressed {
-            *idle = 0;
-            self.progress_events += 1;
-            return Ok(());
-        }
-        *idle += 1;
-        self.idle_wait(*idle, waits)
-    }
-
     /// Runs a copy or a finalize (which only `avg` needs).
     fn local_op(&self, op: &Op, bufs: &Buffers) -> Result<()> {
         let es = self.dtype.size();
@@ -694,175 +574,6 @@ impl OpRun<'_> {
             _ => Ok(0),
         }
     }
-
-    /// Waits for progress: spin, then yield, then sleep on what the blocked transfers wait for.
-    fn idle_wait(&mut self, idle: u32, waits: &[(usize, Direction)]) -> Result<()> {
-        if self.abort.load(Ordering::Acquire) {
-            return Err(Error::Aborted(None));
-        }
-        if idle < self.spin.spins {
-            // The first polls go back at once: data usually arrives within a few hundred
-            // nanoseconds, and a pause instruction would only add to that.
-            if idle > PAUSE_AFTER {
-                std::hint::spin_loop();
-            }
-            return Ok(());
-        }
-        if idle < self.spin.spins + self.spin.yields {
-            std::thread::yield_now();
-            return Ok(());
-        }
-        let now = Instant::now();
-        let timeout = self.timeout;
-        let (started, deadline) = *self.clock.get_or_insert((now, now + timeout));
-        if now >= deadline {
-            let mut waiting_on: Vec<usize> = waits.iter().map(|w| w.0).collect();
-            waiting_on.sort_unstable();
-            waiting_on.dedup();
-            return Err(Error::Timeout {
-                op: self.desc(),
-                seq: self.local.call_seq(),
-                waiting_on,
-                after_s: (now - started).as_secs_f64(),
-                diagnosis: None,
-            });
-        }
-        self.check_control(waits)?;
-        let mut sleep = MAX_SLEEP.min(deadline - now);
-        let mut futexes: Vec<(*const AtomicU32, u32, *const AtomicU32)> = Vec::new();
-        let mut fds: Vec<libc::pollfd> = Vec::new();
-        let mut sleep_on = Vec::with_capacity(waits.len());
-        for &(peer, dir) in waits {
-            sleep_on.push(self.conn(peer)?.data.wait_for(dir));
-        }
-        // A connection this call does not wait on can still fail under it (an RDMA completion
-        // error, or a credit it owes a peer that waits): let it progress, and wake for it.
-        for peer in 0..self.conns.len() {
-            if waits.iter().any(|w| w.0 == peer) {
-                continue;
-            }
-            // A peer that said goodbye may fail its side of the connection; that is no fault.
-            let Some(c) = self.conns[peer].as_mut().filter(|c| !c.gone) else {
-                continue;
-            };
-            match c.data.background() {
-                Ok(Some(w)) => sleep_on.push(w),
-                Ok(None) => {}
-                Err(e) => return Err(self.io_err(peer, e)),
-            }
-        }
-        for w in sleep_on {
-            match w {
-                Wait::Within(d) => sleep = sleep.min(d),
-                Wait::Futex {
-                    word,
-                    expected,
-                    flag,
-                } => futexes.push((word, expected, flag)),
-                Wait::Fd { fd, events } => fds.push(libc::pollfd {
-                    fd,
-                    events,
-                    revents: 0,
-                }),
-            }
-        }
-        for c in self.conns.iter().flatten() {
-            fds.push(libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&c.control),
-                events: libc::POLLIN,
-                revents: 0,
-            });
-        }
-        let only_control = fds.len() - self.conns.iter().flatten().count() == 0;
-        if !futexes.is_empty() {
-            // SAFETY: the words and flags live in ring memory owned by connections that outlive
-            // this call.
-            let words: Vec<(&AtomicU32, u32)> = futexes
-                .iter()
-                .map(|(w, v, _)| (unsafe { &**w }, *v))
-                .collect();
-            for (_, _, f) in &futexes {
-                // SAFETY: as above.
-                unsafe { &**f }.store(1, Ordering::SeqCst);
-            }
-            let t = if only_control {
-                sleep
-            } else {
-                sleep.min(Duration::from_millis(1))
-            };
-            futex::wait_any(&words, t);
-            for (_, _, f) in &futexes {
-                // SAFETY: as above.
-                unsafe { &**f }.store(0, Ordering::SeqCst);
-            }
-            if !only_control {
-                // SAFETY: valid pollfd array.
-                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-            }
-        } else {
-            let ts = libc::timespec {
-                tv_sec: sleep.as_secs() as libc::time_t,
-                tv_nsec: sleep.subsec_nanos() as libc::c_long,
-            };
-            // SAFETY: valid pollfd array and timeout.
-            unsafe {
-                libc::ppoll(
-                    fds.as_mut_ptr(),
-                    fds.len() as libc::nfds_t,
-                    &ts,
-                    std::ptr::null(),
-                )
-            };
-        }
-        Ok(())
-    }
-
-    /// Reads every control stream; a peer that said goodbye while this call still waits on it
-    /// fails the call once nothing has moved for [`GOODBYE_GRACE`] (its last messages may
-    /// still be on their way on other streams).
-    fn check_control(&mut self, waits: &[(usize, Direction)]) -> Result<()> {
-        check_control(self.conns, self.peers)?;
-        let gone = waits.iter().map(|w| w.0).find(|&q| {
-            self.conns
-                .get(q)
-                .and_then(Option::as_ref)
-                .is_some_and(|c| c.gone)
-        });
-        let Some(peer) = gone else {
-            self.goodbye_seen = None;
-            return Ok(());
-        };
-        match self.goodbye_seen {
-            Some((at, since)) if at == self.progress_events => {
-                if since.elapsed() >= GOODBYE_GRACE {
-                    return Err(self.peer_failed(
-                        peer,
-                        format!(
-                            "it destroyed its communicator while this rank waits on it in {}",
-                            self.desc()
-                        ),
-                    ));
-                }
-            }
-            _ => self.goodbye_seen = Some((self.progress_events, Instant::now())),
-        }
-        Ok(())
-    }
-}
-
-/// Reads control frames from every connection: a failure notice, or a peer that vanished
-/// without a goodbye, is an error.
-pub(crate) fn check_control(conns: &mut [Option<Connection>], peers: &[PeerInfo]) -> Result<()> {
-    for c in conns.iter_mut().flatten() {
-        let info = &peers[c.peer];
-        while let Some(frame) = c.poll_control(info)? {
-            match frame {
-                ControlFrame::Poison { error } => return Err(error),
-                ControlFrame::Goodbye => {}
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Names the ranks an error blames, for logs.
@@ -871,35 +582,5 @@ pub(crate) fn blamed(e: &Error) -> String {
         Error::Timeout { waiting_on, .. } => RankList(waiting_on).to_string(),
         Error::PeerFailed { rank, .. } => format!("rank {rank}"),
         _ => String::new(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_round_trip_and_describe() {
-        let h = Header {
-            collective: Collective::AllReduce,
-            seq: 7,
-            dtype: DataType::Float32,
-            count: 1024,
-            op: 0,
-            param: 0,
-            algorithm: Algorithm::Ring,
-        };
-        assert_eq!(Header::decode(&h.encode()), Some(h));
-        assert_eq!(
-            h.describe(),
-            "all_reduce #7 (float, sum, 1024 elements; ring)"
-        );
-        let sliced = Header { param: 4096, ..h };
-        assert_eq!(Header::decode(&sliced.encode()), Some(sliced));
-        assert_eq!(
-            sliced.describe(),
-            "all_reduce #7 (float, sum, 1024 elements, slices of 4096; ring)"
-        );
-        assert!(Header::decode(&[0u8; 64]).is_none());
     }
 }

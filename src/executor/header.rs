@@ -1,0 +1,112 @@
+//! The 32-byte header every connection an operation uses carries before its data, in each
+//! direction: what the sender is doing, checked by the receiver against its own call.
+
+use crate::dtype::{DataType, ReduceOp};
+use strata_algorithms::{Algorithm, Collective};
+
+/// Bytes of an operation header (with a small message, it fits one cache line of a slot).
+pub(crate) const HEADER_BYTES: usize = 32;
+const HEADER_MAGIC: u32 = 0x5244_4853; // "SHDR"
+
+/// What a rank says about the operation it is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub collective: Collective,
+    pub seq: u64,
+    pub dtype: DataType,
+    pub count: u64,
+    pub op: u8,
+    /// The root of a rooted collective, the peer of a send or receive, and the slice in
+    /// elements of a ring all-reduce (0: block by block), so that ranks that would cut the
+    /// ring differently fail with a mismatch instead of exchanging misaligned slices.
+    pub param: u64,
+    pub algorithm: Algorithm,
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
+        b[4] = self.collective.code();
+        b[5] = self.dtype as u8;
+        b[6] = self.op;
+        b[7] = self.algorithm.code();
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.count.to_le_bytes());
+        b[24..32].copy_from_slice(&self.param.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        if b.len() < HEADER_BYTES || u32::from_le_bytes(b[0..4].try_into().ok()?) != HEADER_MAGIC {
+            return None;
+        }
+        Some(Self {
+            collective: Collective::from_code(b[4])?,
+            dtype: DataType::from_code(b[5])?,
+            op: b[6],
+            algorithm: Algorithm::from_code(b[7])?,
+            seq: u64_at(8),
+            count: u64_at(16),
+            param: u64_at(24),
+        })
+    }
+
+    /// The call's sequence number on its communicator as faults and progress report it: the
+    /// collective's, or 0 for a point-to-point transfer (numbered per peer instead).
+    pub fn call_seq(&self) -> u64 {
+        match self.collective {
+            Collective::Send | Collective::Recv => 0,
+            _ => self.seq,
+        }
+    }
+
+    /// `all_reduce #3 (float, sum, 1024 elements)`.
+    pub fn describe(&self) -> String {
+        let c = self.collective;
+        let mut s = format!("{c} #{} ({}", self.seq, self.dtype);
+        if c.reduces() {
+            s += &format!(", {}", ReduceOp::name_of_code(self.op));
+        }
+        s += &format!(", {} elements", self.count);
+        match c {
+            _ if c.rooted() => s += &format!(", root {}", self.param),
+            Collective::Send => s += &format!(", to rank {}", self.param),
+            Collective::Recv => s += &format!(", from rank {}", self.param),
+            _ if self.param > 0 => s += &format!(", slices of {}", self.param),
+            _ => {}
+        }
+        s + &format!("; {})", self.algorithm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_describe() {
+        let h = Header {
+            collective: Collective::AllReduce,
+            seq: 7,
+            dtype: DataType::Float32,
+            count: 1024,
+            op: 0,
+            param: 0,
+            algorithm: Algorithm::Ring,
+        };
+        assert_eq!(Header::decode(&h.encode()), Some(h));
+        assert_eq!(
+            h.describe(),
+            "all_reduce #7 (float, sum, 1024 elements; ring)"
+        );
+        let sliced = Header { param: 4096, ..h };
+        assert_eq!(Header::decode(&sliced.encode()), Some(sliced));
+        assert_eq!(
+            sliced.describe(),
+            "all_reduce #7 (float, sum, 1024 elements, slices of 4096; ring)"
+        );
+        assert!(Header::decode(&[0u8; 64]).is_none());
+    }
+}

@@ -1,0 +1,231 @@
+//! Waiting inside a call: spin, then yield, then sleep on the transports' futexes and
+//! descriptors, checking the abort flag, the deadline and the peers' control streams between
+//! sleeps.
+
+use super::OpRun;
+use crate::bootstrap::PeerInfo;
+use crate::connection::{Connection, ControlFrame};
+use crate::error::{Error, Result};
+use crate::transport::{Direction, Wait, futex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const MAX_SLEEP: Duration = Duration::from_millis(50);
+/// How long a call keeps polling a peer that has said goodbye before it gives up on it.
+const GOODBYE_GRACE: Duration = Duration::from_secs(2);
+/// Idle polls before the spin loop starts pausing between polls.
+const PAUSE_AFTER: u32 = 64;
+
+/// How long an idle wait spins and yields before it sleeps.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpinPolicy {
+    pub spins: u32,
+    pub yields: u32,
+}
+
+impl SpinPolicy {
+    /// Spin generously when every rank of the host has a core of its own; barely at all when
+    /// ranks outnumber cores, because a spinning rank would take the core of the rank it waits
+    /// for. `STRATA_SPIN` overrides the spin count.
+    pub fn for_host(local_ranks: usize) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let oversubscribed = local_ranks > cores;
+        let default = if oversubscribed { 20 } else { 2000 };
+        let spins = std::env::var("STRATA_SPIN")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default);
+        Self {
+            spins,
+            yields: if oversubscribed { 2 } else { 50 },
+        }
+    }
+}
+
+impl OpRun<'_> {
+    /// Ends one round of a progress loop: a round that moved bytes is counted and the next
+    /// starts at once; an idle one waits ([`OpRun::idle_wait`]) on `waits`.
+    pub(super) fn end_round(
+        &mut self,
+        progressed: bool,
+        idle: &mut u32,
+        waits: &[(usize, Direction)],
+    ) -> Result<()> {
+        if progressed {
+            *idle = 0;
+            self.progress_events += 1;
+            return Ok(());
+        }
+        *idle += 1;
+        self.idle_wait(*idle, waits)
+    }
+
+    /// Waits for progress: spin, then yield, then sleep on what the blocked transfers wait for.
+    fn idle_wait(&mut self, idle: u32, waits: &[(usize, Direction)]) -> Result<()> {
+        if self.abort.load(Ordering::Acquire) {
+            return Err(Error::Aborted(None));
+        }
+        if idle < self.spin.spins {
+            // The first polls go back at once: data usually arrives within a few hundred
+            // nanoseconds, and a pause instruction would only add to that.
+            if idle > PAUSE_AFTER {
+                std::hint::spin_loop();
+            }
+            return Ok(());
+        }
+        if idle < self.spin.spins + self.spin.yields {
+            std::thread::yield_now();
+            return Ok(());
+        }
+        let now = Instant::now();
+        let timeout = self.timeout;
+        let (started, deadline) = *self.clock.get_or_insert((now, now + timeout));
+        if now >= deadline {
+            let mut waiting_on: Vec<usize> = waits.iter().map(|w| w.0).collect();
+            waiting_on.sort_unstable();
+            waiting_on.dedup();
+            return Err(Error::Timeout {
+                op: self.desc(),
+                seq: self.local.call_seq(),
+                waiting_on,
+                after_s: (now - started).as_secs_f64(),
+                diagnosis: None,
+            });
+        }
+        self.check_control(waits)?;
+        let mut sleep = MAX_SLEEP.min(deadline - now);
+        let mut futexes: Vec<(*const AtomicU32, u32, *const AtomicU32)> = Vec::new();
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut sleep_on = Vec::with_capacity(waits.len());
+        for &(peer, dir) in waits {
+            sleep_on.push(self.conn(peer)?.data.wait_for(dir));
+        }
+        // A connection this call does not wait on can still fail under it (an RDMA completion
+        // error, or a credit it owes a peer that waits): let it progress, and wake for it.
+        for peer in 0..self.conns.len() {
+            if waits.iter().any(|w| w.0 == peer) {
+                continue;
+            }
+            // A peer that said goodbye may fail its side of the connection; that is no fault.
+            let Some(c) = self.conns[peer].as_mut().filter(|c| !c.gone) else {
+                continue;
+            };
+            match c.data.background() {
+                Ok(Some(w)) => sleep_on.push(w),
+                Ok(None) => {}
+                Err(e) => return Err(self.io_err(peer, e)),
+            }
+        }
+        for w in sleep_on {
+            match w {
+                Wait::Within(d) => sleep = sleep.min(d),
+                Wait::Futex {
+                    word,
+                    expected,
+                    flag,
+                } => futexes.push((word, expected, flag)),
+                Wait::Fd { fd, events } => fds.push(libc::pollfd {
+                    fd,
+                    events,
+                    revents: 0,
+                }),
+            }
+        }
+        for c in self.conns.iter().flatten() {
+            fds.push(libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&c.control),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let only_control = fds.len() - self.conns.iter().flatten().count() == 0;
+        if !futexes.is_empty() {
+            // SAFETY: the words and flags live in ring memory owned by connections that outlive
+            // this call.
+            let words: Vec<(&AtomicU32, u32)> = futexes
+                .iter()
+                .map(|(w, v, _)| (unsafe { &**w }, *v))
+                .collect();
+            for (_, _, f) in &futexes {
+                // SAFETY: as above.
+                unsafe { &**f }.store(1, Ordering::SeqCst);
+            }
+            let t = if only_control {
+                sleep
+            } else {
+                sleep.min(Duration::from_millis(1))
+            };
+            futex::wait_any(&words, t);
+            for (_, _, f) in &futexes {
+                // SAFETY: as above.
+                unsafe { &**f }.store(0, Ordering::SeqCst);
+            }
+            if !only_control {
+                // SAFETY: valid pollfd array.
+                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+            }
+        } else {
+            let ts = libc::timespec {
+                tv_sec: sleep.as_secs() as libc::time_t,
+                tv_nsec: sleep.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: valid pollfd array and timeout.
+            unsafe {
+                libc::ppoll(
+                    fds.as_mut_ptr(),
+                    fds.len() as libc::nfds_t,
+                    &ts,
+                    std::ptr::null(),
+                )
+            };
+        }
+        Ok(())
+    }
+
+    /// Reads every control stream; a peer that said goodbye while this call still waits on it
+    /// fails the call once nothing has moved for [`GOODBYE_GRACE`] (its last messages may
+    /// still be on their way on other streams).
+    fn check_control(&mut self, waits: &[(usize, Direction)]) -> Result<()> {
+        check_control(self.conns, self.peers)?;
+        let gone = waits.iter().map(|w| w.0).find(|&q| {
+            self.conns
+                .get(q)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| c.gone)
+        });
+        let Some(peer) = gone else {
+            self.goodbye_seen = None;
+            return Ok(());
+        };
+        match self.goodbye_seen {
+            Some((at, since)) if at == self.progress_events => {
+                if since.elapsed() >= GOODBYE_GRACE {
+                    return Err(self.peer_failed(
+                        peer,
+                        format!(
+                            "it destroyed its communicator while this rank waits on it in {}",
+                            self.desc()
+                        ),
+                    ));
+                }
+            }
+            _ => self.goodbye_seen = Some((self.progress_events, Instant::now())),
+        }
+        Ok(())
+    }
+}
+
+/// Reads control frames from every connection: a failure notice, or a peer that vanished
+/// without a goodbye, is an error.
+pub(crate) fn check_control(conns: &mut [Option<Connection>], peers: &[PeerInfo]) -> Result<()> {
+    for c in conns.iter_mut().flatten() {
+        let info = &peers[c.peer];
+        while let Some(frame) = c.poll_control(info)? {
+            match frame {
+                ControlFrame::Poison { error } => return Err(error),
+                ControlFrame::Goodbye => {}
+            }
+        }
+    }
+    Ok(())
+}
