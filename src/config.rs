@@ -61,6 +61,11 @@ pub struct Config {
     /// slice (`STRATA_RING_PIPELINE`, default 4 MiB; 0 runs the ring block by block). See
     /// [`Config::ring_slice_bytes`].
     pub ring_pipeline_bytes: usize,
+    /// Whether a call sends the next step's data while the current step still runs, each
+    /// chunk as soon as it is final: receive, reduce and send fused (`STRATA_SEND_AHEAD=1`;
+    /// off by default: on this project's 2-core machine it measured no faster at 2 ranks and
+    /// slower with more ranks than cores; see the README).
+    pub send_ahead: bool,
     /// Whether flat schedules run in topology order (`STRATA_RANK_ORDER=topology`, the
     /// default) or in the launcher's order (`launcher`: a topology-blind baseline).
     pub rank_order: RankOrder,
@@ -162,6 +167,7 @@ impl Config {
             shm_slot_size,
             chunk_bytes: parse_env::<usize>("STRATA_CHUNK_SIZE", 512 << 10)?.max(64),
             ring_pipeline_bytes: parse_env("STRATA_RING_PIPELINE", RING_PIPELINE_BYTES)?,
+            send_ahead: parse_env::<u8>("STRATA_SEND_AHEAD", 0)? == 1,
             rank_order: match env("STRATA_RANK_ORDER").map(|s| s.to_ascii_lowercase()) {
                 None => RankOrder::Topology,
                 Some(s) if s == "topology" => RankOrder::Topology,

@@ -6,7 +6,9 @@
 //! 32-byte header (sequence number, collective, type, count, op, root or ring slice) in each
 //! direction, and the receiver checks it against its own call. Every wait spins briefly, then yields, then
 //! sleeps on futexes or sockets for at most 50 ms at a time, checking the abort flag, the
-//! deadline and the peers' control streams in between.
+//! deadline and the peers' control streams in between ([`wait`]). With
+//! [`crate::Config::send_ahead`], the next step's sends start during the current one, each as
+//! far as its bytes are final ([`ahead`]).
 
 use crate::bootstrap::PeerInfo;
 use crate::connection::Connection;
@@ -14,13 +16,15 @@ use crate::dtype::DataType;
 use crate::error::{Error, RankList, Result};
 use crate::reduce::{self, Combine};
 use crate::transport::Direction;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 use strata_algorithms::{Buf, Op, RankSchedule, Region};
 
+mod ahead;
 mod header;
 mod small;
 mod wait;
+use ahead::NextStep;
 pub(crate) use header::{HEADER_BYTES, Header};
 pub(crate) use small::{SMALL_MAX_BYTES, SmallDoubling};
 pub(crate) use wait::{SpinPolicy, check_control};
@@ -115,6 +119,9 @@ pub(crate) struct OpRun<'a> {
     pub goodbye_seen: Option<(u64, Instant)>,
     /// Idle polls spent spinning, then yielding, before sleeping.
     pub spin: SpinPolicy,
+    /// Where sends of the next step may start during the current one ([`ahead`]), the count
+    /// of bytes so sent.
+    pub sent_ahead: Option<&'a AtomicU64>,
 }
 
 /// Per-call bookkeeping, kept by the communicator and reused.
@@ -133,14 +140,23 @@ struct StepState {
     waits: Vec<(usize, Direction)>,
     busy_send: Vec<usize>,
     busy_recv: Vec<usize>,
+    /// Bytes of each operation of the next step already sent ahead.
+    ahead: Vec<usize>,
+    /// What `ahead` held when the previous step ended, and the step it was for.
+    carried: Vec<usize>,
+    carried_for: Option<usize>,
+    /// Peers whose next-step sends wait for something this round.
+    ahead_blocked: Vec<usize>,
 }
 
 impl StepState {
-    fn reset(&mut self, ops: usize) {
+    fn reset(&mut self, ops: usize, next_ops: usize) {
         self.done.clear();
         self.done.resize(ops, 0);
         self.finished.clear();
         self.finished.resize(ops, false);
+        self.ahead.clear();
+        self.ahead.resize(next_ops, 0);
     }
 }
 
@@ -223,11 +239,17 @@ impl OpRun<'_> {
             }
         }
         let mut result = Ok(());
-        for step in &sched.steps {
+        self.reuse.step.carried_for = None;
+        for (si, step) in sched.steps.iter().enumerate() {
             result = if step.ops.iter().all(|op| op.peer().is_none()) {
                 step.ops.iter().try_for_each(|op| self.local_op(op, bufs))
             } else {
-                self.run_ops(&step.ops, bufs, &mut states)
+                let next = if self.sent_ahead.is_some() {
+                    NextStep::after(&sched.steps, si)
+                } else {
+                    None
+                };
+                self.run_ops((si, &step.ops), next, bufs, &mut states)
             };
             if result.is_err() {
                 break;
@@ -237,23 +259,56 @@ impl OpRun<'_> {
             .iter()
             .any(|s| !s.in_done || s.out.is_some_and(|_| s.out_sent < HEADER_BYTES));
         if result.is_ok() && headers_pending {
-            result = self.run_ops(&[], bufs, &mut states);
+            result = self.run_ops((usize::MAX, &[]), None, bufs, &mut states);
         }
         self.reuse.states = states;
         result
     }
 
-    fn run_ops(&mut self, ops: &[Op], bufs: &Buffers, states: &mut [PeerState]) -> Result<()> {
+    /// Runs step `index` (its operations `ops`), sending ahead into `next`.
+    fn run_ops(
+        &mut self,
+        (index, ops): (usize, &[Op]),
+        next: Option<NextStep>,
+        bufs: &Buffers,
+        states: &mut [PeerState],
+    ) -> Result<()> {
         let mut ss = std::mem::take(&mut self.reuse.step);
-        ss.reset(ops.len());
-        let result = self.progress_step(ops, bufs, states, &mut ss);
+        ss.reset(ops.len(), next.map_or(0, |n| n.ops.len()));
+        let mut result = self.start_step((index, ops), bufs, &mut ss);
+        if result.is_ok() {
+            result = self.progress_step(ops, next, bufs, states, &mut ss);
+        }
+        // What went ahead counts as done when the next step starts.
+        std::mem::swap(&mut ss.ahead, &mut ss.carried);
+        ss.carried_for = next.map(|n| n.index);
         self.reuse.step = ss;
         result
+    }
+
+    /// Takes over what the step before sent ahead of step `index`.
+    fn start_step(
+        &self,
+        (index, ops): (usize, &[Op]),
+        bufs: &Buffers,
+        ss: &mut StepState,
+    ) -> Result<()> {
+        if ss.carried_for == Some(index) && ss.carried.len() == ops.len() {
+            for (i, op) in ops.iter().enumerate() {
+                if let Op::Send { src, .. } = op {
+                    let len = bufs.span(src, self.dtype.size())?.1;
+                    ss.done[i] = ss.carried[i];
+                    ss.finished[i] = ss.done[i] == len;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn progress_step(
         &mut self,
         ops: &[Op],
+        next: Option<NextStep>,
         bufs: &Buffers,
         states: &mut [PeerState],
         ss: &mut StepState,
@@ -265,6 +320,9 @@ impl OpRun<'_> {
             waits,
             busy_send,
             busy_recv,
+            ahead,
+            ahead_blocked,
+            ..
         } = ss;
         // Local operations first: they never wait.
         for (i, op) in ops.iter().enumerate() {
@@ -367,6 +425,21 @@ impl OpRun<'_> {
                     // Local operations were finished before the loop.
                     Op::Copy { .. } | Op::Finalize { .. } => {}
                 }
+            }
+            if let Some(next) = &next {
+                // Not counted as progress: a rank whose own step waits should sleep rather
+                // than keep its core trickling bytes ahead while the peer it waits for, which
+                // may share that core, cannot run.
+                self.send_ahead(
+                    ops,
+                    done,
+                    finished,
+                    next,
+                    ahead,
+                    ahead_blocked,
+                    states,
+                    bufs,
+                )?;
             }
             if ops.is_empty() {
                 // End of the operation: the remaining headers from peers we only exchanged

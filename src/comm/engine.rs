@@ -219,6 +219,7 @@ impl Communicator {
             progress_events: 0,
             goodbye_seen: None,
             spin: inner.spin,
+            sent_ahead: inner.cfg.send_ahead.then_some(&inner.sent_ahead),
         }
     }
 

@@ -295,6 +295,7 @@ impl Communicator {
                 tiers,
                 tuner,
                 spin: executor::SpinPolicy::for_host(local_ranks),
+                sent_ahead: AtomicU64::new(0),
                 fullest_host,
                 gpu: std::sync::OnceLock::new(),
                 diagnoser,

@@ -145,6 +145,8 @@ pub(crate) struct Inner {
     /// Prices algorithms on those tiers and chooses one per collective and size class.
     tuner: Tuner,
     spin: executor::SpinPolicy,
+    /// Bytes sent ahead so far ([`Config::send_ahead`]).
+    sent_ahead: AtomicU64,
     /// The most ranks of this communicator on one host, the same on every rank: what the ring
     /// all-reduce's slice is computed from.
     fullest_host: usize,
@@ -293,6 +295,13 @@ impl Communicator {
     #[doc(hidden)]
     pub fn diagnosis_questions_asked(&self) -> usize {
         self.inner.diagnoser.questions_asked()
+    }
+
+    /// Bytes this rank has sent ahead of their step ([`Config::send_ahead`]). For tests and
+    /// benchmarks.
+    #[doc(hidden)]
+    pub fn bytes_sent_ahead(&self) -> u64 {
+        self.inner.sent_ahead.load(Ordering::Relaxed)
     }
 
     /// Sets the deadline of the calls that follow (initially `STRATA_TIMEOUT`). A call that
