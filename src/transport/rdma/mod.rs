@@ -8,6 +8,8 @@
 
 mod config;
 mod dl;
+#[cfg(test)]
+mod loopback;
 pub mod ofi;
 pub(crate) mod protocol;
 pub mod regcache;

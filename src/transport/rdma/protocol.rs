@@ -362,19 +362,20 @@ impl RdmaTransport {
     }
 
     /// Reaps completions: frees send slots, records landed data and arrived grants, re-posts
-    /// receives and sends the grants that waited for room.
+    /// receives and sends the grants that waited for room. The completions a poll returned
+    /// before an error completion are handled before the error is: data that landed before the
+    /// peer went away is still delivered ([`Transport::recv_some`]).
     fn progress(&mut self) -> io::Result<()> {
         self.check()?;
         let mut done = std::mem::take(&mut self.scratch);
         done.clear();
         let polled = self.link_mut()?.poll(&mut done);
+        let handled = done.iter().try_for_each(|c| self.handle(*c));
+        self.scratch = done;
         if let Err(e) = polled {
-            self.scratch = done;
             return Err(self.fail(e));
         }
-        let r = done.iter().try_for_each(|c| self.handle(*c));
-        self.scratch = done;
-        r.and_then(|_| self.flush_grants()).map_err(|e| {
+        handled.and_then(|_| self.flush_grants()).map_err(|e| {
             if self.error.is_some() {
                 e
             } else {
@@ -407,7 +408,6 @@ impl RdmaTransport {
                     )));
                 }
                 let lane = self.lane_of(slot);
-                self.link_mut()?.post_recv(lane)?;
                 if imm & IMM_CTS != 0 {
                     // SAFETY: the entry lies inside cts_in; the peer's write of it is complete
                     // (its immediate data arrived after it).
@@ -433,6 +433,9 @@ impl RdmaTransport {
                     }
                     self.rx_len[slot] = Some(len);
                 }
+                // Recorded first: a receive that cannot be re-posted (the peer has gone) fails
+                // the connection, but what already landed is still delivered.
+                self.link_mut()?.post_recv(lane)?;
                 if !self.started {
                     self.start()?;
                 }
@@ -512,7 +515,9 @@ impl Transport for RdmaTransport {
         granule: usize,
         f: &mut dyn FnMut(&[u8]),
     ) -> io::Result<usize> {
-        self.progress()?;
+        // Bytes that landed before the connection failed (a peer that sent its last message
+        // and exited) are delivered first; the failure is reported once none are left.
+        let progressed = self.progress();
         let mut consumed = 0;
         while consumed < max {
             let slot = self.rx_seq as usize % self.slots;
@@ -535,8 +540,12 @@ impl Transport for RdmaTransport {
                 self.pending_grants.push_back((slot, next));
             }
         }
+        if let Err(e) = progressed {
+            return if consumed > 0 { Ok(consumed) } else { Err(e) };
+        }
         if let Err(e) = self.flush_grants() {
-            return Err(self.fail(e));
+            let e = self.fail(e);
+            return if consumed > 0 { Ok(consumed) } else { Err(e) };
         }
         Ok(consumed)
     }
@@ -556,7 +565,13 @@ impl Transport for RdmaTransport {
     }
 
     fn background(&mut self) -> io::Result<Option<Wait>> {
-        self.progress()?;
+        if let Err(e) = self.progress() {
+            // Bytes still to deliver: the receive that takes them reports the failure after.
+            if self.rx_len[self.rx_seq as usize % self.slots].is_some() {
+                return Ok(None);
+            }
+            return Err(e);
+        }
         Ok(Some(self.arm()))
     }
 }
