@@ -262,6 +262,20 @@ impl Hierarchy {
         }
     }
 
+    /// How many uplinks there are (one up and one down per group of every level): the bound
+    /// of [`Hierarchy::uplink_index`].
+    pub fn uplink_count(&self) -> usize {
+        self.levels.iter().map(|l| 2 * l.sizes.len()).sum()
+    }
+
+    /// A dense index below [`Hierarchy::uplink_count`] for an uplink id that
+    /// [`Hierarchy::for_each_uplink`] gave, so that counting flows per uplink needs no map.
+    pub fn uplink_index(&self, id: u64) -> usize {
+        let level = (id >> 40) as usize;
+        let before: usize = self.levels[..level].iter().map(|l| 2 * l.sizes.len()).sum();
+        before + (id & ((1 << 40) - 1)) as usize
+    }
+
     /// The tier a level's uplinks lead into (the tier joining its groups).
     pub fn level_tier(&self, level: usize) -> Tier {
         self.levels

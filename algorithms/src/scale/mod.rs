@@ -44,6 +44,7 @@ mod classes;
 mod groups;
 mod lockstep;
 mod quotient;
+mod stepwise;
 
 pub use groups::{GroupQuery, price_groups};
 
@@ -77,6 +78,12 @@ pub const FOLD_MAX_WORK: usize = 500_000_000;
 /// Up to this many ranks, phases that cost O(p²) transfers to build (a pairwise exchange,
 /// a ring whose members enter at different times) are built and timed by flows.
 pub const FLOW_PHASE_MAX_RANKS: usize = 256;
+
+/// Above this many ranks a recursive-doubling all-reduce is priced step by step on the
+/// vector of times (O(p lg p), milliseconds at 24,576 ranks, and equal to its folded schedule
+/// in the tests) instead of built and folded (O(p lg p) transfers to build and refine:
+/// 0.18 s at 24,576).
+pub const STEPWISE_DOUBLING_ABOVE: usize = 1024;
 
 /// Up to this many ranks a pairwise exchange is priced step by step (O(p²)); beyond, in
 /// closed form.
@@ -141,6 +148,9 @@ pub fn price(q: &Query) -> Result<f64, String> {
         }
         (Collective::ReduceScatter, Algorithm::Pairwise) => {
             pricer.pairwise(q.count * p)?;
+        }
+        (Collective::AllReduce, Algorithm::RecursiveDoubling) if p > STEPWISE_DOUBLING_ABOVE => {
+            pricer.doubling_stepwise(q.count)
         }
         (Collective::AllReduce, Algorithm::Tree) | (Collective::Broadcast, Algorithm::Chain) => {
             pricer.pipelined()?
@@ -386,95 +396,6 @@ impl<'a> Pricer<'a> {
                 "not priced above {PAIRWISE_STEPWISE_MAX} ranks in launcher order: a pairwise \
                  exchange costs O(p²) to price there"
             ))
-        }
-    }
-
-    /// Pairwise exchange in closed form, every rank in step: step k (rank x to x + k) takes
-    /// its slowest message, which crosses the most expensive tier of the communicator or the
-    /// most shared uplink. Each group of an oversubscribed level is a run of positions; the
-    /// messages leaving a run of g positions at shift k number g − (g − k)⁺ − (g − p + k)⁺.
-    fn pairwise_closed(&mut self, total: usize) {
-        let p = self.p();
-        let h = self.q.hierarchy;
-        let net = &self.net.net;
-        let eb = self.q.elem_bytes as f64;
-        let bytes = total.div_ceil(p) as f64 * eb;
-        let mut tiers = vec![h.inner_tier()];
-        tiers.extend((0..h.depth()).map(|l| h.level_tier(l)));
-        let worst_tier = tiers
-            .iter()
-            .map(|&t| net.tier_cost(t))
-            .map(|c| c.alpha + bytes * c.beta)
-            .fold(0.0, f64::max);
-        let top = net.tier_cost(*tiers.last().unwrap_or(&h.inner_tier()));
-        // (group size, uplink) of every group of an oversubscribed level.
-        let mut shared: Vec<(usize, Uplink)> = Vec::new();
-        for l in 0..h.depth() {
-            let link = self.q.costs.link(h.level_tier(l));
-            if link.oversubscription > 1.0 {
-                for &g in h.group_sizes(l) {
-                    let g = g as usize;
-                    shared.push((
-                        g,
-                        Uplink {
-                            id: 0,
-                            seconds_per_byte: link.oversubscription
-                                / (g as f64 * link.bandwidth_gbps * 1e9),
-                            shared_efficiency: link.shared_efficiency,
-                        },
-                    ));
-                }
-            }
-        }
-        let mut total_time = 0.0;
-        for k in 1..p {
-            let mut step = worst_tier;
-            for (g, up) in &shared {
-                let g = *g;
-                let leaving = g - g.saturating_sub(k) - g.saturating_sub(p - k);
-                if leaving > 0 {
-                    let beta = up.shared_beta(leaving as u32).max(top.beta);
-                    step = step.max(top.alpha + bytes * beta);
-                }
-            }
-            total_time += step + bytes * top.gamma;
-        }
-        let start = self.finish();
-        self.free.iter_mut().for_each(|t| *t = start + total_time);
-    }
-
-    /// Pairwise exchange step by step on the vector of times, O(p) a step.
-    fn pairwise_stepwise(&mut self, total: usize) {
-        let p = self.p();
-        let eb = self.q.elem_bytes as f64;
-        let mut ups = Vec::new();
-        let mut next = vec![0.0; p];
-        let mut sharing: std::collections::HashMap<u64, u32> = Default::default();
-        for k in 1..p {
-            sharing.clear();
-            for x in (0..p).filter(|x| block(total, p, (x + k) % p).1 > 0) {
-                self.net.uplinks(x, (x + k) % p, &mut ups);
-                for u in &ups {
-                    *sharing.entry(u.id).or_insert(0) += 1;
-                }
-            }
-            next.copy_from_slice(&self.free);
-            for x in 0..p {
-                let y = (x + k) % p;
-                let bytes = block(total, p, y).1 as f64 * eb;
-                if bytes == 0.0 {
-                    continue;
-                }
-                let link = self.net.link(x, y);
-                self.net.uplinks(x, y, &mut ups);
-                let beta = ups.iter().fold(link.beta, |b, u| {
-                    b.max(u.shared_beta(sharing.get(&u.id).copied().unwrap_or(1)))
-                });
-                let arrive = self.free[x].max(self.free[y]) + link.alpha + bytes * beta;
-                next[x] = next[x].max(arrive);
-                next[y] = next[y].max(arrive + bytes * link.gamma);
-            }
-            std::mem::swap(&mut self.free, &mut next);
         }
     }
 

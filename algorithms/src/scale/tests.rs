@@ -184,3 +184,45 @@ fn alike_ranks_share_a_class() {
     assert!(tree > 4, "{tree} classes");
     assert_eq!(classes_of(&h, Algorithm::Tree, 4), None);
 }
+
+/// Recursive doubling step by step (what prices it above [`STEPWISE_DOUBLING_ABOVE`] ranks)
+/// times it exactly as its schedule folded, which times it as the full simulation does:
+/// oversubscribed leaf and pod uplinks, rank counts that are powers of two and counts whose
+/// extra ranks fold, ranks placed out of order, the Meta-like fabric at 1,536 and 3,072
+/// ranks, a small and a large message.
+#[test]
+fn doubling_step_by_step_times_as_the_folded_schedule() {
+    let scattered: Vec<usize> = (0..96).map(|r| r * 5 % 96).collect();
+    let mut shapes: Vec<(Hierarchy, TierCosts)> = [
+        fat_tree(4, 2, 4, 2, None),
+        fat_tree(8, 2, 12, 3, None),
+        fat_tree(2, 4, 6, 1, None),
+        fat_tree(8, 2, 3, 1, None),
+        fat_tree(4, 2, 4, 3, Some(&scattered)),
+    ]
+    .into_iter()
+    .map(|h| (h, emulated_costs()))
+    .collect();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/topology/meta-24k-h100.toml");
+    let meta = strata_topology::fabric::load_file(&path).unwrap();
+    for np in [1536, 3072] {
+        let devices: Vec<usize> = (0..np).collect();
+        shapes.push((Hierarchy::on_fabric(&meta, &devices), meta.tiers));
+    }
+    for (h, costs) in &shapes {
+        for count in [2, 1 << 20] {
+            let q = query(h, *costs, Algorithm::RecursiveDoubling, count);
+            let mut folded = Pricer::new(&q);
+            folded.whole().unwrap();
+            let mut stepwise = Pricer::new(&q);
+            stepwise.doubling_stepwise(count);
+            let (x, y) = (folded.finish(), stepwise.finish());
+            assert!(
+                (y / x - 1.0).abs() < 1e-9,
+                "{} ranks, {count} elements: folded {x}, step by step {y}",
+                h.len()
+            );
+        }
+    }
+}
