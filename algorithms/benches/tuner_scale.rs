@@ -1,6 +1,6 @@
-//! The tuner's first call of a size class, and fast pricing of every all-reduce algorithm, on
-//! the repo's Meta-like fabric (`examples/topology/meta-24k-h100.toml`) at 1,024 to 24,576
-//! ranks.
+//! The tuner's first call of a size class (8 B, 64 KiB and 64 MiB all-reduce), and fast
+//! pricing of every all-reduce algorithm, on the repo's Meta-like fabric
+//! (`examples/topology/meta-24k-h100.toml`) at 1,024 to 24,576 ranks.
 //!
 //! `cargo bench -p strata-algorithms --bench tuner_scale`. The first call of a size class that
 //! no tuning-file rule covers is what a rank pays inside its first collective of that size, so
@@ -25,19 +25,21 @@ fn meta(np: usize) -> (Hierarchy, strata_topology::fabric::TierCosts) {
 }
 
 fn bench_tuner(c: &mut Criterion) {
-    let mut first = c.benchmark_group("tuner_first_call/all_reduce/64MiB");
-    first.sample_size(10);
-    for np in [1024usize, 4096, 24576] {
-        let (h, costs) = meta(np);
-        first.bench_with_input(BenchmarkId::from_parameter(np), &np, |b, _| {
-            b.iter_batched(
-                || Tuner::new(h.clone(), costs, true),
-                |t| black_box(t.choose(Collective::AllReduce, 64 << 20)),
-                BatchSize::LargeInput,
-            )
-        });
+    for (bytes, name) in [(8usize, "8B"), (64 << 10, "64KiB"), (64 << 20, "64MiB")] {
+        let mut first = c.benchmark_group(format!("tuner_first_call/all_reduce/{name}"));
+        first.sample_size(10);
+        for np in [1024usize, 4096, 24576] {
+            let (h, costs) = meta(np);
+            first.bench_with_input(BenchmarkId::from_parameter(np), &np, |b, _| {
+                b.iter_batched(
+                    || Tuner::new(h.clone(), costs, true),
+                    |t| black_box(t.choose(Collective::AllReduce, bytes)),
+                    BatchSize::LargeInput,
+                )
+            });
+        }
+        first.finish();
     }
-    first.finish();
     let mut explain = c.benchmark_group("explain/all_reduce/64MiB");
     explain.sample_size(10);
     for np in [1024usize, 4096] {

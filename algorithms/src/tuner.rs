@@ -32,8 +32,9 @@ const CHUNK_BYTES: usize = 512 << 10;
 pub const FULL_SIMULATION_MAX_RANKS: usize = 64;
 
 /// Above this many ranks, the first call of a size class that no tuning-file rule covers
-/// prices only the algorithms priced in closed form (rings, hierarchical rings), in
-/// milliseconds; `collbench explain --write-tuning` prices every algorithm ahead of time.
+/// prices only the algorithms that cost O(p lg p) or less to price (rings and hierarchical
+/// rings in closed form, recursive doubling step by step), in milliseconds; `collbench explain
+/// --write-tuning` prices every algorithm ahead of time.
 pub const RUNTIME_PRICING_MAX_RANKS: usize = 1024;
 
 /// A tuning-file rule: use `algorithm` for `collective` when the bytes per rank are in
@@ -307,7 +308,7 @@ impl Tuner {
         let mut ranked: Vec<Priced> = algorithms_for(collective)
             .iter()
             .map(|&a| {
-                if quick && !priced_in_closed_form(collective, a) {
+                if quick && !cheap_to_price(collective, a, bytes, self.hierarchy.len()) {
                     Priced {
                         algorithm: a,
                         seconds: Err(format!(
@@ -390,11 +391,28 @@ impl Tuner {
     }
 }
 
-/// Whether fast pricing prices `algorithm` for `collective` in closed form (O(p), whatever
-/// the step count): ring phases, alone or along the hierarchy's rails.
+/// Whether fast pricing prices `algorithm` for `collective` at `bytes` per rank on `p` ranks
+/// in O(p lg p) or less, whatever the step count: ring phases in closed form, alone or along
+/// the hierarchy's rails, and recursive doubling step by step. A ring all-reduce, flat or
+/// hierarchical, of fewer elements than ranks is not: its empty blocks make it build its
+/// rings (O(p²): 44 s at 24,576 ranks and 8 bytes for the flat one, 0.35 s for the
+/// hierarchical one), and at that size recursive doubling is priced far below both.
+fn cheap_to_price(collective: Collective, algorithm: Algorithm, bytes: usize, p: usize) -> bool {
+    let sparse_ring = collective == Collective::AllReduce
+        && matches!(
+            algorithm.normalized(),
+            Algorithm::Ring | Algorithm::Hierarchical(crate::HierPart::Ring)
+        )
+        && bytes.div_ceil(PRICE_ELEM_BYTES) < p;
+    !sparse_ring && priced_in_closed_form(collective, algorithm)
+}
+
+/// Whether fast pricing prices `algorithm` for `collective` in closed form or step by step.
 fn priced_in_closed_form(collective: Collective, algorithm: Algorithm) -> bool {
     match (collective, algorithm.normalized()) {
         (Collective::AllReduce, Algorithm::Hierarchical(crate::HierPart::Ring)) => true,
+        // Step by step above scale::STEPWISE_DOUBLING_ABOVE: the latency-bound choice.
+        (Collective::AllReduce, Algorithm::RecursiveDoubling) => true,
         (Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter, a) => {
             a == Algorithm::Ring
         }
@@ -593,5 +611,38 @@ pub(crate) mod tests {
         assert!(hier.seconds.is_err());
         assert!(e.ranked.last().unwrap().seconds.is_err());
         assert!(!e.chosen.is_hierarchical());
+    }
+
+    /// Above [`RUNTIME_PRICING_MAX_RANKS`] the first call of a size class prices recursive
+    /// doubling (step by step), so a small all-reduce at scale gets a latency-bound algorithm
+    /// rather than a ring of thousands of steps, and leaves a ring of fewer elements than
+    /// ranks (O(p²) to price) unpriced; a large one prices the rings again.
+    #[test]
+    fn at_scale_the_first_call_prices_recursive_doubling_and_not_sparse_rings() {
+        let h = fat_tree(8, 4, 16, 4, None);
+        assert!(h.len() > RUNTIME_PRICING_MAX_RANKS);
+        let t = Tuner::new(h, emulated_costs(), true);
+        let priced = |e: &Explanation, a: Algorithm| {
+            e.ranked
+                .iter()
+                .find(|p| p.algorithm == a)
+                .is_some_and(|p| p.seconds.is_ok())
+        };
+        let small = t.decide(Collective::AllReduce, 8, false);
+        assert_eq!(
+            small.chosen,
+            Algorithm::RecursiveDoubling,
+            "{}",
+            small.render()
+        );
+        assert!(!priced(&small, Algorithm::Ring));
+        assert!(!priced(&small, Algorithm::Tree));
+        let large = t.decide(Collective::AllReduce, 64 << 20, false);
+        assert!(priced(&large, Algorithm::Ring), "{}", large.render());
+        assert!(priced(&large, Algorithm::RecursiveDoubling));
+        assert_eq!(
+            t.choose(Collective::AllReduce, 8),
+            Algorithm::RecursiveDoubling
+        );
     }
 }
