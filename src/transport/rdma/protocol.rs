@@ -565,13 +565,10 @@ impl Transport for RdmaTransport {
     }
 
     fn background(&mut self) -> io::Result<Option<Wait>> {
-        if let Err(e) = self.progress() {
-            // Bytes still to deliver: the receive that takes them reports the failure after.
-            if self.rx_len[self.rx_seq as usize % self.slots].is_some() {
-                return Ok(None);
-            }
-            return Err(e);
-        }
+        // A failure is reported here even with bytes still to deliver: the call may not read
+        // this connection again before its deadline (a failed write of this rank's own leaves
+        // its peer waiting), and deferring it would hang every rank until then.
+        self.progress()?;
         Ok(Some(self.arm()))
     }
 }
