@@ -284,9 +284,11 @@ impl<'a> Pricer<'a> {
     /// its slowest share of the shared uplinks it crosses (most cross none). The same for
     /// every step and for both halves of an all-reduce, so it is computed once.
     fn ring_step<G: AsRef<[usize]>>(&self, groups: &[G]) -> RingStep {
-        let mut sharing: std::collections::HashMap<u64, u32> = Default::default();
+        let h = self.q.hierarchy;
+        // Messages on each uplink, by dense index.
+        let mut sharing = vec![0u32; h.uplink_count()];
         let mut links = Vec::new();
-        let mut crossing: Vec<(usize, Uplink)> = Vec::new();
+        let mut crossing: Vec<(usize, usize, Uplink)> = Vec::new();
         let mut ups = Vec::new();
         for g in groups.iter().map(AsRef::as_ref) {
             for (i, &x) in g.iter().enumerate() {
@@ -294,14 +296,15 @@ impl<'a> Pricer<'a> {
                 links.push(self.net.link(x, y));
                 self.net.uplinks(x, y, &mut ups);
                 for u in &ups {
-                    *sharing.entry(u.id).or_insert(0) += 1;
-                    crossing.push((links.len() - 1, *u));
+                    let at = h.uplink_index(u.id);
+                    sharing[at] += 1;
+                    crossing.push((links.len() - 1, at, *u));
                 }
             }
         }
         let mut uplink_beta = vec![0.0f64; links.len()];
-        for (k, u) in &crossing {
-            let b = u.shared_beta(sharing.get(&u.id).copied().unwrap_or(1));
+        for (k, at, u) in &crossing {
+            let b = u.shared_beta(sharing[*at]);
             uplink_beta[*k] = uplink_beta[*k].max(b);
         }
         RingStep { links, uplink_beta }
