@@ -113,8 +113,8 @@ impl Pricer<'_> {
         // One step's messages, both ways: (from, to).
         let mut pairs: Vec<(usize, usize)> = Vec::with_capacity(p);
         let mut next = Vec::with_capacity(p);
-        // The step's uplinks, message after message, with their dense index; `ends[i]` is
-        // where message i's end.
+        // The step's uplinks, message after message, with their dense index; message i's
+        // end at `ends[i]`.
         let mut crossed: Vec<(usize, Uplink)> = Vec::new();
         let mut ends: Vec<usize> = Vec::with_capacity(p);
         let mut step = |free: &mut Vec<f64>, pairs: &[(usize, usize)], reduce: bool| {
