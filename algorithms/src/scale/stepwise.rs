@@ -6,6 +6,31 @@ use super::Pricer;
 use crate::builders::{Fold, block};
 use crate::cost::{Network, Uplink};
 
+/// What [`Pricer::exchange_step`] reuses from step to step.
+struct StepScratch {
+    ups: Vec<Uplink>,
+    /// Messages on each uplink in the current step, by dense index
+    /// ([`crate::hierarchy::Hierarchy::uplink_index`]).
+    sharing: Vec<u32>,
+    /// The step's uplinks, message after message, with their dense index; message i's end at
+    /// `ends[i]`.
+    crossed: Vec<(usize, Uplink)>,
+    ends: Vec<usize>,
+    next: Vec<f64>,
+}
+
+impl StepScratch {
+    fn new(uplinks: usize) -> Self {
+        Self {
+            ups: Vec::new(),
+            sharing: vec![0; uplinks],
+            crossed: Vec::new(),
+            ends: Vec::new(),
+            next: Vec::new(),
+        }
+    }
+}
+
 impl Pricer<'_> {
     /// Pairwise exchange in closed form, every rank in step: step k (rank x to x + k) takes
     /// its slowest message, which crosses the most expensive tier of the communicator or the
@@ -65,35 +90,56 @@ impl Pricer<'_> {
     pub(super) fn pairwise_stepwise(&mut self, total: usize) {
         let p = self.p();
         let eb = self.q.elem_bytes as f64;
-        let mut ups = Vec::new();
-        let mut next = vec![0.0; p];
-        let mut sharing: std::collections::HashMap<u64, u32> = Default::default();
+        let mut scratch = StepScratch::new(self.q.hierarchy.uplink_count());
+        let mut messages = Vec::with_capacity(p);
         for k in 1..p {
-            sharing.clear();
-            for x in (0..p).filter(|x| block(total, p, (x + k) % p).1 > 0) {
-                self.net.uplinks(x, (x + k) % p, &mut ups);
-                for u in &ups {
-                    *sharing.entry(u.id).or_insert(0) += 1;
-                }
-            }
-            next.copy_from_slice(&self.free);
+            messages.clear();
             for x in 0..p {
                 let y = (x + k) % p;
                 let bytes = block(total, p, y).1 as f64 * eb;
-                if bytes == 0.0 {
-                    continue;
+                if bytes > 0.0 {
+                    messages.push((x, y, bytes));
                 }
-                let link = self.net.link(x, y);
-                self.net.uplinks(x, y, &mut ups);
-                let beta = ups.iter().fold(link.beta, |b, u| {
-                    b.max(u.shared_beta(sharing.get(&u.id).copied().unwrap_or(1)))
-                });
-                let arrive = self.free[x].max(self.free[y]) + link.alpha + bytes * beta;
-                next[x] = next[x].max(arrive);
-                next[y] = next[y].max(arrive + bytes * link.gamma);
             }
-            std::mem::swap(&mut self.free, &mut next);
+            self.exchange_step(&messages, true, &mut scratch);
         }
+    }
+
+    /// One step on the vector of times: each of `messages` (from, to, bytes) starts when both
+    /// ends are free, crosses its link at the sharing of the uplinks this step's messages
+    /// cross, and, when `reduce`, is reduced at its receiver.
+    fn exchange_step(
+        &mut self,
+        messages: &[(usize, usize, f64)],
+        reduce: bool,
+        s: &mut StepScratch,
+    ) {
+        let h = self.q.hierarchy;
+        s.sharing.fill(0);
+        s.crossed.clear();
+        s.ends.clear();
+        for &(x, y, _) in messages {
+            self.net.uplinks(x, y, &mut s.ups);
+            for u in &s.ups {
+                let i = h.uplink_index(u.id);
+                s.sharing[i] += 1;
+                s.crossed.push((i, *u));
+            }
+            s.ends.push(s.crossed.len());
+        }
+        s.next.clone_from(&self.free);
+        for (m, &(x, y, bytes)) in messages.iter().enumerate() {
+            let link = self.net.link(x, y);
+            let start = if m == 0 { 0 } else { s.ends[m - 1] };
+            let beta = s.crossed[start..s.ends[m]]
+                .iter()
+                .fold(link.beta, |b, (i, u)| b.max(u.shared_beta(s.sharing[*i])));
+            let arrive = self.free[x].max(self.free[y]) + link.alpha + bytes * beta;
+            let gamma = if reduce { bytes * link.gamma } else { 0.0 };
+            s.next[x] = s.next[x].max(arrive);
+            s.next[y] = s.next[y].max(arrive + gamma);
+        }
+        std::mem::swap(&mut self.free, &mut s.next);
     }
 
     /// Recursive-doubling all-reduce of `count` elements, step by step on the vector of times
@@ -106,60 +152,23 @@ impl Pricer<'_> {
         let p = self.p();
         let bytes = count as f64 * self.q.elem_bytes as f64;
         let fold = Fold::new(p);
-        let h = self.q.hierarchy;
-        let mut ups = Vec::new();
-        // Messages on each uplink in the current step, by dense index.
-        let mut sharing = vec![0u32; h.uplink_count()];
-        // One step's messages, both ways: (from, to).
-        let mut pairs: Vec<(usize, usize)> = Vec::with_capacity(p);
-        let mut next = Vec::with_capacity(p);
-        // The step's uplinks, message after message, with their dense index; message i's
-        // end at `ends[i]`.
-        let mut crossed: Vec<(usize, Uplink)> = Vec::new();
-        let mut ends: Vec<usize> = Vec::with_capacity(p);
-        let mut step = |free: &mut Vec<f64>, pairs: &[(usize, usize)], reduce: bool| {
-            sharing.fill(0);
-            crossed.clear();
-            ends.clear();
-            for &(x, y) in pairs {
-                self.net.uplinks(x, y, &mut ups);
-                for u in &ups {
-                    let i = h.uplink_index(u.id);
-                    sharing[i] += 1;
-                    crossed.push((i, *u));
-                }
-                ends.push(crossed.len());
-            }
-            next.clone_from(free);
-            for (m, &(x, y)) in pairs.iter().enumerate() {
-                let link = self.net.link(x, y);
-                let start = if m == 0 { 0 } else { ends[m - 1] };
-                let beta = crossed[start..ends[m]]
-                    .iter()
-                    .fold(link.beta, |b, (i, u)| b.max(u.shared_beta(sharing[*i])));
-                let arrive = free[x].max(free[y]) + link.alpha + bytes * beta;
-                let gamma = if reduce { bytes * link.gamma } else { 0.0 };
-                next[x] = next[x].max(arrive);
-                next[y] = next[y].max(arrive + gamma);
-            }
-            std::mem::swap(free, &mut next);
-        };
-        let mut free = std::mem::take(&mut self.free);
+        let mut scratch = StepScratch::new(self.q.hierarchy.uplink_count());
+        // One step's messages, both ways.
+        let mut messages = Vec::with_capacity(p);
         // Ranks that sit out hand their input to their odd neighbour, which reduces it.
-        pairs.extend((0..fold.rem).map(|i| (2 * i, 2 * i + 1)));
-        step(&mut free, &pairs, true);
+        messages.extend((0..fold.rem).map(|i| (2 * i, 2 * i + 1, bytes)));
+        self.exchange_step(&messages, true, &mut scratch);
         let mut mask = 1;
         while mask < fold.pof2 {
-            pairs.clear();
+            messages.clear();
             for u in 0..fold.pof2 {
-                pairs.push((fold.real(u), fold.real(u ^ mask)));
+                messages.push((fold.real(u), fold.real(u ^ mask), bytes));
             }
-            step(&mut free, &pairs, true);
+            self.exchange_step(&messages, true, &mut scratch);
             mask <<= 1;
         }
-        pairs.clear();
-        pairs.extend((0..fold.rem).map(|i| (2 * i + 1, 2 * i)));
-        step(&mut free, &pairs, false);
-        self.free = free;
+        messages.clear();
+        messages.extend((0..fold.rem).map(|i| (2 * i + 1, 2 * i, bytes)));
+        self.exchange_step(&messages, false, &mut scratch);
     }
 }
