@@ -398,24 +398,15 @@ impl Tuner {
 /// rings (O(p²): 44 s at 24,576 ranks and 8 bytes for the flat one, 0.35 s for the
 /// hierarchical one), and at that size recursive doubling is priced far below both.
 fn cheap_to_price(collective: Collective, algorithm: Algorithm, bytes: usize, p: usize) -> bool {
-    let sparse_ring = collective == Collective::AllReduce
-        && matches!(
-            algorithm.normalized(),
-            Algorithm::Ring | Algorithm::Hierarchical(crate::HierPart::Ring)
-        )
-        && bytes.div_ceil(PRICE_ELEM_BYTES) < p;
-    !sparse_ring && priced_in_closed_form(collective, algorithm)
-}
-
-/// Whether fast pricing prices `algorithm` for `collective` in closed form or step by step.
-fn priced_in_closed_form(collective: Collective, algorithm: Algorithm) -> bool {
+    let sparse = bytes.div_ceil(PRICE_ELEM_BYTES) < p;
     match (collective, algorithm.normalized()) {
-        (Collective::AllReduce, Algorithm::Hierarchical(crate::HierPart::Ring)) => true,
         // Step by step above scale::STEPWISE_DOUBLING_ABOVE: the latency-bound choice.
         (Collective::AllReduce, Algorithm::RecursiveDoubling) => true,
-        (Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter, a) => {
-            a == Algorithm::Ring
-        }
+        (
+            Collective::AllReduce,
+            Algorithm::Ring | Algorithm::Hierarchical(crate::HierPart::Ring),
+        ) => !sparse,
+        (Collective::AllGather | Collective::ReduceScatter, a) => a == Algorithm::Ring,
         _ => false,
     }
 }

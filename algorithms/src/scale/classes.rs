@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 
 use super::lockstep::{Compact, Kind};
+use crate::cost::{LinkCost, Network, Uplink};
 
 /// Most transfers colour refinement visits, over all its rounds, before it gives up on a
 /// schedule (a few seconds on this kind of machine).
@@ -28,7 +29,6 @@ pub(super) const MAX_REFINED_TRANSFERS: usize = 20_000_000;
 /// that fold well settle in a few (recursive doubling 2, Bruck 3, a double binary tree on
 /// 1,024 ranks 9 to 11).
 pub(super) const MAX_ROUNDS_AT_SCALE: usize = 16;
-use crate::cost::{LinkCost, Network, Uplink};
 
 /// The send of a class's representative, as a flow that stands for the class.
 pub(super) struct SendFlow {
