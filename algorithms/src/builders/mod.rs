@@ -95,6 +95,17 @@ impl Blocks {
     pub(crate) fn all(&self) -> Region {
         self.range(0, self.parts)
     }
+
+    /// The blocks that hold elements, when some do not (`None` when all do): fewer elements
+    /// than blocks leave all but the first `total` empty.
+    pub(crate) fn nonempty(&self) -> Option<std::ops::Range<usize>> {
+        match self.each {
+            Some(0) => Some(0..0),
+            Some(_) => None,
+            None if self.total < self.parts => Some(0..self.total),
+            None => None,
+        }
+    }
 }
 
 /// Folding `p` ranks onto the largest power of two `pof2 ≤ p`: the first `2·rem` ranks pair

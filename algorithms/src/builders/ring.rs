@@ -1,5 +1,7 @@
 //! Ring and chain schedules: every rank talks only to its two ring neighbours.
 
+use std::ops::Range;
+
 use super::{Blocks, copy, modp, one_rank};
 use crate::schedule::{Buf, Op, RankSchedule, Region};
 
@@ -26,6 +28,24 @@ pub(crate) fn ring_reduce_scatter_core(
     if p == 1 {
         return one_rank(s, input.one(0), dst);
     }
+    let held = match partials {
+        Partials::In(b) => either(input.nonempty(), b.nonempty()),
+        Partials::PingPong { .. } => input.nonempty(),
+    };
+    let steps = ring_steps(p, me, held, [1, 2]);
+    ring_reduce_scatter_steps(s, p, me, input, partials, dst, steps);
+}
+
+/// [`ring_reduce_scatter_core`] over the given steps (of `0..p - 1`, in order).
+fn ring_reduce_scatter_steps(
+    s: &mut RankSchedule,
+    p: usize,
+    me: usize,
+    input: Blocks,
+    partials: Partials,
+    dst: Region,
+    steps: impl Iterator<Item = usize>,
+) {
     let (next, prev) = ((me + 1) % p, (me + p - 1) % p);
     let partial = |k: usize, c: usize| match partials {
         Partials::In(b) => b.one(c),
@@ -33,7 +53,7 @@ pub(crate) fn ring_reduce_scatter_core(
             Region::new(Buf::Scratch, base + (k % 2) * max_len, input.one(c).len)
         }
     };
-    for step in 0..p - 1 {
+    for step in steps {
         let send_c = modp(me as isize - step as isize - 1, p);
         let recv_c = modp(me as isize - step as isize - 2, p);
         let src = if step == 0 {
@@ -63,6 +83,39 @@ pub(crate) fn ring_reduce_scatter_core(
     }
 }
 
+/// The steps of a ring phase over `p` members that member `me` visits, in order. When only
+/// the blocks in `held` hold elements, those are the steps where `me` sends or receives one
+/// of them (block c moves at the steps where `me − step − lag ≡ c` for a lag in `lags`), and
+/// the first and the last: every other step holds only empty transfers, which
+/// [`RankSchedule::step`] drops anyway. A ring of 24,576 members over 2 elements then costs a
+/// member a handful of steps instead of 24,575. `None` visits every step.
+fn ring_steps(
+    p: usize,
+    me: usize,
+    held: Option<Range<usize>>,
+    lags: [usize; 2],
+) -> std::vec::IntoIter<usize> {
+    let all = p.saturating_sub(1);
+    let mut steps: Vec<usize> = match held {
+        Some(blocks) if 2 * blocks.len() + 2 < all => {
+            let moves =
+                blocks.flat_map(|c| lags.map(|lag| modp(me as isize - (c + lag) as isize, p)));
+            moves.chain([0, all - 1]).filter(|&t| t < all).collect()
+        }
+        _ => return (0..all).collect::<Vec<_>>().into_iter(),
+    };
+    steps.sort_unstable();
+    steps.dedup();
+    steps.into_iter()
+}
+
+/// The blocks either of two block sets holds (a range covering both), or `None` when either
+/// holds every block.
+fn either(a: Option<Range<usize>>, b: Option<Range<usize>>) -> Option<Range<usize>> {
+    let (a, b) = (a?, b?);
+    Some(a.start.min(b.start)..a.end.max(b.end))
+}
+
 /// Ring all-gather: rank `me` contributes `own` as block `me` of `out`; every step passes one
 /// block on to the next rank.
 pub(crate) fn ring_all_gather_core(
@@ -72,9 +125,23 @@ pub(crate) fn ring_all_gather_core(
     own: Region,
     out: Blocks,
 ) {
+    let steps = ring_steps(p, me, out.nonempty(), [0, 1]);
+    ring_all_gather_steps(s, p, me, own, out, steps);
+}
+
+/// [`ring_all_gather_core`] over the given steps (of `0..p - 1`, in order, the first
+/// included).
+fn ring_all_gather_steps(
+    s: &mut RankSchedule,
+    p: usize,
+    me: usize,
+    own: Region,
+    out: Blocks,
+    steps: impl Iterator<Item = usize>,
+) {
     let mut first: Vec<Op> = copy(own, out.one(me)).into_iter().collect();
     let (next, prev) = ((me + 1) % p, (me + p - 1) % p);
-    for step in 0..p.saturating_sub(1) {
+    for step in steps {
         let send_c = modp(me as isize - step as isize, p);
         let recv_c = modp(me as isize - step as isize - 1, p);
         let src = if step == 0 { own } else { out.one(send_c) };
@@ -313,6 +380,56 @@ mod tests {
                     .collect()
             };
             assert_eq!(transfers(&one), transfers(&composed_plain(p, r, n)));
+        }
+    }
+
+    #[test]
+    fn sparse_rings_visit_fewer_steps_and_build_the_same_schedules() {
+        for p in 1..=13usize {
+            for n in [0, 1, 2, 3, p / 2, p.saturating_sub(1), p, 2 * p + 1] {
+                let split = |buf| Blocks::split(buf, 0, n, p);
+                let uniform = |buf| Blocks::uniform(buf, 0, p, n);
+                for (input, acc) in [
+                    (split(Buf::Input), split(Buf::Output)),
+                    (uniform(Buf::Input), uniform(Buf::Output)),
+                ] {
+                    for me in 0..p {
+                        let partial_sets = [
+                            Partials::In(acc),
+                            Partials::PingPong {
+                                base: 0,
+                                max_len: n,
+                            },
+                        ];
+                        for partials in partial_sets {
+                            let dst = acc.one(me);
+                            let mut fast = RankSchedule::default();
+                            ring_reduce_scatter_core(&mut fast, p, me, input, partials, dst);
+                            let mut every = RankSchedule::default();
+                            if p == 1 {
+                                one_rank(&mut every, input.one(0), dst);
+                            } else {
+                                let all = 0..p - 1;
+                                ring_reduce_scatter_steps(
+                                    &mut every, p, me, input, partials, dst, all,
+                                );
+                            }
+                            assert_eq!(fast, every, "reduce-scatter p={p} n={n} me={me}");
+                        }
+                        let mut fast = RankSchedule::default();
+                        ring_all_gather_core(&mut fast, p, me, acc.one(me), acc);
+                        let mut every = RankSchedule::default();
+                        let all = 0..p.saturating_sub(1);
+                        ring_all_gather_steps(&mut every, p, me, acc.one(me), acc, all);
+                        assert_eq!(fast, every, "all-gather p={p} n={n} me={me}");
+                    }
+                }
+            }
+        }
+        // Two elements over 1,000 members: each member visits at most six steps.
+        let blocks = Blocks::split(Buf::Output, 0, 2, 1000);
+        for me in [0, 1, 2, 500, 999] {
+            assert!(ring_steps(1000, me, blocks.nonempty(), [1, 2]).len() <= 6);
         }
     }
 
