@@ -21,6 +21,8 @@ struct Level {
     /// The tier joining two different groups of this level inside one group of the next
     /// level (for the last level: inside the whole communicator).
     tier_out: Tier,
+    /// The dense index ([`Hierarchy::uplink_index`]) of this level's first uplink.
+    uplink_base: usize,
 }
 
 /// The nesting of a communicator's ranks: see the module documentation.
@@ -82,7 +84,13 @@ impl Hierarchy {
                 group_of,
                 sizes,
                 tier_out: Tier::Aggregation,
+                uplink_base: 0,
             });
+        }
+        let mut base = 0;
+        for l in &mut levels {
+            l.uplink_base = base;
+            base += 2 * l.sizes.len();
         }
         // The tier out of each level: between the first ranks of its first two groups that
         // share a parent group (or any two groups at the top).
@@ -272,8 +280,13 @@ impl Hierarchy {
     /// [`Hierarchy::for_each_uplink`] gave, so that counting flows per uplink needs no map.
     pub fn uplink_index(&self, id: u64) -> usize {
         let level = (id >> 40) as usize;
-        let before: usize = self.levels[..level].iter().map(|l| 2 * l.sizes.len()).sum();
-        before + (id & ((1 << 40) - 1)) as usize
+        self.levels[level].uplink_base + (id & ((1 << 40) - 1)) as usize
+    }
+
+    /// The dense index of the uplink in the other direction of the same group (its up for a
+    /// down, its down for an up): a group's two uplinks differ only in the lowest bit.
+    pub fn reverse_uplink_index(index: usize) -> usize {
+        index ^ 1
     }
 
     /// The tier a level's uplinks lead into (the tier joining its groups).

@@ -5,9 +5,10 @@
 use super::Pricer;
 use crate::builders::{Fold, block};
 use crate::cost::{Network, Uplink};
+use crate::hierarchy::Hierarchy;
 
 /// What [`Pricer::exchange_step`] reuses from step to step.
-struct StepScratch {
+pub(super) struct StepScratch {
     ups: Vec<Uplink>,
     /// Messages on each uplink in the current step, by dense index
     /// ([`crate::hierarchy::Hierarchy::uplink_index`]).
@@ -20,7 +21,7 @@ struct StepScratch {
 }
 
 impl StepScratch {
-    fn new(uplinks: usize) -> Self {
+    pub(super) fn new(uplinks: usize) -> Self {
         Self {
             ups: Vec::new(),
             sharing: vec![0; uplinks],
@@ -108,7 +109,7 @@ impl Pricer<'_> {
     /// One step on the vector of times: each of `messages` (from, to, bytes) starts when both
     /// ends are free, crosses its link at the sharing of the uplinks this step's messages
     /// cross, and, when `reduce`, is reduced at its receiver.
-    fn exchange_step(
+    pub(super) fn exchange_step(
         &mut self,
         messages: &[(usize, usize, f64)],
         reduce: bool,
@@ -142,6 +143,41 @@ impl Pricer<'_> {
         std::mem::swap(&mut self.free, &mut s.next);
     }
 
+    /// One step in which each of `pairs` exchanges `bytes` both ways and reduces what it
+    /// receives: [`Pricer::exchange_step`] with the messages x → y and y → x of every pair,
+    /// computed once per pair. The two cross the same link and mirrored uplinks (x's group's
+    /// up and y's group's down, and the reverse), and as many messages leave each group as
+    /// enter it, so the up and down uplink of a group (as wide as each other) are shared
+    /// alike and both messages arrive together.
+    pub(super) fn pair_step(&mut self, pairs: &[(usize, usize)], bytes: f64, s: &mut StepScratch) {
+        let h = self.q.hierarchy;
+        s.sharing.fill(0);
+        s.crossed.clear();
+        s.ends.clear();
+        for &(x, y) in pairs {
+            self.net.uplinks(x, y, &mut s.ups);
+            for u in &s.ups {
+                let i = h.uplink_index(u.id);
+                // This direction on uplink i; the other on its reverse.
+                s.sharing[i] += 1;
+                s.sharing[Hierarchy::reverse_uplink_index(i)] += 1;
+                s.crossed.push((i, *u));
+            }
+            s.ends.push(s.crossed.len());
+        }
+        for (m, &(x, y)) in pairs.iter().enumerate() {
+            let link = self.net.link(x, y);
+            let start = if m == 0 { 0 } else { s.ends[m - 1] };
+            let beta = s.crossed[start..s.ends[m]]
+                .iter()
+                .fold(link.beta, |b, (i, u)| b.max(u.shared_beta(s.sharing[*i])));
+            let arrive = self.free[x].max(self.free[y]) + link.alpha + bytes * beta;
+            let done = arrive.max(arrive + bytes * link.gamma);
+            self.free[x] = self.free[x].max(done);
+            self.free[y] = self.free[y].max(done);
+        }
+    }
+
     /// Recursive-doubling all-reduce of `count` elements, step by step on the vector of times
     /// (O(p) a step, O(p lg p) in all), with the schedule's pairs: ranks beyond the largest
     /// power of two fold into their odd neighbours first and get the result back last
@@ -159,12 +195,13 @@ impl Pricer<'_> {
         messages.extend((0..fold.rem).map(|i| (2 * i, 2 * i + 1, bytes)));
         self.exchange_step(&messages, true, &mut scratch);
         let mut mask = 1;
+        let mut pairs = Vec::with_capacity(fold.pof2 / 2);
         while mask < fold.pof2 {
-            messages.clear();
-            for u in 0..fold.pof2 {
-                messages.push((fold.real(u), fold.real(u ^ mask), bytes));
+            pairs.clear();
+            for u in (0..fold.pof2).filter(|u| u & mask == 0) {
+                pairs.push((fold.real(u), fold.real(u ^ mask)));
             }
-            self.exchange_step(&messages, true, &mut scratch);
+            self.pair_step(&pairs, bytes, &mut scratch);
             mask <<= 1;
         }
         messages.clear();

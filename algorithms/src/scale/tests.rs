@@ -226,3 +226,41 @@ fn doubling_step_by_step_times_as_the_folded_schedule() {
         }
     }
 }
+
+/// A recursive-doubling step timed once per pair gives exactly the times of the same step
+/// timed message by message both ways, from uneven start times, on oversubscribed fat trees
+/// and a scattered placement in launcher order (where a group holds both ends of the pairs
+/// that leave it, so its up and down uplinks are each counted from both directions).
+#[test]
+fn a_pair_step_times_as_both_of_its_messages() {
+    let scattered: Vec<usize> = (0..96).map(|r| r * 5 % 96).collect();
+    for (h, ordered) in [
+        (fat_tree(4, 2, 4, 2, None), true),
+        (fat_tree(8, 2, 12, 3, None), true),
+        (fat_tree(4, 2, 4, 3, Some(&scattered)), true),
+        (fat_tree(4, 2, 4, 3, Some(&scattered)), false),
+    ] {
+        let mut q = query(&h, emulated_costs(), Algorithm::RecursiveDoubling, 1 << 16);
+        q.ordered = ordered;
+        let p = h.len();
+        let fold = crate::builders::Fold::new(p);
+        let mut pairs = Pricer::new(&q);
+        pairs.free = (0..p).map(|x| (x * 7919 % 13) as f64 * 1e-6).collect();
+        let mut both = Pricer::new(&q);
+        both.free.clone_from(&pairs.free);
+        let mut scratch = stepwise::StepScratch::new(h.uplink_count());
+        let bytes = 4.0 * (1 << 16) as f64;
+        let mut mask = 1;
+        while mask < fold.pof2 {
+            let ends = |u: usize| (fold.real(u), fold.real(u ^ mask));
+            let pair_list: Vec<_> = (0..fold.pof2).filter(|u| u & mask == 0).map(ends).collect();
+            let messages: Vec<_> = (0..fold.pof2)
+                .map(|u| (ends(u).0, ends(u).1, bytes))
+                .collect();
+            pairs.pair_step(&pair_list, bytes, &mut scratch);
+            both.exchange_step(&messages, true, &mut scratch);
+            assert_eq!(pairs.free, both.free, "{p} ranks, mask {mask}");
+            mask <<= 1;
+        }
+    }
+}
