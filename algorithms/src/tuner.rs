@@ -230,10 +230,41 @@ impl Tuner {
             })
     }
 
+    /// The fast-pricing question for `algorithm` at `bytes` per rank.
+    fn query(
+        &self,
+        collective: Collective,
+        algorithm: Algorithm,
+        bytes: usize,
+    ) -> scale::Query<'_> {
+        scale::Query {
+            hierarchy: &self.hierarchy,
+            costs: self.costs,
+            ordered: self.ordered,
+            collective,
+            algorithm,
+            count: bytes.div_ceil(PRICE_ELEM_BYTES),
+            elem_bytes: PRICE_ELEM_BYTES,
+            root: 0,
+            chunk_elems: CHUNK_BYTES / PRICE_ELEM_BYTES,
+        }
+    }
+
     fn rule_for(&self, collective: Collective, bytes: usize) -> Option<&Rule> {
         self.rules
             .iter()
             .find(|r| r.collective == collective && (r.min_bytes..=r.max_bytes).contains(&bytes))
+    }
+
+    /// A time below which [`Tuner::price`] cannot come, where fast pricing knows one in
+    /// O(lg p) ([`scale::lower_bound`]).
+    fn lower_bound(
+        &self,
+        collective: Collective,
+        algorithm: Algorithm,
+        bytes: usize,
+    ) -> Option<f64> {
+        scale::lower_bound(&self.query(collective, algorithm, bytes))
     }
 
     /// Prices `algorithm` for `collective` at `bytes` per rank on this fabric: by the full
@@ -243,17 +274,7 @@ impl Tuner {
         let count = bytes.div_ceil(PRICE_ELEM_BYTES);
         let chunk = CHUNK_BYTES / PRICE_ELEM_BYTES;
         if p > FULL_SIMULATION_MAX_RANKS {
-            let seconds = scale::price(&scale::Query {
-                hierarchy: &self.hierarchy,
-                costs: self.costs,
-                ordered: self.ordered,
-                collective,
-                algorithm,
-                count,
-                elem_bytes: PRICE_ELEM_BYTES,
-                root: 0,
-                chunk_elems: chunk,
-            });
+            let seconds = scale::price(&self.query(collective, algorithm, bytes));
             return Priced {
                 algorithm,
                 seconds,
@@ -305,24 +326,52 @@ impl Tuner {
     /// stalls on pricing.
     fn decide(&self, collective: Collective, bytes: usize, thorough: bool) -> Explanation {
         let quick = !thorough && self.hierarchy.len() > RUNTIME_PRICING_MAX_RANKS;
-        let mut ranked: Vec<Priced> = algorithms_for(collective)
-            .iter()
-            .map(|&a| {
+        let unpriced = |algorithm, why: String| Priced {
+            algorithm,
+            seconds: Err(why),
+            steps: None,
+            max_sharing: None,
+        };
+        let candidates = algorithms_for(collective);
+        let bounded = |a: Algorithm| quick && self.lower_bound(collective, a, bytes).is_some();
+        // What has a lower bound is priced last, so that the others can rule it out.
+        let mut ranked: Vec<Priced> = Vec::with_capacity(candidates.len());
+        for &a in candidates.iter().filter(|&&a| !bounded(a)) {
+            ranked.push(
                 if quick && !cheap_to_price(collective, a, bytes, self.hierarchy.len()) {
-                    Priced {
-                        algorithm: a,
-                        seconds: Err(format!(
+                    unpriced(
+                        a,
+                        format!(
                             "not priced at run time above {RUNTIME_PRICING_MAX_RANKS} ranks \
                              (write a tuning file with collbench explain --write-tuning)"
-                        )),
-                        steps: None,
-                        max_sharing: None,
-                    }
+                        ),
+                    )
                 } else {
                     self.price(collective, a, bytes)
-                }
-            })
-            .collect();
+                },
+            );
+        }
+        for &a in candidates.iter().filter(|&&a| bounded(a)) {
+            let bound = self.lower_bound(collective, a, bytes).unwrap_or(0.0);
+            let best = ranked
+                .iter()
+                .filter_map(|p| Some((p.seconds.as_ref().ok()?, p.algorithm)))
+                .min_by(|x, y| x.0.total_cmp(y.0));
+            ranked.push(match best {
+                Some((t, b)) if bound > *t => unpriced(
+                    a,
+                    format!(
+                        "not priced at run time: its own messages alone take {}, more than \
+                         {b}'s {}",
+                        human_seconds(bound),
+                        human_seconds(*t)
+                    ),
+                ),
+                _ => self.price(collective, a, bytes),
+            });
+        }
+        // Back in the default order, which breaks ties below.
+        ranked.sort_by_key(|p| candidates.iter().position(|&a| a == p.algorithm));
         // Cheapest first; ties keep the default order; unpriced last.
         ranked.sort_by(|x, y| match (&x.seconds, &y.seconds) {
             (Ok(a), Ok(b)) => a.total_cmp(b),
@@ -394,9 +443,9 @@ impl Tuner {
 /// Whether fast pricing prices `algorithm` for `collective` at `bytes` per rank on `p` ranks
 /// in O(p lg p) or less, whatever the step count: ring phases in closed form, alone or along
 /// the hierarchy's rails, and recursive doubling step by step. A ring all-reduce, flat or
-/// hierarchical, of fewer elements than ranks is not: its empty blocks make it build its
-/// rings (O(p²): 44 s at 24,576 ranks and 8 bytes for the flat one, 0.35 s for the
-/// hierarchical one), and at that size recursive doubling is priced far below both.
+/// hierarchical, of fewer elements than ranks is not: its empty blocks make it build and
+/// time its rings on the engine (0.1–0.2 s at 24,576 ranks and 8 bytes), and at that size
+/// recursive doubling is priced far below both.
 fn cheap_to_price(collective: Collective, algorithm: Algorithm, bytes: usize, p: usize) -> bool {
     let sparse = bytes.div_ceil(PRICE_ELEM_BYTES) < p;
     match (collective, algorithm.normalized()) {
@@ -630,7 +679,31 @@ pub(crate) mod tests {
         assert!(!priced(&small, Algorithm::Tree));
         let large = t.decide(Collective::AllReduce, 64 << 20, false);
         assert!(priced(&large, Algorithm::Ring), "{}", large.render());
-        assert!(priced(&large, Algorithm::RecursiveDoubling));
+        // Recursive doubling's own messages alone outlast the ring: not priced, and said so.
+        let rd = large
+            .ranked
+            .iter()
+            .find(|p| p.algorithm == Algorithm::RecursiveDoubling)
+            .expect("listed");
+        let why = rd.seconds.as_ref().expect_err("ruled out by its bound");
+        assert!(why.contains("own messages alone"), "{why}");
+        let bound = t
+            .lower_bound(
+                Collective::AllReduce,
+                Algorithm::RecursiveDoubling,
+                64 << 20,
+            )
+            .expect("recursive doubling has a bound");
+        let full = t.price(
+            Collective::AllReduce,
+            Algorithm::RecursiveDoubling,
+            64 << 20,
+        );
+        assert!(bound <= *full.seconds.as_ref().expect("priced"));
+        // So pricing it in full would not have changed the choice.
+        let chosen = large.ranked.first().expect("something priced");
+        assert_eq!(chosen.algorithm, large.chosen);
+        assert!(*chosen.seconds.as_ref().expect("priced") < bound);
         assert_eq!(
             t.choose(Collective::AllReduce, 8),
             Algorithm::RecursiveDoubling

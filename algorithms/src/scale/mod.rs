@@ -160,6 +160,26 @@ pub fn price(q: &Query) -> Result<f64, String> {
     Ok(pricer.finish())
 }
 
+/// A time below which [`price`] cannot come for `q`, found in O(lg p), where one is known:
+/// for a recursive-doubling all-reduce, one rank's own messages alone, each at its link's
+/// α + bytes·β plus its reduction, with no sharing and no waiting on peers. Above
+/// [`crate::tuner::RUNTIME_PRICING_MAX_RANKS`] ranks the tuner's first call skips pricing
+/// recursive doubling when this already exceeds what it priced.
+pub fn lower_bound(q: &Query) -> Option<f64> {
+    let supported = q.algorithm.normalized().supports(q.collective);
+    match (q.collective, q.algorithm.normalized()) {
+        (Collective::AllReduce, Algorithm::RecursiveDoubling) if supported => {
+            let pricer = Pricer::new(q);
+            Some(if pricer.p() > 1 {
+                pricer.doubling_own_messages(q.count)
+            } else {
+                0.0
+            })
+        }
+        _ => None,
+    }
+}
+
 /// One step of ring phases: per member (groups concatenated), its link to the next member
 /// and its slowest uplink share (0 when it crosses none).
 struct RingStep {
@@ -287,8 +307,9 @@ impl<'a> Pricer<'a> {
         let h = self.q.hierarchy;
         // Messages on each uplink, by dense index.
         let mut sharing = vec![0u32; h.uplink_count()];
-        let mut links = Vec::new();
-        let mut crossing: Vec<(usize, usize, Uplink)> = Vec::new();
+        let members = groups.iter().map(|g| g.as_ref().len()).sum();
+        let mut links = Vec::with_capacity(members);
+        let mut crossing: Vec<(usize, usize, Uplink)> = Vec::with_capacity(members);
         let mut ups = Vec::new();
         for g in groups.iter().map(AsRef::as_ref) {
             for (i, &x) in g.iter().enumerate() {
@@ -586,10 +607,11 @@ impl<'a> Pricer<'a> {
         let members: Vec<Vec<usize>> = (0..m)
             .map(|l| {
                 let (d, step) = (dims[l], stride[l]);
-                (0..p)
-                    .filter(|&x| coord(x, l) == 0)
-                    .flat_map(|base| (0..d).map(move |k| base + k * step))
-                    .collect()
+                let mut all = Vec::with_capacity(p);
+                for base in (0..p).filter(|&x| coord(x, l) == 0) {
+                    all.extend((0..d).map(|k| base + k * step));
+                }
+                all
             })
             .collect();
         let level_groups: Vec<Vec<&[usize]>> = members

@@ -178,6 +178,32 @@ impl Pricer<'_> {
         }
     }
 
+    /// The messages of one rank of a recursive-doubling all-reduce of `count` elements
+    /// alone (the first that takes part throughout), each at its link's α + bytes·β plus its
+    /// reduction, with no sharing and no waiting on peers: a time its pricing cannot go below,
+    /// in O(lg p).
+    pub(super) fn doubling_own_messages(&self, count: usize) -> f64 {
+        let bytes = count as f64 * self.q.elem_bytes as f64;
+        let fold = Fold::new(self.p());
+        let me = fold.real(0);
+        let cost = |x: usize, y: usize, reduce: bool| {
+            let l = self.net.link(x, y);
+            l.alpha + bytes * l.beta + if reduce { bytes * l.gamma } else { 0.0 }
+        };
+        // The rank before it hands its input over, and gets the result back.
+        let mut t = if fold.rem > 0 {
+            cost(0, me, true) + cost(me, 0, false)
+        } else {
+            0.0
+        };
+        let mut mask = 1;
+        while mask < fold.pof2 {
+            t += cost(me, fold.real(mask), true);
+            mask <<= 1;
+        }
+        t
+    }
+
     /// Recursive-doubling all-reduce of `count` elements, step by step on the vector of times
     /// (O(p) a step, O(p lg p) in all), with the schedule's pairs: ranks beyond the largest
     /// power of two fold into their odd neighbours first and get the result back last

@@ -264,3 +264,42 @@ fn a_pair_step_times_as_both_of_its_messages() {
         }
     }
 }
+
+/// Recursive doubling's lower bound stays at or below its price, whether folded (up to
+/// 1,024 ranks) or step by step, from 8 B to 64 MiB, and is close to it where links are not
+/// shared (one host).
+#[test]
+fn the_doubling_lower_bound_is_below_its_price() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/topology/meta-24k-h100.toml");
+    let meta = strata_topology::fabric::load_file(&path).unwrap();
+    let devices: Vec<usize> = (0..1536).collect();
+    let scattered: Vec<usize> = (0..96).map(|r| r * 5 % 96).collect();
+    let shapes = [
+        (fat_tree(8, 2, 12, 3, None), emulated_costs()),
+        (fat_tree(4, 2, 4, 3, Some(&scattered)), emulated_costs()),
+        (Hierarchy::on_fabric(&meta, &devices), meta.tiers),
+    ];
+    for (h, costs) in &shapes {
+        for count in [2, 1 << 14, 1 << 24] {
+            let q = query(h, *costs, Algorithm::RecursiveDoubling, count);
+            let bound = lower_bound(&q).expect("recursive doubling has one");
+            let t = price(&q).unwrap();
+            assert!(
+                bound > 0.0 && bound <= t * (1.0 + 1e-12),
+                "{} ranks, {count}: {bound} > {t}",
+                h.len()
+            );
+        }
+    }
+    let h = Hierarchy::single_host(6);
+    let q = query(
+        &h,
+        TierCosts::default(),
+        Algorithm::RecursiveDoubling,
+        1 << 20,
+    );
+    let (bound, t) = (lower_bound(&q).unwrap(), price(&q).unwrap());
+    assert!(bound >= 0.99 * t, "one host: {bound} against {t}");
+    assert!(lower_bound(&query(&h, TierCosts::default(), Algorithm::Ring, 8)).is_none());
+}
