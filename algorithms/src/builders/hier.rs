@@ -65,9 +65,14 @@ impl<'a> Rails<'a> {
         })
     }
 
-    /// The rail index of real rank `q`.
+    /// The rail index of real rank `q` ([`Rails::rail_index`] of its coordinates).
     fn rail_of(&self, q: usize) -> usize {
-        self.rail_index(&coords_of(self.h.position(q), &self.dims))
+        let mut v = self.h.position(q);
+        self.dims.iter().fold(0, |u, &d| {
+            let c = v % d;
+            v /= d;
+            u * d + c
+        })
     }
 
     /// Copies of every rank's `n`-element block between rank order and rail order: from the
@@ -256,12 +261,36 @@ pub fn hierarchical_all_reduce(
     Some(s)
 }
 
+/// Whether a hierarchical reduce-scatter or all-gather holds its copies between rank order
+/// and rail order: p of them per rank, O(p²) to build for a whole communicator. The runtime
+/// needs them; pricing, which times transfers only, leaves them out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RailCopies {
+    Include,
+    Omit,
+}
+
+/// [`reduce_scatter_with`] or [`all_gather_with`].
+pub(crate) type RailBuilder =
+    fn(&Hierarchy, HierPart, usize, usize, RailCopies) -> Option<RankSchedule>;
+
 /// Hierarchical reduce-scatter of `n` elements per rank (input in rank order).
 pub fn hierarchical_reduce_scatter(
     h: &Hierarchy,
     part: HierPart,
     r: usize,
     n: usize,
+) -> Option<RankSchedule> {
+    reduce_scatter_with(h, part, r, n, RailCopies::Include)
+}
+
+/// [`hierarchical_reduce_scatter`], with or without its rail copies.
+pub(crate) fn reduce_scatter_with(
+    h: &Hierarchy,
+    part: HierPart,
+    r: usize,
+    n: usize,
+    copies: RailCopies,
 ) -> Option<RankSchedule> {
     let rails = Rails::new(h, r)?;
     let p = h.len();
@@ -272,7 +301,9 @@ pub fn hierarchical_reduce_scatter(
         one_rank(&mut s, Region::new(Buf::Input, 0, n), output);
         return Some(s);
     }
-    s.step(rails.rail_copies(n, true));
+    if copies == RailCopies::Include {
+        s.step(rails.rail_copies(n, true));
+    }
     s.scratch_elems = p * n;
     let mut start = 0; // first rail block of this rank's share
     for l in 0..m {
@@ -294,6 +325,17 @@ pub fn hierarchical_all_gather(
     part: HierPart,
     r: usize,
     n: usize,
+) -> Option<RankSchedule> {
+    all_gather_with(h, part, r, n, RailCopies::Include)
+}
+
+/// [`hierarchical_all_gather`], with or without its rail copies.
+pub(crate) fn all_gather_with(
+    h: &Hierarchy,
+    part: HierPart,
+    r: usize,
+    n: usize,
+    copies: RailCopies,
 ) -> Option<RankSchedule> {
     let rails = Rails::new(h, r)?;
     let p = h.len();
@@ -320,7 +362,9 @@ pub fn hierarchical_all_gather(
         append_phase(&mut s, ph, &rails.group(l), true);
         own = out.all();
     }
-    s.step(rails.rail_copies(n, false));
+    if copies == RailCopies::Include {
+        s.step(rails.rail_copies(n, false));
+    }
     s.scratch_elems = s.scratch_elems.max(p * n);
     Some(s)
 }
@@ -419,6 +463,41 @@ mod tests {
             v.swap(i, (x % (i as u64 + 1)) as usize);
         }
         v
+    }
+
+    /// Without its rail copies a hierarchical reduce-scatter or all-gather keeps every
+    /// transfer, step for step (pricing builds it so); with them, every rank's block is
+    /// copied once each way.
+    #[test]
+    fn rail_copies_are_all_that_pricing_leaves_out() {
+        use super::{RailBuilder, RailCopies, all_gather_with, reduce_scatter_with};
+        use crate::HierPart;
+        use crate::schedule::Op;
+        let transfers = |s: &crate::schedule::RankSchedule| -> Vec<Vec<Op>> {
+            s.steps
+                .iter()
+                .map(|st| {
+                    let ops = st.ops.iter().filter(|op| op.peer().is_some());
+                    ops.cloned().collect::<Vec<_>>()
+                })
+                .filter(|ops| !ops.is_empty())
+                .collect()
+        };
+        let copies = |s: &crate::schedule::RankSchedule| {
+            let ops = s.steps.iter().flat_map(|st| st.ops.iter());
+            ops.filter(|op| matches!(op, Op::Copy { .. })).count()
+        };
+        let h = fat_tree(2, 2, 3, 2, Some(&shuffled(24, 7)));
+        for part in [HierPart::Ring, HierPart::Rhd, HierPart::Tree] {
+            for r in 0..h.len() {
+                for build in [all_gather_with as RailBuilder, reduce_scatter_with] {
+                    let with = build(&h, part, r, 5, RailCopies::Include).unwrap();
+                    let without = build(&h, part, r, 5, RailCopies::Omit).unwrap();
+                    assert_eq!(transfers(&with), transfers(&without), "{part:?} rank {r}");
+                    assert!(copies(&with) >= copies(&without) + h.len() - 1);
+                }
+            }
+        }
     }
 
     const COLLECTIVES: [Collective; 5] = [

@@ -53,7 +53,7 @@ use lockstep::Compact;
 use strata_topology::Tier;
 use strata_topology::fabric::TierCosts;
 
-use crate::builders::{self, Blocks, block};
+use crate::builders::{self, Blocks, block, hier};
 use crate::cost::{FabricModel, Network, Uplink};
 use crate::hierarchy::Hierarchy;
 use crate::schedule::{Buf, Collective, RankSchedule};
@@ -469,8 +469,23 @@ impl<'a> Pricer<'a> {
     /// Builds position `x`'s whole schedule for the query at `count` elements.
     fn build(&self, x: usize, count: usize) -> Result<RankSchedule, String> {
         let q = &self.q;
-        if q.algorithm.is_hierarchical() {
+        if let Algorithm::Hierarchical(part) = q.algorithm.normalized() {
             let r = q.hierarchy.order()[x];
+            let h = q.hierarchy;
+            // Timing sees transfers only: leave out each rank's p copies into and out of
+            // rail order, O(p²) for the communicator.
+            let unordered: Option<hier::RailBuilder> = match q.collective {
+                Collective::AllGather => Some(hier::all_gather_with),
+                Collective::ReduceScatter => Some(hier::reduce_scatter_with),
+                _ => None,
+            };
+            if let Some(build) = unordered {
+                let mut s = build(h, part, r, count, hier::RailCopies::Omit).ok_or_else(|| {
+                    PlanError::NotHierarchical(q.algorithm, h.describe()).to_string()
+                })?;
+                s.map_peers(|r| h.position(r));
+                return Ok(s);
+            }
             let mut s = plan_on(
                 &Plan {
                     collective: q.collective,
