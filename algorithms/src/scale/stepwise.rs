@@ -21,6 +21,16 @@ pub(super) struct StepScratch {
 }
 
 impl StepScratch {
+    /// The β of the step's message `m`: its link's, or its most shared uplink's share.
+    fn beta(&self, m: usize, link_beta: f64) -> f64 {
+        let start = if m == 0 { 0 } else { self.ends[m - 1] };
+        self.crossed[start..self.ends[m]]
+            .iter()
+            .fold(link_beta, |b, (i, u)| {
+                b.max(u.shared_beta(self.sharing[*i]))
+            })
+    }
+
     pub(super) fn new(uplinks: usize) -> Self {
         Self {
             ups: Vec::new(),
@@ -131,10 +141,7 @@ impl Pricer<'_> {
         s.next.clone_from(&self.free);
         for (m, &(x, y, bytes)) in messages.iter().enumerate() {
             let link = self.net.link(x, y);
-            let start = if m == 0 { 0 } else { s.ends[m - 1] };
-            let beta = s.crossed[start..s.ends[m]]
-                .iter()
-                .fold(link.beta, |b, (i, u)| b.max(u.shared_beta(s.sharing[*i])));
+            let beta = s.beta(m, link.beta);
             let arrive = self.free[x].max(self.free[y]) + link.alpha + bytes * beta;
             let gamma = if reduce { bytes * link.gamma } else { 0.0 };
             s.next[x] = s.next[x].max(arrive);
@@ -167,10 +174,7 @@ impl Pricer<'_> {
         }
         for (m, &(x, y)) in pairs.iter().enumerate() {
             let link = self.net.link(x, y);
-            let start = if m == 0 { 0 } else { s.ends[m - 1] };
-            let beta = s.crossed[start..s.ends[m]]
-                .iter()
-                .fold(link.beta, |b, (i, u)| b.max(u.shared_beta(s.sharing[*i])));
+            let beta = s.beta(m, link.beta);
             let arrive = self.free[x].max(self.free[y]) + link.alpha + bytes * beta;
             let done = arrive.max(arrive + bytes * link.gamma);
             self.free[x] = self.free[x].max(done);
