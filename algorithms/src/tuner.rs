@@ -333,10 +333,20 @@ impl Tuner {
             max_sharing: None,
         };
         let candidates = algorithms_for(collective);
-        let bounded = |a: Algorithm| quick && self.lower_bound(collective, a, bytes).is_some();
         // What has a lower bound is priced last, so that the others can rule it out.
+        let (bounded, rest): (Vec<_>, Vec<_>) = candidates
+            .iter()
+            .map(|&a| {
+                (
+                    a,
+                    quick
+                        .then(|| self.lower_bound(collective, a, bytes))
+                        .flatten(),
+                )
+            })
+            .partition(|(_, bound)| bound.is_some());
         let mut ranked: Vec<Priced> = Vec::with_capacity(candidates.len());
-        for &a in candidates.iter().filter(|&&a| !bounded(a)) {
+        for a in rest.into_iter().map(|(a, _)| a) {
             ranked.push(
                 if quick && !cheap_to_price(collective, a, bytes, self.hierarchy.len()) {
                     unpriced(
@@ -351,8 +361,8 @@ impl Tuner {
                 },
             );
         }
-        for &a in candidates.iter().filter(|&&a| bounded(a)) {
-            let bound = self.lower_bound(collective, a, bytes).unwrap_or(0.0);
+        for (a, bound) in bounded {
+            let bound = bound.unwrap_or(0.0);
             let best = ranked
                 .iter()
                 .filter_map(|p| Some((p.seconds.as_ref().ok()?, p.algorithm)))

@@ -166,9 +166,8 @@ pub fn price(q: &Query) -> Result<f64, String> {
 /// [`crate::tuner::RUNTIME_PRICING_MAX_RANKS`] ranks the tuner's first call skips pricing
 /// recursive doubling when this already exceeds what it priced.
 pub fn lower_bound(q: &Query) -> Option<f64> {
-    let supported = q.algorithm.normalized().supports(q.collective);
     match (q.collective, q.algorithm.normalized()) {
-        (Collective::AllReduce, Algorithm::RecursiveDoubling) if supported => {
+        (Collective::AllReduce, Algorithm::RecursiveDoubling) => {
             let pricer = Pricer::new(q);
             Some(if pricer.p() > 1 {
                 pricer.doubling_own_messages(q.count)
