@@ -256,8 +256,9 @@ impl Tuner {
             .find(|r| r.collective == collective && (r.min_bytes..=r.max_bytes).contains(&bytes))
     }
 
-    /// A time below which [`Tuner::price`] cannot come, where fast pricing knows one in
-    /// O(lg p) ([`scale::lower_bound`]).
+    /// A time below which fast pricing ([`scale::price`], what [`Tuner::price`] uses above
+    /// [`FULL_SIMULATION_MAX_RANKS`]) cannot come, where it knows one in O(lg p)
+    /// ([`scale::lower_bound`]).
     fn lower_bound(
         &self,
         collective: Collective,

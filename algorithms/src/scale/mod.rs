@@ -168,9 +168,10 @@ pub fn price(q: &Query) -> Result<f64, String> {
 pub fn lower_bound(q: &Query) -> Option<f64> {
     match (q.collective, q.algorithm.normalized()) {
         (Collective::AllReduce, Algorithm::RecursiveDoubling) => {
-            let pricer = Pricer::new(q);
-            Some(if pricer.p() > 1 {
-                pricer.doubling_own_messages(q.count)
+            let bytes = q.count as f64 * q.elem_bytes as f64;
+            let p = q.hierarchy.len();
+            Some(if p > 1 {
+                stepwise::doubling_own_messages(&Positions::for_query(q), p, bytes)
             } else {
                 0.0
             })
@@ -194,7 +195,42 @@ struct Positions<'a> {
     tier_cost: [crate::cost::LinkCost; 6],
 }
 
-impl Positions<'_> {
+impl<'a> Positions<'a> {
+    /// Where `q`'s schedules place their members: topology order for flat schedules that
+    /// run in it and for hierarchical ones (built over real ranks, their groups over
+    /// positions), launcher ranks otherwise.
+    fn for_query(q: &Query<'a>) -> Self {
+        let h = q.hierarchy;
+        let flat_topo = q.ordered
+            && !h.is_launcher_order()
+            && (matches!(
+                q.collective,
+                Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+            ) || (matches!(
+                q.collective,
+                Collective::AllGather | Collective::ReduceScatter
+            ) && q.algorithm.normalized() == Algorithm::Ring));
+        let topo = flat_topo || q.algorithm.is_hierarchical();
+        let net = FabricModel {
+            hierarchy: h,
+            costs: q.costs,
+        };
+        let tier_cost = [
+            Tier::SameDevice,
+            Tier::NvLink,
+            Tier::Host,
+            Tier::Leaf,
+            Tier::Pod,
+            Tier::Aggregation,
+        ]
+        .map(|t| net.tier_cost(t));
+        Self {
+            net,
+            order: topo.then(|| h.order()),
+            tier_cost,
+        }
+    }
+
     fn real(&self, x: usize) -> usize {
         self.order.map_or(x, |o| o[x])
     }
@@ -227,41 +263,12 @@ struct Pricer<'a> {
 
 impl<'a> Pricer<'a> {
     fn new(q: &Query<'a>) -> Self {
-        let h = q.hierarchy;
-        let flat_topo = q.ordered
-            && !h.is_launcher_order()
-            && (matches!(
-                q.collective,
-                Collective::AllReduce | Collective::Broadcast | Collective::Reduce
-            ) || (matches!(
-                q.collective,
-                Collective::AllGather | Collective::ReduceScatter
-            ) && q.algorithm.normalized() == Algorithm::Ring));
-        // Hierarchical schedules are built over real ranks and their groups over positions;
-        // both are priced over positions.
-        let topo = flat_topo || q.algorithm.is_hierarchical();
-        let net = FabricModel {
-            hierarchy: h,
-            costs: q.costs,
-        };
-        let tier_cost = [
-            Tier::SameDevice,
-            Tier::NvLink,
-            Tier::Host,
-            Tier::Leaf,
-            Tier::Pod,
-            Tier::Aggregation,
-        ]
-        .map(|t| net.tier_cost(t));
+        let net = Positions::for_query(q);
         Self {
             q: *q,
-            net: Positions {
-                net,
-                order: topo.then(|| h.order()),
-                tier_cost,
-            },
-            topo,
-            free: vec![0.0; h.len()],
+            topo: net.order.is_some(),
+            net,
+            free: vec![0.0; q.hierarchy.len()],
             fold_declined: false,
         }
     }

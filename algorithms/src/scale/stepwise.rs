@@ -2,7 +2,7 @@
 //! the same shape (each position exchanges with one other), O(p) a step, for the sizes where
 //! building and folding them would cost more than a rank can spend on its first call.
 
-use super::Pricer;
+use super::{Positions, Pricer};
 use crate::builders::{Fold, block};
 use crate::cost::{Network, Uplink};
 use crate::hierarchy::Hierarchy;
@@ -21,6 +21,33 @@ pub(super) struct StepScratch {
 }
 
 impl StepScratch {
+    /// Counts a step's messages on every uplink and notes the uplinks of each, from (from, to)
+    /// pairs in order; with `both_ways`, each pair also stands for its reverse message,
+    /// which crosses the reverse uplinks.
+    fn count(
+        &mut self,
+        net: &Positions,
+        routes: impl Iterator<Item = (usize, usize)>,
+        both_ways: bool,
+    ) {
+        let h = net.net.hierarchy;
+        self.sharing.fill(0);
+        self.crossed.clear();
+        self.ends.clear();
+        for (x, y) in routes {
+            net.uplinks(x, y, &mut self.ups);
+            for u in &self.ups {
+                let i = h.uplink_index(u.id);
+                self.sharing[i] += 1;
+                if both_ways {
+                    self.sharing[Hierarchy::reverse_uplink_index(i)] += 1;
+                }
+                self.crossed.push((i, *u));
+            }
+            self.ends.push(self.crossed.len());
+        }
+    }
+
     /// The β of the step's message `m`: its link's, or its most shared uplink's share.
     fn beta(&self, m: usize, link_beta: f64) -> f64 {
         let start = if m == 0 { 0 } else { self.ends[m - 1] };
@@ -125,19 +152,7 @@ impl Pricer<'_> {
         reduce: bool,
         s: &mut StepScratch,
     ) {
-        let h = self.q.hierarchy;
-        s.sharing.fill(0);
-        s.crossed.clear();
-        s.ends.clear();
-        for &(x, y, _) in messages {
-            self.net.uplinks(x, y, &mut s.ups);
-            for u in &s.ups {
-                let i = h.uplink_index(u.id);
-                s.sharing[i] += 1;
-                s.crossed.push((i, *u));
-            }
-            s.ends.push(s.crossed.len());
-        }
+        s.count(&self.net, messages.iter().map(|&(x, y, _)| (x, y)), false);
         s.next.clone_from(&self.free);
         for (m, &(x, y, bytes)) in messages.iter().enumerate() {
             let link = self.net.link(x, y);
@@ -157,21 +172,7 @@ impl Pricer<'_> {
     /// enter it, so the up and down uplink of a group (as wide as each other) are shared
     /// alike and both messages arrive together.
     pub(super) fn pair_step(&mut self, pairs: &[(usize, usize)], bytes: f64, s: &mut StepScratch) {
-        let h = self.q.hierarchy;
-        s.sharing.fill(0);
-        s.crossed.clear();
-        s.ends.clear();
-        for &(x, y) in pairs {
-            self.net.uplinks(x, y, &mut s.ups);
-            for u in &s.ups {
-                let i = h.uplink_index(u.id);
-                // This direction on uplink i; the other on its reverse.
-                s.sharing[i] += 1;
-                s.sharing[Hierarchy::reverse_uplink_index(i)] += 1;
-                s.crossed.push((i, *u));
-            }
-            s.ends.push(s.crossed.len());
-        }
+        s.count(&self.net, pairs.iter().copied(), true);
         for (m, &(x, y)) in pairs.iter().enumerate() {
             let link = self.net.link(x, y);
             let beta = s.beta(m, link.beta);
@@ -180,32 +181,6 @@ impl Pricer<'_> {
             self.free[x] = self.free[x].max(done);
             self.free[y] = self.free[y].max(done);
         }
-    }
-
-    /// The messages of one rank of a recursive-doubling all-reduce of `count` elements
-    /// alone (the first that takes part throughout), each at its link's α + bytes·β plus its
-    /// reduction, with no sharing and no waiting on peers: a time its pricing cannot go below,
-    /// in O(lg p).
-    pub(super) fn doubling_own_messages(&self, count: usize) -> f64 {
-        let bytes = count as f64 * self.q.elem_bytes as f64;
-        let fold = Fold::new(self.p());
-        let me = fold.real(0);
-        let cost = |x: usize, y: usize, reduce: bool| {
-            let l = self.net.link(x, y);
-            l.alpha + bytes * l.beta + if reduce { bytes * l.gamma } else { 0.0 }
-        };
-        // The rank before it hands its input over, and gets the result back.
-        let mut t = if fold.rem > 0 {
-            cost(0, me, true) + cost(me, 0, false)
-        } else {
-            0.0
-        };
-        let mut mask = 1;
-        while mask < fold.pof2 {
-            t += cost(me, fold.real(mask), true);
-            mask <<= 1;
-        }
-        t
     }
 
     /// Recursive-doubling all-reduce of `count` elements, step by step on the vector of times
@@ -219,8 +194,8 @@ impl Pricer<'_> {
         let bytes = count as f64 * self.q.elem_bytes as f64;
         let fold = Fold::new(p);
         let mut scratch = StepScratch::new(self.q.hierarchy.uplink_count());
-        // One step's messages, both ways.
-        let mut messages = Vec::with_capacity(p);
+        // The fold's messages, one way.
+        let mut messages = Vec::with_capacity(fold.rem);
         // Ranks that sit out hand their input to their odd neighbour, which reduces it.
         messages.extend((0..fold.rem).map(|i| (2 * i, 2 * i + 1, bytes)));
         self.exchange_step(&messages, true, &mut scratch);
@@ -238,4 +213,29 @@ impl Pricer<'_> {
         messages.extend((0..fold.rem).map(|i| (2 * i + 1, 2 * i, bytes)));
         self.exchange_step(&messages, false, &mut scratch);
     }
+}
+
+/// The messages of one rank of a recursive-doubling all-reduce of `bytes` over `p` positions
+/// of `net` alone (the first rank that takes part throughout), each at its link's
+/// α + bytes·β plus its reduction, with no sharing and no waiting on peers: a time its
+/// pricing cannot go below, in O(lg p).
+pub(super) fn doubling_own_messages(net: &Positions, p: usize, bytes: f64) -> f64 {
+    let fold = Fold::new(p);
+    let me = fold.real(0);
+    let cost = |x: usize, y: usize, reduce: bool| {
+        let l = net.link(x, y);
+        l.alpha + bytes * l.beta + if reduce { bytes * l.gamma } else { 0.0 }
+    };
+    // The rank before it hands its input over, and gets the result back.
+    let mut t = if fold.rem > 0 {
+        cost(0, me, true) + cost(me, 0, false)
+    } else {
+        0.0
+    };
+    let mut mask = 1;
+    while mask < fold.pof2 {
+        t += cost(me, fold.real(mask), true);
+        mask <<= 1;
+    }
+    t
 }
