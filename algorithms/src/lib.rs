@@ -268,9 +268,14 @@ impl Algorithm {
         Self::ALL.iter().position(|x| *x == a).unwrap_or(0) as u8
     }
 
-    /// The inverse of [`Algorithm::code`].
+    /// The inverse of [`Algorithm::code`]: `None` for a code it never gives (that of a
+    /// spelling with a shorter name, such as `ring+ring` for `ring`), so that every algorithm
+    /// has one code.
     pub fn from_code(code: u8) -> Option<Self> {
-        Self::ALL.get(code as usize).map(|a| a.normalized())
+        Self::ALL
+            .get(code as usize)
+            .copied()
+            .filter(|a| a.normalized() == *a)
     }
 }
 
