@@ -595,6 +595,72 @@ fn small_all_reduce_path_is_taken_and_exact() {
     }
 }
 
+/// Small all-reduces are in the flight record like every call, although once its
+/// connections are open a small call records itself only after its first send: each call
+/// has its record, in order, ended no earlier than it started, and a call that waits for a
+/// late peer shows as the rank's current operation while it waits.
+#[test]
+fn small_all_reduces_are_recorded_and_shown_while_they_wait() {
+    let comms = init_threads(2, TransportPolicy::Auto);
+    for c in &comms {
+        c.set_algorithm(
+            Collective::AllReduce,
+            Some(strata::Algorithm::RecursiveDoubling),
+        )
+        .unwrap();
+    }
+    let calls = 5u64;
+    let late_call = calls + 1;
+    let seen_waiting = std::sync::atomic::AtomicBool::new(false);
+    let results = on_all(&comms, |c| {
+        let mut buf = vec![c.rank() as f32 + 1.0; 4];
+        for _ in 0..calls {
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        }
+        if c.rank() == 1 {
+            // Rank 0's next call waits for this rank: look at it from here meanwhile.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let want = format!("all_reduce #{late_call}");
+            while std::time::Instant::now() < deadline {
+                let p = comms[0].progress();
+                if p.current.as_deref().is_some_and(|s| s.starts_with(&want)) {
+                    seen_waiting.store(true, std::sync::atomic::Ordering::Relaxed);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        Ok::<Vec<f32>, Error>(buf)
+    });
+    for (c, r) in comms.iter().zip(results) {
+        // (1 + 2) doubled by each of the five calls after the first.
+        assert_eq!(r.unwrap(), vec![3.0 * 32.0; 4], "rank {}", c.rank());
+        assert_eq!(c.small_path_calls(), late_call, "rank {}", c.rank());
+        let records = c.flight_records();
+        let ours = &records[records.len() - late_call as usize..];
+        for (i, rec) in ours.iter().enumerate() {
+            let seq = records.len() - late_call as usize + i + 1;
+            assert!(
+                rec.op
+                    .starts_with(&format!("all_reduce #{seq} (float, sum, 4 elements")),
+                "rank {}: {rec:?}",
+                c.rank()
+            );
+            assert_eq!(rec.seq, seq as u64);
+            assert!(rec.error.is_none(), "{rec:?}");
+            assert!(rec.end_us.is_some_and(|e| e >= rec.start_us), "{rec:?}");
+        }
+        let p = c.progress();
+        assert_eq!((p.started, p.finished), (late_call, late_call));
+        assert_eq!(p.current, None);
+    }
+    assert!(
+        seen_waiting.load(std::sync::atomic::Ordering::Relaxed),
+        "rank 0's waiting small call never showed as its current operation"
+    );
+}
+
 /// A rank whose small all-reduce has another count than its peers' fails with a mismatch
 /// that names both calls, and so does every peer that compares headers with it (at 4 ranks:
 /// both of its partners and rank 0, which only exchanges headers with it).

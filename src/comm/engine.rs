@@ -64,31 +64,30 @@ impl Communicator {
             root: spec.root,
             chunk_elems: (inner.cfg.chunk_bytes / es).max(1),
         };
-        let cached = match &st.last_plan {
-            Some((last, c)) if *last == plan => c.clone(),
-            _ => {
-                let c = match st.schedules.get(&plan) {
-                    Some(c) => c.clone(),
-                    None => {
-                        let sched = strata_algorithms::plan_to_run_on(
-                            &plan,
-                            inner.tuner.hierarchy(),
-                            inner.tuner.ordered(),
-                            ring_slice,
-                        )
-                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-                        inner.schedules_built.fetch_add(1, Ordering::Relaxed);
-                        let c = Arc::new(CachedPlan::new(&plan, sched, rank, p));
-                        if st.schedules.len() >= SCHEDULE_CACHE {
-                            st.schedules.clear();
-                        }
-                        st.schedules.insert(plan, c.clone());
-                        c
+        // The last call's plan is taken out of the state for the call and put back after it,
+        // rather than shared by reference counting: a repeated call then does no atomic
+        // read-modify-write for it.
+        let cached = match st.last_plan.take() {
+            Some((last, c)) if last == plan => c,
+            _ => match st.schedules.get(&plan) {
+                Some(c) => c.clone(),
+                None => {
+                    let sched = strata_algorithms::plan_to_run_on(
+                        &plan,
+                        inner.tuner.hierarchy(),
+                        inner.tuner.ordered(),
+                        ring_slice,
+                    )
+                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                    inner.schedules_built.fetch_add(1, Ordering::Relaxed);
+                    let c = Arc::new(CachedPlan::new(&plan, sched, rank, p));
+                    if st.schedules.len() >= SCHEDULE_CACHE {
+                        st.schedules.clear();
                     }
-                };
-                st.last_plan = Some((plan, c.clone()));
-                c
-            }
+                    st.schedules.insert(plan, c.clone());
+                    c
+                }
+            },
         };
         st.seq += 1;
         let local = Header {
@@ -108,22 +107,40 @@ impl Communicator {
             },
             algorithm,
         };
-        inner.health.op_started(&local);
-        let result = (|| {
-            self.ensure_connections(st, &cached.exchange, &local)?;
-            if let Some(small) = &cached.small
-                && !matches!(spec.op, ReduceOp::PreMulSum(_))
+        let small = cached.small.as_ref().filter(|_| {
+            !matches!(spec.op, ReduceOp::PreMulSum(_))
                 && (1..=SMALL_MAX_BYTES).contains(&input_bytes)
                 && output_bytes == input_bytes
-            {
+        });
+        // A small all-reduce over connections already open announces itself to the flight
+        // recorder once its first message is out, so that the bookkeeping overlaps the
+        // message's way to the partner instead of delaying it. Nothing between here and that
+        // send can block; a failure before it announces the call first.
+        let connected = cached.exchange.iter().all(|&q| st.conns[q].is_some());
+        let announce_late = small.is_some() && connected;
+        if !announce_late {
+            inner.health.op_started(&local);
+        }
+        let result = (|| {
+            if !connected {
+                self.ensure_connections(st, &cached.exchange, &local)?;
+            }
+            if let Some(small) = small {
                 let (combine, divide_by) = match spec.op {
                     ReduceOp::Avg => (Combine::Sum, Some(p)),
                     op => (reduce::combine_of(op), None),
                 };
                 st.small_calls += 1;
                 let mut run = self.op_run(st, local, spec.dtype, (combine, divide_by));
+                let announce = || {
+                    if announce_late {
+                        inner.health.op_started(&local);
+                    }
+                };
                 // SAFETY: the caller guarantees both buffers for their byte counts.
-                return unsafe { run.run_small_doubling(small, input, output, input_bytes) };
+                return unsafe {
+                    run.run_small_doubling(small, (input, output, input_bytes), announce)
+                };
             }
             // Inputs the schedule must not read from the caller's memory.
             let mut input = input;
@@ -172,7 +189,9 @@ impl Communicator {
                 .with_headers(&cached.exchange, &cached.exchange, &[])
                 .run(&cached.sched, &bufs)
         })();
-        self.conclude(st, &local, result)
+        let r = self.conclude(st, &local, result);
+        st.last_plan = Some((plan, cached));
+        r
     }
 
     /// [`Communicator::algorithm_for`], remembering the tuner's last answer.

@@ -62,6 +62,15 @@ impl SmallDoubling {
     }
 }
 
+/// The header to send, the header expected, and the bytes to send after the header, with
+/// the buffer that keeps what the transport did not take at once.
+type HeadersAndSource<'a> = (
+    &'a [u8; HEADER_BYTES],
+    &'a [u8; HEADER_BYTES],
+    *const u8,
+    &'a mut Vec<u8>,
+);
+
 impl OpRun<'_> {
     /// Runs a small all-reduce of `bytes` (≤ [`SMALL_MAX_BYTES`], whole elements) from
     /// `input` to `output` (which may be the same memory) with the peers of `plan`.
@@ -71,27 +80,36 @@ impl OpRun<'_> {
     pub(crate) unsafe fn run_small_doubling(
         &mut self,
         plan: &SmallDoubling,
-        input: *const u8,
-        output: *mut u8,
-        bytes: usize,
+        (input, output, bytes): (*const u8, *mut u8, usize),
+        announce: impl FnOnce(),
     ) -> Result<()> {
         if bytes > SMALL_MAX_BYTES || !bytes.is_multiple_of(self.dtype.size()) {
+            announce();
             return Err(Error::Transport(format!(
                 "internal: {bytes} bytes given to the small all-reduce"
             )));
         }
         let header = self.wire_out.encode();
+        // A header is checked as bytes: the encoding is canonical, so equal bytes are equal
+        // headers (decoded only to describe a mismatch).
+        let expected = if self.wire_in == self.wire_out {
+            header
+        } else {
+            self.wire_in.encode()
+        };
         // Headers to the peers that get nothing else: sent first, read last, as the general
-        // executor does.
-        let mut sent = [0usize; SMALL_MAX_PEERS];
+        // executor does. Bytes of each header sent so far.
+        let mut sent = [0u8; SMALL_MAX_PEERS];
         // Kept from call to call: after the first call this allocates nothing.
         let mut spill = std::mem::take(&mut self.reuse.coalesce);
+        let mut announce = Some(announce);
         let result = (|| {
             let mut cur = input;
             for &partner in &plan.partners {
                 self.exchange_small(
                     partner,
-                    (&header, cur, &mut spill),
+                    (&header, &expected, cur, &mut spill),
+                    &mut announce,
                     output,
                     bytes,
                     (&plan.header_only, &mut sent),
@@ -101,6 +119,11 @@ impl OpRun<'_> {
             self.finish_header_only(&plan.header_only, &mut sent, &header)
         })();
         self.reuse.coalesce = spill;
+        // Every path announces the call before it ends (a plan always has a partner, so the
+        // first exchange has done it already).
+        if let Some(announce) = announce.take() {
+            announce();
+        }
         result?;
         if let Some(n) = self.divide_by {
             // SAFETY: the caller's output, writable for `bytes`.
@@ -120,10 +143,11 @@ impl OpRun<'_> {
     fn exchange_small(
         &mut self,
         partner: usize,
-        (header, src, spill): (&[u8; HEADER_BYTES], *const u8, &mut Vec<u8>),
+        (header, expected, src, spill): HeadersAndSource<'_>,
+        announce: &mut Option<impl FnOnce()>,
         dst: *mut u8,
         bytes: usize,
-        (header_only, sent): (&[usize], &mut [usize]),
+        (header_only, sent): (&[usize], &mut [u8]),
     ) -> Result<()> {
         let (dtype, combine, es) = (self.dtype, self.combine, self.dtype.size());
         let total = HEADER_BYTES + bytes;
@@ -131,11 +155,15 @@ impl OpRun<'_> {
             // SAFETY: `src` is the caller's input or output, readable for `bytes`; the slice
             // ends before anything writes there.
             let data = unsafe { std::slice::from_raw_parts(src, bytes) };
-            let n = self
-                .conn(partner)?
-                .data
-                .send_some_pair(header, data)
-                .map_err(|e| self.io_err(partner, e))?;
+            let posted = self
+                .conn(partner)
+                .map(|c| c.data.send_some_pair(header, data));
+            // The first message is out (or failed): the call is now announced, before
+            // anything can fail or wait.
+            if let Some(announce) = announce.take() {
+                announce();
+            }
+            let n = posted?.map_err(|e| self.io_err(partner, e))?;
             if n < total {
                 spill.clear();
                 spill.extend_from_slice(header);
@@ -146,7 +174,6 @@ impl OpRun<'_> {
         // Header and data arrive in one pass: `got` counts both.
         let mut got = 0;
         let mut head = [0u8; HEADER_BYTES];
-        let expect = self.wire_in;
         let mut idle = 0u32;
         loop {
             let mut progressed = self.push_headers(header_only, sent, header)?;
@@ -170,7 +197,7 @@ impl OpRun<'_> {
                             let k = incoming.len().min(HEADER_BYTES - pos);
                             head[pos..pos + k].copy_from_slice(&incoming[..k]);
                             (pos, incoming) = (pos + k, &incoming[k..]);
-                            wrong = pos == HEADER_BYTES && Header::decode(&head) != Some(expect);
+                            wrong = pos == HEADER_BYTES && head != *expected;
                         }
                         let (at, k) = (pos - HEADER_BYTES, incoming.len());
                         pos += k;
@@ -191,8 +218,15 @@ impl OpRun<'_> {
                         }
                     })
                     .map_err(|e| self.io_err(partner, e))?;
-                if got < HEADER_BYTES && got + n >= HEADER_BYTES {
-                    self.check_header(partner, Header::decode(&head), expect)?;
+                if got < HEADER_BYTES && got + n >= HEADER_BYTES && head != *expected {
+                    // Other bytes are another call (the encoding is canonical: see the
+                    // header's tests), and its data was not reduced.
+                    self.check_header(partner, Header::decode(&head), self.wire_in)?;
+                    return Err(Error::Mismatch(format!(
+                        "rank {} in {} received a header from rank {partner} that differs from its own",
+                        self.rank,
+                        self.local.describe()
+                    )));
                 }
                 got += n;
                 progressed |= n > 0;
@@ -200,7 +234,7 @@ impl OpRun<'_> {
             let headers_out = header_only
                 .iter()
                 .zip(sent.iter())
-                .all(|(_, &s)| s == HEADER_BYTES);
+                .all(|(_, &s)| s as usize == HEADER_BYTES);
             if out == total && got == total && headers_out {
                 return Ok(());
             }
@@ -215,18 +249,19 @@ impl OpRun<'_> {
     fn push_headers(
         &mut self,
         peers: &[usize],
-        sent: &mut [usize],
+        sent: &mut [u8],
         header: &[u8; HEADER_BYTES],
     ) -> Result<bool> {
         let mut progressed = false;
         for (&peer, s) in peers.iter().zip(sent.iter_mut()) {
-            if *s < HEADER_BYTES {
+            if (*s as usize) < HEADER_BYTES {
                 let n = self
                     .conn(peer)?
                     .data
-                    .send_some(&header[*s..])
+                    .send_some(&header[*s as usize..])
                     .map_err(|e| self.io_err(peer, e))?;
-                *s += n;
+                // At most HEADER_BYTES in all.
+                *s += n as u8;
                 progressed |= n > 0;
             }
         }
@@ -237,9 +272,12 @@ impl OpRun<'_> {
     fn finish_header_only(
         &mut self,
         peers: &[usize],
-        sent: &mut [usize],
+        sent: &mut [u8],
         header: &[u8; HEADER_BYTES],
     ) -> Result<()> {
+        if peers.is_empty() {
+            return Ok(());
+        }
         for &peer in peers {
             self.conn(peer)?.hdr_in.clear();
         }
@@ -267,7 +305,11 @@ impl OpRun<'_> {
                     n += 1;
                 }
             }
-            if n == 0 && sent[..peers.len()].iter().all(|&s| s == HEADER_BYTES) {
+            if n == 0
+                && sent[..peers.len()]
+                    .iter()
+                    .all(|&s| s as usize == HEADER_BYTES)
+            {
                 return Ok(());
             }
             if n == 0 {
