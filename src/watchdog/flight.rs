@@ -95,14 +95,15 @@ fn tsc() -> u64 {
 
 const WORDS: usize = HEADER_BYTES / 8;
 
-/// One operation in the ring.
+/// One operation in the ring: one cache line, so that a call writes one line at its start
+/// and the same line at its end. (Its sequence number is the header's.)
 #[derive(Default)]
+#[repr(C, align(64))]
 struct Entry {
     /// Odd while the writer is changing the entry.
     version: AtomicU64,
     /// The operation's number on this communicator plus one (0: never written).
     number: AtomicU64,
-    seq: AtomicU64,
     /// [`Clock`] stamps; `end` is 0 while the operation runs.
     start: AtomicU64,
     end: AtomicU64,
@@ -110,11 +111,12 @@ struct Entry {
     header: [AtomicU64; WORDS],
 }
 
+const _: () = assert!(std::mem::size_of::<Entry>() == 64);
+
 /// An entry as read.
 #[derive(Clone, Copy)]
 struct Snapshot {
     number: u64,
-    seq: u64,
     start: u64,
     end: u64,
     header: [u64; WORDS],
@@ -137,7 +139,6 @@ impl Entry {
             if before.is_multiple_of(2) {
                 let s = Snapshot {
                     number: self.number.load(Ordering::Relaxed),
-                    seq: self.seq.load(Ordering::Relaxed),
                     start: self.start.load(Ordering::Relaxed),
                     end: self.end.load(Ordering::Relaxed),
                     header: std::array::from_fn(|i| self.header[i].load(Ordering::Relaxed)),
@@ -201,7 +202,6 @@ impl Recorder {
         let start = self.clock.stamp();
         self.entry(n).write(|e| {
             e.number.store(n + 1, Ordering::Relaxed);
-            e.seq.store(seq, Ordering::Relaxed);
             e.start.store(start, Ordering::Relaxed);
             e.end.store(0, Ordering::Relaxed);
             for (w, chunk) in e.header.iter().zip(encoded.chunks_exact(8)) {
@@ -267,7 +267,7 @@ impl Recorder {
                 let s = self.entry(i).read();
                 let op = s.header().filter(|_| s.number == i + 1)?;
                 Some(FlightRecord {
-                    seq: s.seq,
+                    seq: op.call_seq(),
                     op: op.describe(),
                     start_us: micros(s.start),
                     end_us: (s.end != 0).then(|| micros(s.end)),
