@@ -177,7 +177,7 @@ impl Pricer<'_> {
             let link = self.net.link(x, y);
             let beta = s.beta(m, link.beta);
             let arrive = self.free[x].max(self.free[y]) + link.alpha + bytes * beta;
-            let done = arrive.max(arrive + bytes * link.gamma);
+            let done = arrive + bytes * link.gamma;
             self.free[x] = self.free[x].max(done);
             self.free[y] = self.free[y].max(done);
         }
