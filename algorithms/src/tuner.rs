@@ -335,19 +335,19 @@ impl Tuner {
         };
         let candidates = algorithms_for(collective);
         // What has a lower bound is priced last, so that the others can rule it out.
-        let (bounded, rest): (Vec<_>, Vec<_>) = candidates
-            .iter()
-            .map(|&a| {
-                (
-                    a,
-                    quick
-                        .then(|| self.lower_bound(collective, a, bytes))
-                        .flatten(),
-                )
-            })
-            .partition(|(_, bound)| bound.is_some());
+        let mut bounded: Vec<(Algorithm, f64)> = Vec::new();
+        let mut rest: Vec<Algorithm> = Vec::new();
+        for &a in candidates {
+            match quick
+                .then(|| self.lower_bound(collective, a, bytes))
+                .flatten()
+            {
+                Some(bound) => bounded.push((a, bound)),
+                None => rest.push(a),
+            }
+        }
         let mut ranked: Vec<Priced> = Vec::with_capacity(candidates.len());
-        for a in rest.into_iter().map(|(a, _)| a) {
+        for a in rest {
             ranked.push(
                 if quick && !cheap_to_price(collective, a, bytes, self.hierarchy.len()) {
                     unpriced(
@@ -363,7 +363,6 @@ impl Tuner {
             );
         }
         for (a, bound) in bounded {
-            let bound = bound.unwrap_or(0.0);
             let best = ranked
                 .iter()
                 .filter_map(|p| Some((p.seconds.as_ref().ok()?, p.algorithm)))
