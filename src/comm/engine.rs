@@ -116,7 +116,7 @@ impl Communicator {
         // recorder once its first message is out, so that the bookkeeping overlaps the
         // message's way to the partner instead of delaying it. Nothing between here and that
         // send can block; a failure before it announces the call first.
-        let connected = cached.exchange.iter().all(|&q| st.conns[q].is_some());
+        let connected = st.connected_to(&cached.exchange);
         let announce_late = small.is_some() && connected;
         if !announce_late {
             inner.health.op_started(&local);
@@ -274,7 +274,7 @@ impl Communicator {
         peers: &[usize],
         call: &Header,
     ) -> Result<()> {
-        if peers.iter().all(|&q| st.conns[q].is_some()) {
+        if st.connected_to(peers) {
             return Ok(());
         }
         let deadline = Instant::now() + self.timeout();

@@ -96,6 +96,13 @@ struct CachedPlan {
     small: Option<SmallDoubling>,
 }
 
+impl State {
+    /// Whether a connection to every one of `peers` is open.
+    fn connected_to(&self, peers: &[usize]) -> bool {
+        peers.iter().all(|&q| self.conns[q].is_some())
+    }
+}
+
 impl CachedPlan {
     fn new(plan: &Plan, sched: RankSchedule, rank: usize, p: usize) -> Self {
         let mut exchange = sched.send_peers();
