@@ -423,7 +423,7 @@ impl OpRun<'_> {
                         }
                     }
                     // Local operations were finished before the loop.
-                    Op::Copy { .. } | Op::Finalize { .. } => {}
+                    Op::Copy { .. } | Op::Reduce { .. } | Op::Finalize { .. } => {}
                 }
             }
             if let Some(next) = &next {
@@ -458,10 +458,33 @@ impl OpRun<'_> {
         }
     }
 
-    /// Runs a copy or a finalize (which only `avg` needs).
+    /// Runs a copy, a local reduction or a finalize (which only `avg` needs).
     fn local_op(&self, op: &Op, bufs: &Buffers) -> Result<()> {
         let es = self.dtype.size();
         match op {
+            Op::Reduce { src, with, dst } => {
+                let (a, n) = bufs.span(src, es)?;
+                let (b, _) = bufs.span(with, es)?;
+                let (d, _) = bufs.span(dst, es)?;
+                // SAFETY: bounds-checked spans of equal length; the schedule makes `dst` either
+                // `src` or disjoint from it, and `with` disjoint from `dst` (the simulator
+                // checks every schedule for that), so only one mutable slice covers `dst`.
+                unsafe {
+                    let b = std::slice::from_raw_parts(b, n);
+                    let out = std::slice::from_raw_parts_mut(d, n);
+                    if std::ptr::eq(a, d) {
+                        reduce::reduce_in_place(self.dtype, self.combine, out, b);
+                    } else {
+                        reduce::reduce_into(
+                            self.dtype,
+                            self.combine,
+                            out,
+                            std::slice::from_raw_parts(a, n),
+                            b,
+                        );
+                    }
+                }
+            }
             Op::Copy { src, dst } => {
                 let (s, n) = bufs.span(src, es)?;
                 let (d, _) = bufs.span(dst, es)?;

@@ -5,9 +5,10 @@
 //! starts when both ends have reached the step that holds it and the sender's send port and
 //! the receiver's receive port are free (each rank sends one message and receives one at a
 //! time, full duplex). It takes α + bytes·β; a reducing receive keeps the receiver busy for
-//! bytes·γ more. A step ends when its last operation does; local copies are free. On a flat
-//! network this reproduces the textbook closed forms ([`closed_form`]) exactly, and because
-//! α, β and γ are per pair, the same function prices a schedule on a tiered fabric.
+//! bytes·γ more. A step ends when its last operation does; local copies are free, and local
+//! reductions take bytes·γ each when their step starts. On a flat network this reproduces
+//! the textbook closed forms ([`closed_form`]) exactly, and because α, β and γ are per pair,
+//! the same function prices a schedule on a tiered fabric.
 //!
 //! Contention: the messages that cross one shared uplink ([`Network::uplinks`]) in the same
 //! step of their senders' schedules are counted from the schedules before timing; each such
@@ -325,6 +326,20 @@ mod tests {
         assert_eq!(steps[0].reduced, 100);
         let rd = crate::builders::recursive_doubling_all_reduce(8, 5, 10).totals();
         assert_eq!((rd.messages, rd.sent, rd.reduced), (3, 30, 30));
+    }
+
+    /// The step engine's ports take one message at a time, so one-shot's p − 1 messages go
+    /// out one after another, and its p − 1 local reductions follow.
+    #[test]
+    fn one_shot_on_a_flat_network_sends_one_message_at_a_time() {
+        for p in [2, 4, 8] {
+            for elems in [1, 4096] {
+                let (n, m) = ((elems * 4) as f64, (p - 1) as f64);
+                let want = m * (LINK.alpha + n * LINK.beta) + m * n * LINK.gamma;
+                let got = all_reduce(Algorithm::OneShot, p, elems);
+                assert!(close(got, want), "p={p} n={n}: {got} vs {want}");
+            }
+        }
     }
 
     #[test]

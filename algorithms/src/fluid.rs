@@ -15,8 +15,8 @@
 //!   that leave the host, one for those that stay on it),
 //! * every shared uplink it crosses ([`Network::uplinks`]).
 //!
-//! A receive that reduces finishes `bytes × γ` after its data has arrived, and a rank's
-//! reductions run one at a time.
+//! A receive that reduces finishes `bytes × γ` after its data has arrived, a local reduction
+//! holds up its step's start by as long, and a rank's reductions run one at a time.
 
 use std::collections::{BinaryHeap, HashMap};
 
@@ -288,13 +288,28 @@ impl Engine<'_> {
     }
 
     /// Enters rank `r`'s next step with work in it at time `at`, and matches what it can.
-    fn enter(&mut self, r: usize, at: f64) {
+    fn enter(&mut self, r: usize, mut at: f64) {
         loop {
             let Some(step) = self.scheds[r].steps.get(self.ranks[r].step) else {
                 self.ranks[r].finished = true;
                 return;
             };
+            // Local reductions run when the step starts, after the rank's earlier
+            // reductions and before its transfers.
+            let reduced: usize = step
+                .ops
+                .iter()
+                .map(|op| match op {
+                    Op::Reduce { dst, .. } => dst.len,
+                    _ => 0,
+                })
+                .sum();
             let st = &mut self.ranks[r];
+            if reduced > 0 {
+                let gamma = self.net.link(r, r).gamma;
+                at = at.max(st.reduce_free) + reduced as f64 * self.elem_bytes * gamma;
+                st.reduce_free = at;
+            }
             st.entered = at;
             st.end = st.end.max(at);
             st.matched = step.ops.iter().map(|op| op.peer().is_none()).collect();

@@ -130,14 +130,22 @@ pub enum Algorithm {
     /// Composed across the levels of the topology along rails (all-reduce, all-gather,
     /// reduce-scatter, broadcast); needs every group of a level to have the same shape.
     Hierarchical(HierPart),
+    /// Every rank sends its whole vector to every other rank and reduces all of them itself,
+    /// in rank order (all-reduce, on at most [`ONE_SHOT_MAX_RANKS`] ranks).
+    OneShot,
 }
+
+/// The most ranks [`Algorithm::OneShot`] runs on: each rank sends and receives p − 1 whole
+/// vectors, and the cost model, which charges a message's latency once however many go out
+/// together, does not price that per-message work (nor its p² connections).
+pub const ONE_SHOT_MAX_RANKS: usize = 8;
 
 use AllGatherPart as Ag;
 use ReduceScatterPart as Rs;
 
 impl Algorithm {
     /// Every algorithm, in a stable order (the wire code is the index).
-    pub const ALL: [Algorithm; 25] = [
+    pub const ALL: [Algorithm; 26] = [
         Algorithm::Ring,
         Algorithm::Tree,
         Algorithm::RecursiveDoubling,
@@ -164,6 +172,7 @@ impl Algorithm {
         Algorithm::Hierarchical(HierPart::Ring),
         Algorithm::Hierarchical(HierPart::Rhd),
         Algorithm::Hierarchical(HierPart::Tree),
+        Algorithm::OneShot,
     ];
 
     /// The name used on the command line and in `STRATA_ALGO`.
@@ -195,6 +204,7 @@ impl Algorithm {
             Algorithm::Dissemination => "dissemination",
             Algorithm::Direct => "direct",
             Algorithm::Hierarchical(h) => h.name(),
+            Algorithm::OneShot => "one_shot",
         }
     }
 
@@ -227,6 +237,7 @@ impl Algorithm {
             "double_binary_tree" | "dbt" => Some(Algorithm::Tree),
             "vandegeijn" | "van_de_geijn" => Some(Algorithm::ScatterAllGather),
             "binomial_tree" => Some(Algorithm::BinomialTree),
+            "oneshot" => Some(Algorithm::OneShot),
             _ => None,
         };
         alias.or_else(|| {
@@ -255,6 +266,16 @@ impl Algorithm {
     /// Whether this algorithm has a schedule for `collective`.
     pub fn supports(self, collective: Collective) -> bool {
         algorithms_for(collective).contains(&self.normalized())
+    }
+
+    /// The most ranks this algorithm runs on, where it has a limit.
+    pub fn max_ranks(self) -> Option<usize> {
+        (self == Algorithm::OneShot).then_some(ONE_SHOT_MAX_RANKS)
+    }
+
+    /// Whether this algorithm runs on `nranks` ranks ([`Algorithm::max_ranks`]).
+    pub fn runs_on(self, nranks: usize) -> bool {
+        self.max_ranks().is_none_or(|m| nranks <= m)
     }
 
     /// Whether this is a hierarchical composition (it needs a regular [`Hierarchy`]).
@@ -304,6 +325,7 @@ pub fn algorithms_for(collective: Collective) -> &'static [Algorithm] {
             Hierarchical(HierPart::Ring),
             Hierarchical(HierPart::Rhd),
             Hierarchical(HierPart::Tree),
+            OneShot,
         ],
         Collective::AllGather => &[
             Ring,
@@ -372,6 +394,15 @@ pub enum PlanError {
     OutOfRange(String),
     /// A hierarchical algorithm on a communicator whose groups are not all the same shape.
     NotHierarchical(Algorithm, String),
+    /// An algorithm that runs on at most `max` ranks, given `nranks`.
+    TooManyRanks {
+        /// The algorithm.
+        algorithm: Algorithm,
+        /// The most ranks it runs on.
+        max: usize,
+        /// The ranks of the plan.
+        nranks: usize,
+    },
 }
 
 impl fmt::Display for PlanError {
@@ -387,6 +418,15 @@ impl fmt::Display for PlanError {
                 f,
                 "algorithm '{a}' needs every host, leaf and pod to hold the same number of \
                  ranks: {why}"
+            ),
+            PlanError::TooManyRanks {
+                algorithm,
+                max,
+                nranks,
+            } => write!(
+                f,
+                "algorithm '{algorithm}' sends every rank's whole vector to every other rank and \
+                 runs on at most {max} ranks, not {nranks}"
             ),
         }
     }
@@ -548,6 +588,13 @@ fn validate(plan: &Plan) -> Result<(), PlanError> {
     }
     if !algorithm.supports(collective) {
         return Err(PlanError::Unsupported(collective, algorithm));
+    }
+    if let Some(max) = algorithm.max_ranks().filter(|&m| p > m) {
+        return Err(PlanError::TooManyRanks {
+            algorithm,
+            max,
+            nranks: p,
+        });
     }
     Ok(())
 }

@@ -75,6 +75,16 @@ pub enum Op {
         /// To.
         dst: Region,
     },
+    /// Store `reduce(src, with)` into `dst` locally. The three have the same length; `dst`
+    /// is `src` or disjoint from it, and `with` is disjoint from `dst`.
+    Reduce {
+        /// First operand.
+        src: Region,
+        /// Second operand.
+        with: Region,
+        /// Result.
+        dst: Region,
+    },
     /// Apply the reduction's final step (division for `avg`) to a fully reduced region.
     Finalize {
         /// The region holding a complete reduction result.
@@ -89,7 +99,7 @@ impl Op {
             Op::Send { peer, .. } | Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
                 Some(*peer)
             }
-            Op::Copy { .. } | Op::Finalize { .. } => None,
+            Op::Copy { .. } | Op::Reduce { .. } | Op::Finalize { .. } => None,
         }
     }
 
@@ -157,6 +167,14 @@ impl RankSchedule {
         peers
     }
 
+    /// Steps that send or receive (local ones, such as a final division, not counted).
+    pub fn message_steps(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|st| st.ops.iter().any(|op| op.peer().is_some()))
+            .count()
+    }
+
     /// Total elements this rank sends.
     pub fn elems_sent(&self) -> usize {
         self.steps
@@ -180,6 +198,7 @@ impl RankSchedule {
                             t.recvs.push((*peer, dst.len));
                             t.reduced += dst.len;
                         }
+                        Op::Reduce { dst, .. } => t.reduced += dst.len,
                         Op::Copy { .. } | Op::Finalize { .. } => {}
                     }
                 }
@@ -209,7 +228,7 @@ impl RankSchedule {
                 Op::Send { peer, .. } | Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
                     *peer = f(*peer)
                 }
-                Op::Copy { .. } | Op::Finalize { .. } => {}
+                Op::Copy { .. } | Op::Reduce { .. } | Op::Finalize { .. } => {}
             }
         }
     }
@@ -253,7 +272,7 @@ fn is_empty_transfer(op: &Op) -> bool {
     match op {
         Op::Send { src, .. } => src.len == 0,
         Op::Recv { dst, .. } | Op::RecvReduce { dst, .. } => dst.len == 0,
-        Op::Copy { src, .. } => src.len == 0,
+        Op::Copy { src, .. } | Op::Reduce { src, .. } => src.len == 0,
         Op::Finalize { region } => region.len == 0,
     }
 }

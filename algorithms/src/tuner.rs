@@ -17,7 +17,7 @@ use strata_topology::fabric::TierCosts;
 use crate::cost::{FabricModel, price};
 use crate::hierarchy::Hierarchy;
 use crate::schedule::Collective;
-use crate::{Algorithm, algorithms_for};
+use crate::{Algorithm, PlanError, algorithms_for};
 use crate::{scale, sim};
 
 /// Element size the tuner prices with (the size class is in bytes, so this only sets the
@@ -58,7 +58,7 @@ pub struct Priced {
     pub algorithm: Algorithm,
     /// Predicted seconds, or why it cannot run here.
     pub seconds: Result<f64, String>,
-    /// Steps of the longest rank schedule (full simulation only).
+    /// Steps with messages of the longest rank schedule (full simulation only).
     pub steps: Option<usize>,
     /// Most messages that share one uplink in one step (full simulation only).
     pub max_sharing: Option<u32>,
@@ -304,7 +304,7 @@ impl Tuner {
             Ok((seconds, s)) => Priced {
                 algorithm,
                 seconds: Ok(seconds),
-                steps: Some(s.iter().map(|x| x.steps.len()).max().unwrap_or(0)),
+                steps: Some(s.iter().map(|x| x.message_steps()).max().unwrap_or(0)),
                 max_sharing: Some(sim::max_sharing(&s, &net)),
             },
             Err(e) => Priced {
@@ -347,20 +347,26 @@ impl Tuner {
             }
         }
         let mut ranked: Vec<Priced> = Vec::with_capacity(candidates.len());
+        let p = self.hierarchy.len();
         for a in rest {
-            ranked.push(
-                if quick && !cheap_to_price(collective, a, bytes, self.hierarchy.len()) {
-                    unpriced(
-                        a,
-                        format!(
-                            "not priced at run time above {RUNTIME_PRICING_MAX_RANKS} ranks \
+            ranked.push(if let Some(max) = a.max_ranks().filter(|&m| p > m) {
+                let too_many = PlanError::TooManyRanks {
+                    algorithm: a,
+                    max,
+                    nranks: p,
+                };
+                unpriced(a, too_many.to_string())
+            } else if quick && !cheap_to_price(collective, a, bytes, p) {
+                unpriced(
+                    a,
+                    format!(
+                        "not priced at run time above {RUNTIME_PRICING_MAX_RANKS} ranks \
                              (write a tuning file with collbench explain --write-tuning)"
-                        ),
-                    )
-                } else {
-                    self.price(collective, a, bytes)
-                },
-            );
+                    ),
+                )
+            } else {
+                self.price(collective, a, bytes)
+            });
         }
         for (a, bound) in bounded {
             let best = ranked
@@ -625,6 +631,30 @@ pub(crate) mod tests {
         assert_eq!(tu.choose(Collective::AllReduce, 8), best.algorithm);
         assert_eq!(tu.cache.lock().unwrap().len(), 1);
         assert_eq!((size_class(0), size_class(8), size_class(9)), (0, 3, 4));
+    }
+
+    /// On one host the flow-level model sends one-shot's messages side by side: one latency
+    /// instead of lg p. It wins small all-reduces, loses large ones to its (p − 1)-fold
+    /// traffic, and is refused, with the reason, above its rank limit.
+    #[test]
+    fn one_shot_wins_small_all_reduces_on_a_few_ranks_only() {
+        let on_host = |p| Tuner::new(Hierarchy::single_host(p), TierCosts::default(), false);
+        for p in [3, 4, 8] {
+            let tu = on_host(p);
+            let small = tu.explain(Collective::AllReduce, 8);
+            assert_eq!(small.chosen, Algorithm::OneShot, "{}", small.render());
+            let large = tu.explain(Collective::AllReduce, 64 << 20);
+            assert_ne!(large.chosen, Algorithm::OneShot, "{}", large.render());
+        }
+        let nine = on_host(9).explain(Collective::AllReduce, 8);
+        assert_ne!(nine.chosen, Algorithm::OneShot);
+        let refused = nine
+            .ranked
+            .iter()
+            .find(|p| p.algorithm == Algorithm::OneShot)
+            .unwrap();
+        let why = refused.seconds.clone().unwrap_err();
+        assert!(why.contains("at most 8 ranks, not 9"), "{why}");
     }
 
     #[test]

@@ -1,7 +1,58 @@
-//! Direct exchanges: pairwise, Bruck, linear and dissemination schedules.
+//! Direct exchanges: one-shot, pairwise, Bruck, linear and dissemination schedules.
 
-use super::{Blocks, copy, copy_step, wrapped};
+use super::{Blocks, copy, copy_step, one_rank, wrapped};
 use crate::schedule::{Buf, Op, RankSchedule, Region};
+
+/// One-shot all-reduce of `n` elements: rank `r` sends its whole input to every other rank
+/// and receives theirs, all in one step, then reduces the `p` vectors itself in rank order,
+/// so that every rank computes the same sums in the same order and ends with the same bits.
+/// One dependent step instead of lg p: the choice for small messages on a few ranks. Every
+/// vector lands in its own slot of scratch (this rank's copied there first), so the output
+/// may alias the input.
+pub fn one_shot_all_reduce(p: usize, r: usize, n: usize) -> RankSchedule {
+    let mut s = RankSchedule::default();
+    let (input, output) = (
+        Region::new(Buf::Input, 0, n),
+        Region::new(Buf::Output, 0, n),
+    );
+    if p == 1 {
+        one_rank(&mut s, input, output);
+        return s;
+    }
+    s.scratch_elems = p * n;
+    let slot = |q: usize| Region::new(Buf::Scratch, q * n, n);
+    let mut first = vec![Op::Copy {
+        src: input,
+        dst: slot(r),
+    }];
+    // Each rank starts with the rank after it, so that no rank is everyone's first.
+    first.extend((1..p).map(|k| Op::Send {
+        peer: (r + k) % p,
+        src: input,
+    }));
+    first.extend((1..p).map(|k| {
+        let q = (r + p - k) % p;
+        Op::Recv {
+            peer: q,
+            dst: slot(q),
+        }
+    }));
+    s.step(first);
+    s.step(vec![Op::Reduce {
+        src: slot(0),
+        with: slot(1),
+        dst: output,
+    }]);
+    for q in 2..p {
+        s.step(vec![Op::Reduce {
+            src: output,
+            with: slot(q),
+            dst: output,
+        }]);
+    }
+    s.step(vec![Op::Finalize { region: output }]);
+    s
+}
 
 /// Pairwise-exchange reduce-scatter of the `p` blocks of `input`: in step k rank `me` sends
 /// block `me + k` to its owner and folds in the contribution of rank `me − k`. Rank `me` ends
@@ -273,4 +324,40 @@ pub fn dissemination_barrier(p: usize, r: usize) -> RankSchedule {
         dist <<= 1;
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rank folds the p vectors in rank order, so that floating-point sums come out
+    /// the same on every rank.
+    #[test]
+    fn one_shot_reduces_in_rank_order_on_every_rank() {
+        for p in 2..=8 {
+            let n = 3;
+            let slot = |q: usize| Region::new(Buf::Scratch, q * n, n);
+            let out = Region::new(Buf::Output, 0, n);
+            for r in 0..p {
+                let s = one_shot_all_reduce(p, r, n);
+                let folds: Vec<(Region, Region)> = s
+                    .steps
+                    .iter()
+                    .flat_map(|st| &st.ops)
+                    .filter_map(|op| match op {
+                        Op::Reduce { src, with, dst } => {
+                            assert_eq!(*dst, out);
+                            Some((*src, *with))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let want: Vec<(Region, Region)> = (1..p)
+                    .map(|q| (if q == 1 { slot(0) } else { out }, slot(q)))
+                    .collect();
+                assert_eq!(folds, want, "rank {r} of {p}");
+                assert_eq!(s.message_steps(), 1);
+            }
+        }
+    }
 }

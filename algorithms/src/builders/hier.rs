@@ -151,6 +151,11 @@ fn relocate(sched: &mut RankSchedule, input: Region, output: Region) {
                 moved(src);
                 moved(dst);
             }
+            Op::Reduce { src, with, dst } => {
+                moved(src);
+                moved(with);
+                moved(dst);
+            }
             Op::Finalize { region } => moved(region),
         }
     }
@@ -432,6 +437,7 @@ pub(crate) fn along_topology(
             Op::Send { src, .. } => vec![src],
             Op::Recv { dst, .. } => vec![dst],
             Op::RecvReduce { src, dst, .. } | Op::Copy { src, dst } => vec![src, dst],
+            Op::Reduce { src, with, dst } => vec![src, with, dst],
             Op::Finalize { region } => vec![region],
         };
         for reg in regions.into_iter().filter(|r| r.buf == buf && r.len > 0) {
@@ -511,7 +517,7 @@ mod tests {
     fn check_all(h: &Hierarchy, counts: &[usize]) {
         let p = h.len();
         for c in COLLECTIVES {
-            for &a in algorithms_for(c) {
+            for &a in algorithms_for(c).iter().filter(|a| a.runs_on(p)) {
                 for ordered in [false, true] {
                     for &n in counts {
                         for placement in [Placement::OutOfPlace, Placement::InPlace] {

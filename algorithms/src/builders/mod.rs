@@ -287,6 +287,7 @@ pub(crate) fn build(
         (C::AllReduce, A::RecursiveDoubling) => recursive_doubling_all_reduce(p, r, n),
         (C::AllReduce, A::Rabenseifner) => rabenseifner_all_reduce(p, r, n),
         (C::AllReduce, A::Composed(rs, ag)) => composed_all_reduce(rs, ag, p, r, n),
+        (C::AllReduce, A::OneShot) => one_shot_all_reduce(p, r, n),
         (C::AllGather, A::Ring) => all_gather(AllGatherPart::Ring, p, r, n),
         (C::AllGather, A::RecursiveDoubling) => all_gather(AllGatherPart::Doubling, p, r, n),
         (C::AllGather, A::Bruck) => all_gather(AllGatherPart::Bruck, p, r, n),

@@ -73,7 +73,9 @@ impl Compact {
                     Op::Send { peer, src } => (*peer, Kind::Send, src.len),
                     Op::Recv { peer, dst } => (*peer, Kind::Recv, dst.len),
                     Op::RecvReduce { peer, dst, .. } => (*peer, Kind::RecvReduce, dst.len),
-                    Op::Copy { .. } | Op::Finalize { .. } => continue,
+                    // Local reductions are in one-shot schedules only, which fast pricing
+                    // hands to the full simulation.
+                    Op::Copy { .. } | Op::Reduce { .. } | Op::Finalize { .. } => continue,
                 };
                 c.transfers.push(Transfer {
                     peer: peer as u32,

@@ -33,6 +33,8 @@
 //!   [`classes::MAX_ROUNDS_AT_SCALE`] rounds above [`FLOW_PHASE_MAX_RANKS`] ranks); beyond,
 //!   trees and Bruck too.
 //!
+//! One-shot all-reduces, on a few ranks only, are priced by the full simulation itself.
+//!
 //! Pipelined trees are priced with enough chunks to reach their steady state and extended
 //! linearly to the real chunk count. Composed all-reduces up to [`FLOW_PHASE_MAX_RANKS`] are
 //! built whole (their halves overlap where ranks finish the first at different times); above,
@@ -119,6 +121,32 @@ pub fn price(q: &Query) -> Result<f64, String> {
     let algorithm = q.algorithm.normalized();
     if !algorithm.supports(q.collective) {
         return Err(PlanError::Unsupported(q.collective, algorithm).to_string());
+    }
+    if let Some(max) = algorithm.max_ranks().filter(|&m| p > m) {
+        let too_many = PlanError::TooManyRanks {
+            algorithm,
+            max,
+            nranks: p,
+        };
+        return Err(too_many.to_string());
+    }
+    if algorithm == Algorithm::OneShot {
+        // A few ranks at most: the full simulation costs no more than a shortcut would, and
+        // it times the local reductions that the lean engines leave out.
+        let net = FabricModel {
+            hierarchy: q.hierarchy,
+            costs: q.costs,
+        };
+        let scheds = crate::sim::schedules_on(
+            q.collective,
+            algorithm,
+            q.hierarchy,
+            q.ordered,
+            q.count,
+            q.root,
+            q.chunk_elems,
+        )?;
+        return Ok(crate::cost::price(&scheds, q.elem_bytes, &net)?.seconds);
     }
     let mut pricer = Pricer::new(q);
     if p <= 1 {

@@ -5,7 +5,7 @@
 //! Counted for the shared-memory transport, in three parts. The caller's buffers and scratch
 //! (as large as the message: at 64 MiB they live in DRAM): a send reads its source, a receive
 //! writes its destination, a receive-reduce reads the local operand and writes the result, a
-//! copy reads and writes. Cache: a send of at most [`CACHE_RESIDENT_BYTES`] that reads what
+//! copy reads and writes, a local reduction reads two operands and writes one. Cache: a send of at most [`CACHE_RESIDENT_BYTES`] that reads what
 //! the rank wrote in the step before (a sliced ring sends on the slice it just reduced) is
 //! counted here instead of in the buffers. The ring's slots (1 MiB a direction, so they stay
 //! in the last-level cache): a send writes a slot, a receive reads one. The bound is the
@@ -63,6 +63,11 @@ pub(super) fn schedule_traffic(sched: &RankSchedule, es: usize) -> Traffic {
                 Op::Copy { src, dst } if src == dst => {}
                 Op::Copy { src, dst } => {
                     t.buffers += 2.0 * bytes(src.len);
+                    now.push(*dst);
+                }
+                // Two operands read, one result written.
+                Op::Reduce { dst, .. } => {
+                    t.buffers += 3.0 * bytes(dst.len);
                     now.push(*dst);
                 }
                 // Sum needs no final pass; avg's division is not counted.
