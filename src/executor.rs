@@ -22,10 +22,12 @@ use strata_algorithms::{Buf, Op, RankSchedule, Region};
 
 mod ahead;
 mod header;
+mod oneshot;
 mod small;
 mod wait;
 use ahead::NextStep;
 pub(crate) use header::{HEADER_BYTES, Header};
+pub(crate) use oneshot::SmallOneShot;
 pub(crate) use small::{SMALL_MAX_BYTES, SmallDoubling};
 pub(crate) use wait::{SpinPolicy, check_control};
 
@@ -130,6 +132,8 @@ pub(crate) struct ExecBuffers {
     states: Vec<PeerState>,
     /// A header and a small first message, sent as one.
     coalesce: Vec<u8>,
+    /// Every rank's vector in a small one-shot all-reduce.
+    gathered: Vec<u8>,
     step: StepState,
 }
 

@@ -550,19 +550,27 @@ fn a_lone_send_to_self_is_an_error_not_a_hang() {
 #[test]
 fn small_all_reduce_path_is_taken_and_exact() {
     const SMALL_MAX_BYTES: usize = 2048;
+    use strata::Algorithm::{OneShot, RecursiveDoubling};
     for transport in [TransportPolicy::Auto, TransportPolicy::Tcp] {
-        for n in [2, 3, 4] {
+        for (algorithm, n) in [
+            (RecursiveDoubling, 2),
+            (RecursiveDoubling, 3),
+            (RecursiveDoubling, 4),
+            (OneShot, 3),
+            (OneShot, 5),
+        ] {
             let comms = init_threads(n, transport);
             for c in &comms {
                 // The tuner's choice at 2 KiB differs with the rank count.
-                c.set_algorithm(
-                    Collective::AllReduce,
-                    Some(strata::Algorithm::RecursiveDoubling),
-                )
-                .unwrap();
+                c.set_algorithm(Collective::AllReduce, Some(algorithm))
+                    .unwrap();
             }
             let before: Vec<u64> = comms.iter().map(|c| c.small_path_calls()).collect();
             let results = on_all(&comms, |c| {
+                // At 3 ranks recursive doubling folds ranks 0 and 1 into one; rank 2's part
+                // is a plain exchange, which the small path runs. One-shot runs on it
+                // everywhere.
+                let runs_small = algorithm == OneShot || n != 3 || c.rank() == 2;
                 let mut expected = 0;
                 for dtype in DataType::ALL {
                     let es = dtype.size();
@@ -570,13 +578,12 @@ fn small_all_reduce_path_is_taken_and_exact() {
                     ops.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
                     for op in ops {
                         for count in [1, 7, SMALL_MAX_BYTES / es, SMALL_MAX_BYTES / es + 1] {
-                            all_reduce_both_ways(c, dtype, count, op, &format!("{transport:?}"))?;
+                            let what = format!("{transport:?} {algorithm}");
+                            all_reduce_both_ways(c, dtype, count, op, &what)?;
                             let small = count * es <= SMALL_MAX_BYTES
                                 && !matches!(op, ReduceOp::PreMulSum(_));
-                            // At 3 ranks, ranks 0 and 1 fold into one; rank 2's part is a
-                            // plain exchange, which the small path runs. Two calls: out of
-                            // place and in place.
-                            expected += 2 * u64::from(small && (n != 3 || c.rank() == 2));
+                            // Two calls: out of place and in place.
+                            expected += 2 * u64::from(small && runs_small);
                         }
                     }
                 }
@@ -587,9 +594,59 @@ fn small_all_reduce_path_is_taken_and_exact() {
                 assert_eq!(
                     c.small_path_calls() - b,
                     expected,
-                    "{transport:?}, {n} ranks, rank {}",
+                    "{transport:?}, {algorithm}, {n} ranks, rank {}",
                     c.rank()
                 );
+            }
+        }
+    }
+}
+
+/// One-shot folds the ranks' vectors in rank order on every rank, on the small path and the
+/// general one: float sums whose value depends on the order come out exactly as summed in
+/// rank order, with the same bits on every rank, in and out of place.
+#[test]
+fn one_shot_sums_in_rank_order_on_every_rank() {
+    // Large and small terms that cancel: any other order rounds differently somewhere.
+    let term = |r: usize, i: usize| -> f32 {
+        let big = 1.0e8 * (1.0 + (i % 7) as f32);
+        match (r + i) % 4 {
+            0 => big,
+            1 => 1.0 + (i % 3) as f32,
+            2 => -big,
+            _ => 0.75,
+        }
+    };
+    for n in [3, 4, 8] {
+        let comms = init_threads(n, TransportPolicy::Auto);
+        for c in &comms {
+            c.set_algorithm(Collective::AllReduce, Some(strata::Algorithm::OneShot))
+                .unwrap();
+        }
+        // 512 floats take the small path, 513 and more the general one.
+        for count in [1, 5, 512, 513, 3000] {
+            let want: Vec<f32> = (0..count)
+                .map(|i| (1..n).fold(term(0, i), |acc, r| acc + term(r, i)))
+                .collect();
+            for in_place in [false, true] {
+                let got = on_all(&comms, |c| {
+                    let input: Vec<f32> = (0..count).map(|i| term(c.rank(), i)).collect();
+                    if in_place {
+                        let mut buf = input;
+                        c.all_reduce_in_place(&mut buf, ReduceOp::Sum).map(|_| buf)
+                    } else {
+                        let mut out = vec![0f32; count];
+                        c.all_reduce(&input, &mut out, ReduceOp::Sum).map(|_| out)
+                    }
+                });
+                for (r, g) in got.into_iter().enumerate() {
+                    let g: Vec<u32> = g.unwrap().iter().map(|x| x.to_bits()).collect();
+                    let w: Vec<u32> = want.iter().map(|x| x.to_bits()).collect();
+                    assert_eq!(
+                        g, w,
+                        "{n} ranks, {count} floats, in place {in_place}, rank {r}"
+                    );
+                }
             }
         }
     }
@@ -662,29 +719,43 @@ fn small_all_reduces_are_recorded_and_shown_while_they_wait() {
 }
 
 /// A rank whose small all-reduce has another count than its peers' fails with a mismatch
-/// that names both calls, and so does every peer that compares headers with it (at 4 ranks:
-/// both of its partners and rank 0, which only exchanges headers with it).
+/// that names both calls, and so does every peer that compares headers with it (at 4 ranks
+/// with recursive doubling: both of its partners and rank 0, which only exchanges headers
+/// with it; with one-shot, every rank), and no rank's buffer changes.
 #[test]
 fn small_all_reduce_mismatch_is_named() {
-    let comms = init_threads(4, TransportPolicy::Auto);
-    let results = on_all(&comms, |c| {
-        let count = if c.rank() == 3 { 8 } else { 4 };
-        let mut buf = vec![1f32; count];
-        c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
-    });
-    for (r, result) in results.into_iter().enumerate() {
-        match result {
-            Err(Error::Mismatch(m)) => {
-                assert!(
-                    m.contains("4 elements") && m.contains("8 elements"),
-                    "rank {r}: {m}"
-                )
+    for algorithm in [
+        strata::Algorithm::RecursiveDoubling,
+        strata::Algorithm::OneShot,
+    ] {
+        let comms = init_threads(4, TransportPolicy::Auto);
+        for c in &comms {
+            c.set_algorithm(Collective::AllReduce, Some(algorithm))
+                .unwrap();
+        }
+        let results = on_all(&comms, |c| {
+            let count = if c.rank() == 3 { 8 } else { 4 };
+            let mut buf = vec![1f32; count];
+            let r = c.all_reduce_in_place(&mut buf, ReduceOp::Sum);
+            (r, buf)
+        });
+        for (r, (result, buf)) in results.into_iter().enumerate() {
+            match result {
+                Err(Error::Mismatch(m)) => {
+                    assert!(
+                        m.contains("4 elements") && m.contains("8 elements"),
+                        "{algorithm}, rank {r}: {m}"
+                    )
+                }
+                Err(e) if r != 3 => assert!(
+                    matches!(e, Error::PeerFailed { .. } | Error::Aborted(_)),
+                    "{algorithm}, rank {r}: {e}"
+                ),
+                other => panic!("{algorithm}, rank {r}: expected a mismatch, got {other:?}"),
             }
-            Err(e) if r != 3 => assert!(
-                matches!(e, Error::PeerFailed { .. } | Error::Aborted(_)),
-                "rank {r}: {e}"
-            ),
-            other => panic!("rank {r}: expected a mismatch, got {other:?}"),
+            if algorithm == strata::Algorithm::OneShot {
+                assert!(buf.iter().all(|&x| x == 1.0), "rank {r}: {buf:?}");
+            }
         }
     }
 }

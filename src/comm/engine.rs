@@ -137,9 +137,13 @@ impl Communicator {
                         inner.health.op_started(&local);
                     }
                 };
+                let buffers = (input, output, input_bytes);
                 // SAFETY: the caller guarantees both buffers for their byte counts.
                 return unsafe {
-                    run.run_small_doubling(small, (input, output, input_bytes), announce)
+                    match small {
+                        SmallPath::Doubling(d) => run.run_small_doubling(d, buffers, announce),
+                        SmallPath::OneShot(o) => run.run_small_one_shot(o, buffers, announce),
+                    }
                 };
             }
             // Inputs the schedule must not read from the caller's memory.

@@ -5,7 +5,7 @@ use crate::config::{Config, RankOrder};
 use crate::connection::{self, CommListener, Connection, ControlFrame};
 use crate::dtype::{DataType, Element, ReduceOp};
 use crate::error::{Error, RankList, Result};
-use crate::executor::{self, Buffers, Header, OpRun, SMALL_MAX_BYTES, SmallDoubling};
+use crate::executor::{self, Buffers, Header, OpRun, SMALL_MAX_BYTES, SmallDoubling, SmallOneShot};
 use crate::reduce::{self, Combine};
 use crate::watchdog::{self, FlightRecord, Health, Progress, Watchdog, WatchdogSetup};
 use std::collections::HashMap;
@@ -90,10 +90,18 @@ struct CachedPlan {
     sched: RankSchedule,
     /// Ranks this rank exchanges headers with: its schedule's peers and both ring neighbours.
     exchange: Vec<usize>,
-    /// For a recursive-doubling all-reduce whose part on this rank is one plain exchange per
-    /// step (every rank at a power-of-two rank count): the peers of the small path, which runs
-    /// messages up to [`SMALL_MAX_BYTES`] without the step machinery.
-    small: Option<SmallDoubling>,
+    /// The small path, which runs all-reduces of up to [`SMALL_MAX_BYTES`] without the step
+    /// machinery, where one applies.
+    small: Option<SmallPath>,
+}
+
+/// A small all-reduce path and its peers.
+enum SmallPath {
+    /// Recursive doubling, where this rank's part is one plain exchange per step (every rank
+    /// at a power-of-two rank count).
+    Doubling(SmallDoubling),
+    /// One-shot.
+    OneShot(SmallOneShot),
 }
 
 impl State {
@@ -113,10 +121,15 @@ impl CachedPlan {
         exchange.sort_unstable();
         exchange.dedup();
         exchange.retain(|&q| q != rank);
-        let small = (plan.collective == Collective::AllReduce
-            && plan.algorithm == Algorithm::RecursiveDoubling)
-            .then(|| SmallDoubling::from_schedule(&sched, &exchange))
-            .flatten();
+        let small = match (plan.collective, plan.algorithm) {
+            (Collective::AllReduce, Algorithm::RecursiveDoubling) => {
+                SmallDoubling::from_schedule(&sched, &exchange).map(SmallPath::Doubling)
+            }
+            (Collective::AllReduce, Algorithm::OneShot) => {
+                SmallOneShot::from_schedule(&sched, p).map(SmallPath::OneShot)
+            }
+            _ => None,
+        };
         Self {
             sched,
             exchange,
