@@ -87,8 +87,8 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
         DataType::parse,
         "data type",
     )?;
-    let algos = parse_algos(&args.algo, collective)?;
     let (n, rank) = (comm.size(), comm.rank());
+    let algos = parse_algos(&args.algo, collective, n)?;
     if args.root >= n {
         return Err(format!("root {} is out of range for {n} ranks", args.root));
     }
@@ -267,17 +267,24 @@ pub(super) fn avg_busbw(rows: &[Row]) -> f64 {
     }
 }
 
-/// The algorithms `--algo` names for `collective` (`None`: strata's choice).
+/// The algorithms `--algo` names for `collective` on `nranks` ranks (`None`: strata's
+/// choice); `all` leaves out those that do not run on that many ranks.
 pub(super) fn parse_algos(
     spec: &str,
     collective: Collective,
+    nranks: usize,
 ) -> Result<Vec<Option<Algorithm>>, String> {
     if spec.eq_ignore_ascii_case("auto") {
         return Ok(vec![None]);
     }
     if spec.eq_ignore_ascii_case("all") {
         let all = strata::algorithms::algorithms_for(collective);
-        return Ok(all.iter().copied().map(Some).collect());
+        return Ok(all
+            .iter()
+            .copied()
+            .filter(|a| a.runs_on(nranks))
+            .map(Some)
+            .collect());
     }
     spec.split(',')
         .map(|name| {

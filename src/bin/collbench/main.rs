@@ -217,6 +217,17 @@ mod tests {
         assert!(parse_size("x").is_err());
     }
 
+    /// `--algo all` runs what can run on the communicator: one-shot up to 8 ranks only.
+    #[test]
+    fn algo_all_leaves_out_what_cannot_run_on_this_many_ranks() {
+        let all = |n| parse_algos("all", Collective::AllReduce, n).unwrap();
+        let one_shot = Some(strata::Algorithm::OneShot);
+        assert!(all(8).contains(&one_shot));
+        assert!(!all(9).contains(&one_shot));
+        assert_eq!(all(8).len(), all(9).len() + 1);
+        assert!(parse_algos("one_shot", Collective::AllGather, 4).is_err());
+    }
+
     #[test]
     fn nccl_tests_bus_factors() {
         assert_eq!(bus_factor(Collective::AllReduce, 4), 1.5);

@@ -210,5 +210,8 @@ mod tests {
             traffic(Algorithm::RecursiveDoubling, 2, 0, n, 1 << 18),
             [5.0, 0.0, 2.0]
         );
+        // One-shot: copy the input to its slot (2), send it (1), receive the peer's (1),
+        // reduce the two slots into the output (3).
+        assert_eq!(traffic(Algorithm::OneShot, 2, 0, n, 0), [7.0, 0.0, 2.0]);
     }
 }
