@@ -68,12 +68,7 @@ impl OpRun<'_> {
                 "internal: {bytes} bytes on {p} ranks given to the small one-shot all-reduce"
             )));
         }
-        let header = self.wire_out.encode();
-        let expected = if self.wire_in == self.wire_out {
-            header
-        } else {
-            self.wire_in.encode()
-        };
+        let (header, expected) = self.small_headers();
         // One slot of `bytes` per rank, in rank order; kept from call to call.
         let mut slots = std::mem::take(&mut self.reuse.gathered);
         if slots.len() < p * bytes {
@@ -209,14 +204,7 @@ impl OpRun<'_> {
             let mut seen = *expected;
             seen[got..(got + n).min(HEADER_BYTES)]
                 .copy_from_slice(&head[got..(got + n).min(HEADER_BYTES)]);
-            if got + n >= HEADER_BYTES {
-                self.check_header(peer, Header::decode(&seen), self.wire_in)?;
-            }
-            return Err(Error::Mismatch(format!(
-                "rank {} in {} received a header from rank {peer} that differs from its own",
-                self.rank,
-                self.local.describe()
-            )));
+            return Err(self.small_mismatch(peer, (got + n >= HEADER_BYTES).then_some(&seen)));
         }
         Ok(n)
     }

@@ -89,14 +89,7 @@ impl OpRun<'_> {
                 "internal: {bytes} bytes given to the small all-reduce"
             )));
         }
-        let header = self.wire_out.encode();
-        // A header is checked as bytes: the encoding is canonical, so equal bytes are equal
-        // headers (decoded only to describe a mismatch).
-        let expected = if self.wire_in == self.wire_out {
-            header
-        } else {
-            self.wire_in.encode()
-        };
+        let (header, expected) = self.small_headers();
         // Headers to the peers that get nothing else: sent first, read last, as the general
         // executor does. Bytes of each header sent so far.
         let mut sent = [0u8; SMALL_MAX_PEERS];
@@ -134,6 +127,33 @@ impl OpRun<'_> {
             );
         }
         Ok(())
+    }
+
+    /// The header this call sends and the one it expects, each encoded once. A small path
+    /// checks headers as bytes: the encoding is canonical, so equal bytes are equal headers
+    /// (decoded only to describe a mismatch).
+    pub(super) fn small_headers(&self) -> ([u8; HEADER_BYTES], [u8; HEADER_BYTES]) {
+        let header = self.wire_out.encode();
+        let expected = if self.wire_in == self.wire_out {
+            header
+        } else {
+            self.wire_in.encode()
+        };
+        (header, expected)
+    }
+
+    /// The error for a header from `peer` whose bytes differ from the expected ones: both
+    /// calls described where the whole header (`seen`) is at hand.
+    pub(super) fn small_mismatch(&self, peer: usize, seen: Option<&[u8; HEADER_BYTES]>) -> Error {
+        if let Some(Err(e)) = seen.map(|h| self.check_header(peer, Header::decode(h), self.wire_in))
+        {
+            return e;
+        }
+        Error::Mismatch(format!(
+            "rank {} in {} received a header from rank {peer} that differs from its own",
+            self.rank,
+            self.local.describe()
+        ))
     }
 
     /// One exchange: sends the header and `bytes` from `src` to `partner` and reduces its
@@ -221,12 +241,7 @@ impl OpRun<'_> {
                 if got < HEADER_BYTES && got + n >= HEADER_BYTES && head != *expected {
                     // Other bytes are another call (the encoding is canonical: see the
                     // header's tests), and its data was not reduced.
-                    self.check_header(partner, Header::decode(&head), self.wire_in)?;
-                    return Err(Error::Mismatch(format!(
-                        "rank {} in {} received a header from rank {partner} that differs from its own",
-                        self.rank,
-                        self.local.describe()
-                    )));
+                    return Err(self.small_mismatch(partner, Some(&head)));
                 }
                 got += n;
                 progressed |= n > 0;
