@@ -126,7 +126,7 @@ impl CachedPlan {
                 SmallDoubling::from_schedule(&sched, &exchange).map(SmallPath::Doubling)
             }
             (Collective::AllReduce, Algorithm::OneShot) => {
-                SmallOneShot::from_schedule(&sched, p).map(SmallPath::OneShot)
+                SmallOneShot::from_schedule(&sched, p, plan.count).map(SmallPath::OneShot)
             }
             _ => None,
         };

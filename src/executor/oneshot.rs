@@ -1,6 +1,7 @@
 //! The small one-shot all-reduce: every rank sends its header and data to every other rank,
-//! gathers theirs, and folds the p vectors in rank order, without the step machinery (no
-//! schedule walk, no per-peer state vectors, no allocation after the first call).
+//! gathers theirs, and folds the p vectors in the schedule's order (rank order, or the
+//! topology's where rings follow it), without the step machinery (no schedule walk, no
+//! per-peer state vectors, no allocation after the first call).
 //!
 //! It puts on the wire what the general executor puts there for the one-shot schedule — to
 //! each peer, the header and the whole vector in one write — and reduces in the schedule's
@@ -11,38 +12,58 @@
 use super::*;
 use strata_algorithms::ONE_SHOT_MAX_RANKS;
 
-/// Who a rank sends to and receives from in a small one-shot all-reduce, in the order of the
-/// general one-shot schedule.
+/// Who a rank sends to and receives from in a small one-shot all-reduce, and where each
+/// vector goes, as in the general one-shot schedule (whose slots follow the ranks' positions
+/// in the ring order, which the fold follows).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SmallOneShot {
     /// Every other rank, in the order this rank sends to them.
     pub peers: Vec<usize>,
+    /// The slot of each of `peers`' vectors.
+    pub slots: Vec<usize>,
+    /// The slot of this rank's own vector.
+    pub own: usize,
 }
 
 impl SmallOneShot {
-    /// The small path's peers, or `None` when `sched` is not a one-shot schedule: one step
-    /// that copies this rank's input, sends it to every other rank and receives from each,
-    /// then local steps only.
-    pub fn from_schedule(sched: &RankSchedule, nranks: usize) -> Option<Self> {
+    /// The small path's peers and slots, or `None` when `sched` (of `count` elements) is not
+    /// a one-shot schedule: one step that copies this rank's input to its slot, sends it to
+    /// every other rank and receives each one's into its slot, then local steps only.
+    pub fn from_schedule(sched: &RankSchedule, nranks: usize, count: usize) -> Option<Self> {
         let (first, rest) = sched.steps.split_first()?;
         let later_messages = rest.iter().flat_map(|s| &s.ops).any(|o| o.peer().is_some());
-        if !(2..=ONE_SHOT_MAX_RANKS).contains(&nranks) || later_messages {
+        if !(2..=ONE_SHOT_MAX_RANKS).contains(&nranks) || later_messages || count == 0 {
             return None;
         }
-        let peers: Vec<usize> = first
-            .ops
-            .iter()
-            .filter_map(|op| match op {
-                Op::Send { peer, .. } => Some(*peer),
-                _ => None,
-            })
-            .collect();
+        let slot_of = |r: &Region| (r.buf == Buf::Scratch).then_some(r.offset / count);
+        let own = first.ops.iter().find_map(|op| match op {
+            Op::Copy { dst, .. } => slot_of(dst),
+            _ => None,
+        })?;
+        let mut peers = Vec::new();
+        let mut slots = Vec::new();
+        for op in &first.ops {
+            if let Op::Send { peer, .. } = op {
+                let slot = first.ops.iter().find_map(|op| match op {
+                    Op::Recv { peer: q, dst } if q == peer => slot_of(dst),
+                    _ => None,
+                })?;
+                peers.push(*peer);
+                slots.push(slot);
+            }
+        }
+        let mut all: Vec<usize> = slots.iter().copied().chain([own]).collect();
+        all.sort_unstable();
         let receives = first
             .ops
             .iter()
             .filter(|op| matches!(op, Op::Recv { .. }))
             .count();
-        (peers.len() + 1 == nranks && receives == peers.len()).then_some(Self { peers })
+        (all == (0..nranks).collect::<Vec<_>>() && receives == peers.len()).then_some(Self {
+            peers,
+            slots,
+            own,
+        })
     }
 }
 
@@ -79,7 +100,7 @@ impl OpRun<'_> {
         let data = unsafe { std::slice::from_raw_parts(input, bytes) };
         let result = self.gather_small(plan, (&header, &expected), data, &mut slots, announce);
         if result.is_ok() {
-            let own = self.rank * bytes;
+            let own = plan.own * bytes;
             slots[own..own + bytes].copy_from_slice(data);
             // SAFETY: the caller's output, writable for `bytes`; `slots` is ours.
             let out = unsafe { std::slice::from_raw_parts_mut(output, bytes) };
@@ -102,8 +123,8 @@ impl OpRun<'_> {
         result
     }
 
-    /// Sends the header and `data` to every peer and gathers each peer's data into its slot,
-    /// checking its header first.
+    /// Sends the header and `data` to every peer and gathers each peer's data into its slot
+    /// (of `data.len()` bytes), checking its header first.
     fn gather_small(
         &mut self,
         plan: &SmallOneShot,
@@ -147,7 +168,9 @@ impl OpRun<'_> {
                     }
                 }
                 if got[i] < total {
-                    let moved = self.recv_small(q, (got[i], total), expected, slots)?;
+                    let at = plan.slots[i] * data.len();
+                    let slot = &mut slots[at..at + data.len()];
+                    let moved = self.recv_small(q, (got[i], total), expected, slot)?;
                     got[i] += moved;
                     progressed |= moved > 0;
                     if got[i] < total {
@@ -165,17 +188,14 @@ impl OpRun<'_> {
 
     /// Reads what has arrived from `peer` of its `total` bytes, `got` of them already read:
     /// header bytes are compared with `expected` (a differing header is a mismatch error,
-    /// and none of that peer's data is kept), data goes to the peer's slot. Returns the bytes
-    /// read.
+    /// and none of that peer's data is kept), data goes to `slot`. Returns the bytes read.
     fn recv_small(
         &mut self,
         peer: usize,
         (got, total): (usize, usize),
         expected: &[u8; HEADER_BYTES],
-        slots: &mut [u8],
+        slot: &mut [u8],
     ) -> Result<usize> {
-        let bytes = total - HEADER_BYTES;
-        let slot = &mut slots[peer * bytes..(peer + 1) * bytes];
         let es = self.dtype.size();
         let mut pos = got;
         let mut head = [0u8; HEADER_BYTES];
@@ -207,5 +227,38 @@ impl OpRun<'_> {
             return Err(self.small_mismatch(peer, (got + n >= HEADER_BYTES).then_some(&seen)));
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_algorithms::{Algorithm, Collective, Plan};
+
+    fn schedule(algorithm: Algorithm, nranks: usize, rank: usize, count: usize) -> RankSchedule {
+        strata_algorithms::plan(&Plan {
+            collective: Collective::AllReduce,
+            algorithm,
+            nranks,
+            rank,
+            count,
+            root: 0,
+            chunk_elems: 1,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn peers_and_slots_come_from_the_schedule() {
+        let s = schedule(Algorithm::OneShot, 4, 1, 3);
+        let plan = SmallOneShot::from_schedule(&s, 4, 3).unwrap();
+        assert_eq!(plan.peers, vec![2, 3, 0]);
+        assert_eq!(plan.slots, vec![2, 3, 0]);
+        assert_eq!(plan.own, 1);
+        // Nothing to send, or not one-shot: no small one-shot path.
+        let empty = schedule(Algorithm::OneShot, 4, 1, 0);
+        assert_eq!(SmallOneShot::from_schedule(&empty, 4, 0), None);
+        let doubling = schedule(Algorithm::RecursiveDoubling, 4, 1, 3);
+        assert_eq!(SmallOneShot::from_schedule(&doubling, 4, 3), None);
     }
 }
