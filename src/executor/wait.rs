@@ -25,11 +25,10 @@ pub(crate) struct SpinPolicy {
 
 impl SpinPolicy {
     /// Spin generously when every rank of the host has a core of its own; barely at all when
-    /// ranks outnumber cores, because a spinning rank would take the core of the rank it waits
-    /// for. `STRATA_SPIN` overrides the spin count.
+    /// ranks outnumber cores ([`host_cores`]), because a spinning rank would take the core of
+    /// the rank it waits for. `STRATA_SPIN` overrides the spin count.
     pub fn for_host(local_ranks: usize) -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let oversubscribed = local_ranks > cores;
+        let oversubscribed = local_ranks > host_cores();
         let default = if oversubscribed { 20 } else { 2000 };
         let spins = std::env::var("STRATA_SPIN")
             .ok()
@@ -40,6 +39,55 @@ impl SpinPolicy {
             yields: if oversubscribed { 2 } else { 50 },
         }
     }
+}
+
+/// The cores the ranks of this host share: this process's own CPUs, or more where a
+/// launcher has bound it to fewer than the host gives the job (one core per rank): then the
+/// CPUs of its cgroup, else every online CPU, at most the cgroup's CPU quota. Binding must
+/// not make two ranks on two cores look like two ranks on one.
+pub(crate) fn host_cores() -> usize {
+    let own = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cgroup = |file: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{file}")).ok();
+    let cpus = cgroup("cpuset.cpus.effective")
+        .and_then(|list| count_cpu_list(&list))
+        .or_else(|| {
+            // SAFETY: sysconf has no preconditions.
+            let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+            usize::try_from(online).ok().filter(|&n| n > 0)
+        })
+        .unwrap_or(own);
+    let quota = cgroup("cpu.max").and_then(|max| cpu_quota(&max));
+    own.max(quota.map_or(cpus, |q| cpus.min(q)))
+}
+
+/// CPUs in a cgroup CPU list such as `0-3,8,10-11`.
+fn count_cpu_list(list: &str) -> Option<usize> {
+    let list = list.trim();
+    if list.is_empty() {
+        return None;
+    }
+    let mut n = 0;
+    for part in list.split(',') {
+        n += match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                b.checked_sub(a)? + 1
+            }
+            None => {
+                part.trim().parse::<usize>().ok()?;
+                1
+            }
+        };
+    }
+    Some(n)
+}
+
+/// Whole CPUs of a cgroup v2 `cpu.max` (`quota period`, rounded up); `None` for `max`.
+fn cpu_quota(max: &str) -> Option<usize> {
+    let mut it = max.split_whitespace();
+    let quota: u64 = it.next()?.parse().ok()?;
+    let period: u64 = it.next()?.parse().ok().filter(|&p| p > 0)?;
+    Some(quota.div_ceil(period).max(1) as usize)
 }
 
 impl OpRun<'_> {
@@ -228,4 +276,42 @@ pub(crate) fn check_control(conns: &mut [Option<Connection>], peers: &[PeerInfo]
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_cpu_lists_and_quotas_parse() {
+        assert_eq!(count_cpu_list("0-3,8,10-11\n"), Some(7));
+        assert_eq!(count_cpu_list("5"), Some(1));
+        assert_eq!(count_cpu_list(""), None);
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(cpu_quota("max 100000"), None);
+        assert_eq!(cpu_quota("250000 100000\n"), Some(3));
+        assert_eq!(cpu_quota("50000 100000"), Some(1));
+    }
+
+    /// A process bound to one core still counts the cores its host gives the job: two ranks
+    /// bound to two cores are not two ranks on one.
+    #[test]
+    fn binding_to_one_core_does_not_shrink_the_host() {
+        let before = host_cores();
+        // SAFETY: a zeroed cpu_set_t is valid; CPU_SET and sched_{get,set}affinity take
+        // pointers to it that live across the calls.
+        unsafe {
+            let mut saved: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut saved);
+            let first = (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| libc::CPU_ISSET(c, &saved))
+                .unwrap();
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(first, &mut one);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one);
+            let bound = host_cores();
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &saved);
+            assert_eq!(bound, before);
+        }
+    }
 }
