@@ -275,7 +275,19 @@ impl Algorithm {
 
     /// Whether this algorithm runs on `nranks` ranks ([`Algorithm::max_ranks`]).
     pub fn runs_on(self, nranks: usize) -> bool {
-        self.max_ranks().is_none_or(|m| nranks <= m)
+        self.check_ranks(nranks).is_ok()
+    }
+
+    /// Why this algorithm does not run on `nranks` ranks, if it does not.
+    pub fn check_ranks(self, nranks: usize) -> Result<(), PlanError> {
+        match self.max_ranks() {
+            Some(max) if nranks > max => Err(PlanError::TooManyRanks {
+                algorithm: self,
+                max,
+                nranks,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Whether this is a hierarchical composition (it needs a regular [`Hierarchy`]).
@@ -589,14 +601,7 @@ fn validate(plan: &Plan) -> Result<(), PlanError> {
     if !algorithm.supports(collective) {
         return Err(PlanError::Unsupported(collective, algorithm));
     }
-    if let Some(max) = algorithm.max_ranks().filter(|&m| p > m) {
-        return Err(PlanError::TooManyRanks {
-            algorithm,
-            max,
-            nranks: p,
-        });
-    }
-    Ok(())
+    algorithm.check_ranks(p)
 }
 
 #[cfg(test)]

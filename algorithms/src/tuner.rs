@@ -17,7 +17,7 @@ use strata_topology::fabric::TierCosts;
 use crate::cost::{FabricModel, price};
 use crate::hierarchy::Hierarchy;
 use crate::schedule::Collective;
-use crate::{Algorithm, PlanError, algorithms_for};
+use crate::{Algorithm, algorithms_for};
 use crate::{scale, sim};
 
 /// Element size the tuner prices with (the size class is in bytes, so this only sets the
@@ -349,12 +349,7 @@ impl Tuner {
         let mut ranked: Vec<Priced> = Vec::with_capacity(candidates.len());
         let p = self.hierarchy.len();
         for a in rest {
-            ranked.push(if let Some(max) = a.max_ranks().filter(|&m| p > m) {
-                let too_many = PlanError::TooManyRanks {
-                    algorithm: a,
-                    max,
-                    nranks: p,
-                };
+            ranked.push(if let Err(too_many) = a.check_ranks(p) {
                 unpriced(a, too_many.to_string())
             } else if quick && !cheap_to_price(collective, a, bytes, p) {
                 unpriced(

@@ -122,14 +122,7 @@ pub fn price(q: &Query) -> Result<f64, String> {
     if !algorithm.supports(q.collective) {
         return Err(PlanError::Unsupported(q.collective, algorithm).to_string());
     }
-    if let Some(max) = algorithm.max_ranks().filter(|&m| p > m) {
-        let too_many = PlanError::TooManyRanks {
-            algorithm,
-            max,
-            nranks: p,
-        };
-        return Err(too_many.to_string());
-    }
+    algorithm.check_ranks(p).map_err(|e| e.to_string())?;
     if algorithm == Algorithm::OneShot {
         // A few ranks at most: the full simulation costs no more than a shortcut would, and
         // it times the local reductions that the lean engines leave out.
