@@ -5,12 +5,13 @@
 //! Counted for the shared-memory transport, in three parts. The caller's buffers and scratch
 //! (as large as the message: at 64 MiB they live in DRAM): a send reads its source, a receive
 //! writes its destination, a receive-reduce reads the local operand and writes the result, a
-//! copy reads and writes, a local reduction reads two operands and writes one. Cache: a send of at most [`CACHE_RESIDENT_BYTES`] that reads what
-//! the rank wrote in the step before (a sliced ring sends on the slice it just reduced) is
-//! counted here instead of in the buffers. The ring's slots (1 MiB a direction, so they stay
-//! in the last-level cache): a send writes a slot, a receive reads one. The bound is the
-//! buffer traffic at the memcpy rate (a memcpy reads and writes 2 bytes per byte copied); for
-//! a message that fits in the caches it is not a bound.
+//! copy reads and writes, a local reduction reads two operands and writes one. Cache: a send
+//! of at most [`CACHE_RESIDENT_BYTES`] that reads what the rank wrote in the step before (a
+//! sliced ring sends on the slice it just reduced) is counted here instead of in the buffers.
+//! The ring's slots (1 MiB a direction, so they stay in the last-level cache): a send writes
+//! a slot, a receive reads one. The bound is the buffer traffic at the memcpy rate (a memcpy
+//! reads and writes 2 bytes per byte copied); for a message that fits in the caches it is not
+//! a bound.
 
 use std::time::Instant;
 use strata::{Algorithm, Collective, Communicator};
