@@ -296,14 +296,7 @@ impl Engine<'_> {
             };
             // Local reductions run when the step starts, after the rank's earlier
             // reductions and before its transfers.
-            let reduced: usize = step
-                .ops
-                .iter()
-                .map(|op| match op {
-                    Op::Reduce { dst, .. } => dst.len,
-                    _ => 0,
-                })
-                .sum();
+            let reduced = step.elems_reduced_locally();
             let st = &mut self.ranks[r];
             if reduced > 0 {
                 let gamma = self.net.link(r, r).gamma;

@@ -127,6 +127,20 @@ pub struct Step {
     pub ops: Vec<Op>,
 }
 
+impl Step {
+    /// Elements this step reduces locally ([`Op::Reduce`]), which the timing engines charge
+    /// at the step's start.
+    pub fn elems_reduced_locally(&self) -> usize {
+        self.ops
+            .iter()
+            .map(|op| match op {
+                Op::Reduce { dst, .. } => dst.len,
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
 /// Everything one rank does for one collective.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RankSchedule {

@@ -158,18 +158,11 @@ impl Engine<'_> {
             };
             // Local reductions run when the step starts, one after another, before its
             // transfers; copies are free.
-            let reducing: f64 = match self.net {
-                Some((net, elem_bytes)) => step
-                    .ops
-                    .iter()
-                    .filter_map(|op| match op {
-                        Op::Reduce { dst, .. } => {
-                            Some(dst.len as f64 * elem_bytes * net.link(r, r).gamma)
-                        }
-                        _ => None,
-                    })
-                    .sum(),
-                None => 0.0,
+            let reducing = match (self.net, step.elems_reduced_locally()) {
+                (Some((net, elem_bytes)), elems) if elems > 0 => {
+                    elems as f64 * elem_bytes * net.link(r, r).gamma
+                }
+                _ => 0.0,
             };
             let st = &mut self.ranks[r];
             st.end += reducing;
