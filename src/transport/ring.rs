@@ -82,9 +82,13 @@ pub(crate) struct RingEndpoint {
     /// Consumer-side copy of our own tail, and how far into the current slot we have read.
     rx_tail: u32,
     rx_offset: usize,
+    /// `tx_head` and `rx_tail` modulo the slot count, kept rather than divided for on
+    /// every post and poll.
+    tx_slot: u32,
+    rx_slot: u32,
     name: &'static str,
-    /// `mem.base()`, read once.
-    base: *mut u8,
+    /// Where each ring starts, computed once.
+    rings: [*mut u8; 2],
 }
 
 // SAFETY: the endpoint only touches the shared memory through atomics and through slots that
@@ -163,15 +167,27 @@ impl RingEndpoint {
             tx_tail_seen: 0,
             rx_tail: 0,
             rx_offset: 0,
+            tx_slot: 0,
+            rx_slot: 0,
             name,
-            base: mem.base(),
+            // SAFETY: both rings lie inside segment_bytes, checked at create/attach.
+            rings: [0, 1]
+                .map(|which| unsafe { mem.base().add(CONTROL_BYTES + which * geo.ring_bytes()) }),
             _mem: mem,
         }
     }
 
     fn ring_base(&self, which: usize) -> *mut u8 {
-        // SAFETY: offsets stay inside segment_bytes, checked at create/attach.
-        unsafe { self.base.add(CONTROL_BYTES + which * self.geo.ring_bytes()) }
+        self.rings[which]
+    }
+
+    /// The slot after `slot`.
+    fn next_slot(&self, slot: u32) -> u32 {
+        if slot + 1 == self.geo.slots {
+            0
+        } else {
+            slot + 1
+        }
     }
 
     /// The control block of ring `which`. The reference is not tied to `&self` so that the
@@ -216,7 +232,7 @@ impl RingEndpoint {
     /// Fills the next slot with `a` then `b` and posts it. The caller has checked
     /// [`RingEndpoint::slot_free`] and that both fit one slot's payload.
     fn post(&mut self, a: &[u8], b: &[u8]) {
-        let slot = self.tx_head % self.geo.slots;
+        let slot = self.tx_slot;
         debug_assert!(a.len() + b.len() <= self.payload_capacity());
         // SAFETY: the slot is free (head - tail < slots), so the consumer does not read it,
         // and a and b together fit its payload.
@@ -226,6 +242,7 @@ impl RingEndpoint {
             std::ptr::copy_nonoverlapping(b.as_ptr(), p.add(a.len()), b.len());
         }
         self.tx_head = self.tx_head.wrapping_add(1);
+        self.tx_slot = self.next_slot(slot);
         let hdr = self.slot_header(self.tx, slot);
         hdr.len.store((a.len() + b.len()) as u32, Ordering::Relaxed);
         hdr.seq.store(self.tx_head, Ordering::Release);
@@ -295,7 +312,7 @@ impl Transport for RingEndpoint {
         let mut consumed = 0;
         let mut released = false;
         while consumed < max {
-            let slot = self.rx_tail % self.geo.slots;
+            let slot = self.rx_slot;
             let hdr = self.slot_header(self.rx, slot);
             if hdr.seq.load(Ordering::Acquire) != self.rx_tail.wrapping_add(1) {
                 break;
@@ -320,6 +337,7 @@ impl Transport for RingEndpoint {
             if self.rx_offset == len {
                 self.rx_offset = 0;
                 self.rx_tail = self.rx_tail.wrapping_add(1);
+                self.rx_slot = self.next_slot(slot);
                 ctl.tail.0.store(self.rx_tail, Ordering::SeqCst);
                 released = true;
             }
