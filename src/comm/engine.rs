@@ -43,70 +43,25 @@ impl Communicator {
                 s.dtype, spec.dtype
             )));
         }
-        let (p, rank, es) = (inner.size, inner.rank, spec.dtype.size());
+        let (p, es) = (inner.size, spec.dtype.size());
         let mut guard = self.lock_state()?;
         let st = &mut *guard;
-        let algorithm = self.chosen_algorithm(st, spec.collective, spec.count * es);
-        // The slice of a ring all-reduce (0 for anything else); it travels in the header.
-        let ring_slice = if spec.collective == Collective::AllReduce
-            && algorithm.normalized() == Algorithm::Ring
-        {
-            self.ring_slice_bytes(spec.count * es) / es
-        } else {
-            0
-        };
-        let plan = Plan {
-            collective: spec.collective,
-            algorithm,
-            nranks: p,
-            rank,
-            count: spec.count,
-            root: spec.root,
-            chunk_elems: (inner.cfg.chunk_bytes / es).max(1),
-        };
-        // The last call's plan is taken out of the state for the call and put back after it,
-        // rather than shared by reference counting: a repeated call then does no atomic
-        // read-modify-write for it.
-        let cached = match st.last_plan.take() {
-            Some((last, c)) if last == plan => c,
-            _ => match st.schedules.get(&plan) {
-                Some(c) => c.clone(),
-                None => {
-                    let sched = strata_algorithms::plan_to_run_on(
-                        &plan,
-                        inner.tuner.hierarchy(),
-                        inner.tuner.ordered(),
-                        ring_slice,
-                    )
-                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-                    inner.schedules_built.fetch_add(1, Ordering::Relaxed);
-                    let c = Arc::new(CachedPlan::new(&plan, sched, rank, p));
-                    if st.schedules.len() >= SCHEDULE_CACHE {
-                        st.schedules.clear();
-                    }
-                    st.schedules.insert(plan, c.clone());
-                    c
-                }
-            },
+        let forced = self.forced_word(spec.collective);
+        // The last call's derivation is taken out of the state for the call and put back
+        // after it, rather than shared by reference counting: a repeated call then does no
+        // atomic read-modify-write for it.
+        let call = match st.last_call.take() {
+            Some(last) if last.spec == spec && last.forced == forced => last,
+            _ => self.derive_call(st, spec, forced)?,
         };
         st.seq += 1;
         let local = Header {
-            collective: spec.collective,
             seq: st.seq,
-            dtype: spec.dtype,
-            count: spec.count as u64,
-            op: if spec.collective.reduces() {
-                spec.op.code()
-            } else {
-                0
-            },
-            param: if spec.collective.rooted() {
-                spec.root as u64
-            } else {
-                ring_slice as u64
-            },
-            algorithm,
+            ..call.header
         };
+        let mut encoded = call.encoded;
+        encoded[Header::SEQ_BYTES].copy_from_slice(&st.seq.to_le_bytes());
+        let cached = &*call.cached;
         let small = cached.small.as_ref().filter(|_| {
             !matches!(spec.op, ReduceOp::PreMulSum(_))
                 && (1..=SMALL_MAX_BYTES).contains(&input_bytes)
@@ -119,7 +74,7 @@ impl Communicator {
         let connected = st.connected_to(&cached.exchange);
         let announce_late = small.is_some() && connected;
         if !announce_late {
-            inner.health.op_started(&local);
+            inner.health.op_started(local.call_seq(), &encoded);
         }
         let result = (|| {
             if !connected {
@@ -134,15 +89,19 @@ impl Communicator {
                 let mut run = self.op_run(st, local, spec.dtype, (combine, divide_by));
                 let announce = || {
                     if announce_late {
-                        inner.health.op_started(&local);
+                        inner.health.op_started(local.call_seq(), &encoded);
                     }
                 };
                 let buffers = (input, output, input_bytes);
                 // SAFETY: the caller guarantees both buffers for their byte counts.
                 return unsafe {
                     match small {
-                        SmallPath::Doubling(d) => run.run_small_doubling(d, buffers, announce),
-                        SmallPath::OneShot(o) => run.run_small_one_shot(o, buffers, announce),
+                        SmallPath::Doubling(d) => {
+                            run.run_small_doubling(d, buffers, &encoded, announce)
+                        }
+                        SmallPath::OneShot(o) => {
+                            run.run_small_one_shot(o, buffers, &encoded, announce)
+                        }
                     }
                 };
             }
@@ -194,8 +153,76 @@ impl Communicator {
                 .run(&cached.sched, &bufs)
         })();
         let r = self.conclude(st, &local, result);
-        st.last_plan = Some((plan, cached));
+        st.last_call = Some(call);
         r
+    }
+
+    /// What a call of `spec` is made of besides its sequence number: the algorithm (chosen
+    /// under the explicit choice `forced`), the schedule, and the header.
+    fn derive_call(&self, st: &mut State, spec: CallSpec, forced: u8) -> Result<LastCall> {
+        let inner = &*self.inner;
+        let (p, rank, es) = (inner.size, inner.rank, spec.dtype.size());
+        let algorithm = self.chosen_algorithm(st, spec.collective, spec.count * es);
+        // The slice of a ring all-reduce (0 for anything else); it travels in the header.
+        let ring_slice = if spec.collective == Collective::AllReduce
+            && algorithm.normalized() == Algorithm::Ring
+        {
+            self.ring_slice_bytes(spec.count * es) / es
+        } else {
+            0
+        };
+        let plan = Plan {
+            collective: spec.collective,
+            algorithm,
+            nranks: p,
+            rank,
+            count: spec.count,
+            root: spec.root,
+            chunk_elems: (inner.cfg.chunk_bytes / es).max(1),
+        };
+        let cached = match st.schedules.get(&plan) {
+            Some(c) => c.clone(),
+            None => {
+                let sched = strata_algorithms::plan_to_run_on(
+                    &plan,
+                    inner.tuner.hierarchy(),
+                    inner.tuner.ordered(),
+                    ring_slice,
+                )
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                inner.schedules_built.fetch_add(1, Ordering::Relaxed);
+                let c = Arc::new(CachedPlan::new(&plan, sched, rank, p));
+                if st.schedules.len() >= SCHEDULE_CACHE {
+                    st.schedules.clear();
+                }
+                st.schedules.insert(plan, c.clone());
+                c
+            }
+        };
+        let header = Header {
+            collective: spec.collective,
+            seq: 0,
+            dtype: spec.dtype,
+            count: spec.count as u64,
+            op: if spec.collective.reduces() {
+                spec.op.code()
+            } else {
+                0
+            },
+            param: if spec.collective.rooted() {
+                spec.root as u64
+            } else {
+                ring_slice as u64
+            },
+            algorithm,
+        };
+        Ok(LastCall {
+            spec,
+            forced,
+            header,
+            encoded: header.encode(),
+            cached,
+        })
     }
 
     /// [`Communicator::algorithm_for`], remembering the tuner's last answer.

@@ -249,7 +249,7 @@ impl Communicator {
             scratch: Vec::new(),
             staging: Vec::new(),
             schedules: HashMap::new(),
-            last_plan: None,
+            last_call: None,
             last_choice: None,
             small_calls: 0,
             exec: Default::default(),

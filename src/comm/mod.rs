@@ -5,7 +5,9 @@ use crate::config::{Config, RankOrder};
 use crate::connection::{self, CommListener, Connection, ControlFrame};
 use crate::dtype::{DataType, Element, ReduceOp};
 use crate::error::{Error, RankList, Result};
-use crate::executor::{self, Buffers, Header, OpRun, SMALL_MAX_BYTES, SmallDoubling, SmallOneShot};
+use crate::executor::{
+    self, Buffers, HEADER_BYTES, Header, OpRun, SMALL_MAX_BYTES, SmallDoubling, SmallOneShot,
+};
 use crate::reduce::{self, Combine};
 use crate::watchdog::{self, FlightRecord, Health, Progress, Watchdog, WatchdogSetup};
 use std::collections::HashMap;
@@ -73,8 +75,9 @@ struct State {
     scratch: Vec<u64>,
     staging: Vec<u64>,
     schedules: HashMap<Plan, Arc<CachedPlan>>,
-    /// The plan of the previous call: repeated calls skip hashing.
-    last_plan: Option<(Plan, Arc<CachedPlan>)>,
+    /// What the previous call was made of: the same call again (a training loop's usual
+    /// case) skips choosing, planning, hashing and encoding.
+    last_call: Option<LastCall>,
     /// The tuner's choice for the previous call's (collective, bytes): a repeated call skips
     /// the tuner's lock and table.
     last_choice: Option<(Collective, usize, Algorithm)>,
@@ -93,6 +96,18 @@ struct CachedPlan {
     /// The small path, which runs all-reduces of up to [`SMALL_MAX_BYTES`] without the step
     /// machinery, where one applies.
     small: Option<SmallPath>,
+}
+
+/// A call's spec and everything derived from it but its sequence number.
+struct LastCall {
+    spec: CallSpec,
+    /// The word of [`Inner::algo_choice`] it was derived under: a later explicit choice
+    /// derives again.
+    forced: u8,
+    /// Its header, with sequence number 0, and that header encoded.
+    header: Header,
+    encoded: [u8; HEADER_BYTES],
+    cached: Arc<CachedPlan>,
 }
 
 /// A small all-reduce path and its peers.
@@ -365,8 +380,15 @@ impl Communicator {
 
     /// The algorithm set for `collective` by `STRATA_ALGO` or [`Communicator::set_algorithm`].
     fn forced_algorithm(&self, collective: Collective) -> Option<Algorithm> {
-        let chosen = self.inner.algo_choice[collective.code() as usize].load(Ordering::Relaxed);
-        chosen.checked_sub(1).and_then(Algorithm::from_code)
+        self.forced_word(collective)
+            .checked_sub(1)
+            .and_then(Algorithm::from_code)
+    }
+
+    /// The raw word behind [`Communicator::forced_algorithm`]: 0, or an algorithm's code
+    /// plus one.
+    fn forced_word(&self, collective: Collective) -> u8 {
+        self.inner.algo_choice[collective.code() as usize].load(Ordering::Relaxed)
     }
 
     /// The tuner's ranked table for `collective` at `bytes` per rank, with predicted times on

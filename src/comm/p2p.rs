@@ -184,7 +184,7 @@ impl Communicator {
             },
             scratch_elems: 0,
         };
-        inner.health.op_started(&local);
+        inner.health.op_started(local.call_seq(), &local.encode());
         let result = (|| {
             self.ensure_connections(st, &needed, &local)?;
             let bufs = Buffers {

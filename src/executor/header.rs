@@ -24,6 +24,9 @@ pub(crate) struct Header {
 }
 
 impl Header {
+    /// Where the encoding keeps the sequence number: a repeated call patches only these.
+    pub const SEQ_BYTES: std::ops::Range<usize> = 8..16;
+
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut b = [0u8; HEADER_BYTES];
         b[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
@@ -31,7 +34,7 @@ impl Header {
         b[5] = self.dtype as u8;
         b[6] = self.op;
         b[7] = self.algorithm.code();
-        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[Self::SEQ_BYTES].copy_from_slice(&self.seq.to_le_bytes());
         b[16..24].copy_from_slice(&self.count.to_le_bytes());
         b[24..32].copy_from_slice(&self.param.to_le_bytes());
         b
@@ -47,7 +50,7 @@ impl Header {
             dtype: DataType::from_code(b[5])?,
             op: b[6],
             algorithm: Algorithm::from_code(b[7])?,
-            seq: u64_at(8),
+            seq: u64_at(Self::SEQ_BYTES.start),
             count: u64_at(16),
             param: u64_at(24),
         })

@@ -72,7 +72,8 @@ type Progress = [usize; ONE_SHOT_MAX_RANKS];
 
 impl OpRun<'_> {
     /// Runs a small one-shot all-reduce of `bytes` (≤ [`SMALL_MAX_BYTES`], whole elements)
-    /// from `input` to `output` (which may be the same memory) with the peers of `plan`.
+    /// from `input` to `output` (which may be the same memory) with the peers of `plan`;
+    /// `header` is this call's header encoded, which every peer's must equal byte for byte.
     ///
     /// # Safety
     /// `input` must be readable and `output` writable for `bytes` bytes for the whole call.
@@ -80,6 +81,7 @@ impl OpRun<'_> {
         &mut self,
         plan: &SmallOneShot,
         (input, output, bytes): (*const u8, *mut u8, usize),
+        header: &[u8; HEADER_BYTES],
         announce: impl FnOnce(),
     ) -> Result<()> {
         let p = plan.peers.len() + 1;
@@ -89,7 +91,6 @@ impl OpRun<'_> {
                 "internal: {bytes} bytes on {p} ranks given to the small one-shot all-reduce"
             )));
         }
-        let (header, expected) = self.small_headers();
         // One slot of `bytes` per rank, in rank order; kept from call to call.
         let mut slots = std::mem::take(&mut self.reuse.gathered);
         if slots.len() < p * bytes {
@@ -98,7 +99,7 @@ impl OpRun<'_> {
         // SAFETY: the caller's input, readable for `bytes`; nothing writes the output (which
         // may be the same memory) before every send has finished.
         let data = unsafe { std::slice::from_raw_parts(input, bytes) };
-        let result = self.gather_small(plan, (&header, &expected), data, &mut slots, announce);
+        let result = self.gather_small(plan, header, data, &mut slots, announce);
         if result.is_ok() {
             let own = plan.own * bytes;
             slots[own..own + bytes].copy_from_slice(data);
@@ -123,12 +124,12 @@ impl OpRun<'_> {
         result
     }
 
-    /// Sends the header and `data` to every peer and gathers each peer's data into its slot
-    /// (of `data.len()` bytes), checking its header first.
+    /// Sends `header` and `data` to every peer and gathers each peer's data into its slot
+    /// (of `data.len()` bytes), checking that its header is the same as `header` first.
     fn gather_small(
         &mut self,
         plan: &SmallOneShot,
-        (header, expected): (&[u8; HEADER_BYTES], &[u8; HEADER_BYTES]),
+        header: &[u8; HEADER_BYTES],
         data: &[u8],
         slots: &mut [u8],
         announce: impl FnOnce(),
@@ -170,7 +171,7 @@ impl OpRun<'_> {
                 if got[i] < total {
                     let at = plan.slots[i] * data.len();
                     let slot = &mut slots[at..at + data.len()];
-                    let moved = self.recv_small(q, (got[i], total), expected, slot)?;
+                    let moved = self.recv_small(q, (got[i], total), header, slot)?;
                     got[i] += moved;
                     progressed |= moved > 0;
                     if got[i] < total {

@@ -62,18 +62,14 @@ impl SmallDoubling {
     }
 }
 
-/// The header to send, the header expected, and the bytes to send after the header, with
+/// The header (sent, and expected from the partner), and the bytes to send after it, with
 /// the buffer that keeps what the transport did not take at once.
-type HeadersAndSource<'a> = (
-    &'a [u8; HEADER_BYTES],
-    &'a [u8; HEADER_BYTES],
-    *const u8,
-    &'a mut Vec<u8>,
-);
+type HeaderAndSource<'a> = (&'a [u8; HEADER_BYTES], *const u8, &'a mut Vec<u8>);
 
 impl OpRun<'_> {
     /// Runs a small all-reduce of `bytes` (≤ [`SMALL_MAX_BYTES`], whole elements) from
-    /// `input` to `output` (which may be the same memory) with the peers of `plan`.
+    /// `input` to `output` (which may be the same memory) with the peers of `plan`; `header`
+    /// is this call's header encoded, which every peer's must equal byte for byte.
     ///
     /// # Safety
     /// `input` must be readable and `output` writable for `bytes` bytes for the whole call.
@@ -81,6 +77,7 @@ impl OpRun<'_> {
         &mut self,
         plan: &SmallDoubling,
         (input, output, bytes): (*const u8, *mut u8, usize),
+        header: &[u8; HEADER_BYTES],
         announce: impl FnOnce(),
     ) -> Result<()> {
         if bytes > SMALL_MAX_BYTES || !bytes.is_multiple_of(self.dtype.size()) {
@@ -89,7 +86,6 @@ impl OpRun<'_> {
                 "internal: {bytes} bytes given to the small all-reduce"
             )));
         }
-        let (header, expected) = self.small_headers();
         // Headers to the peers that get nothing else: sent first, read last, as the general
         // executor does. Bytes of each header sent so far.
         let mut sent = [0u8; SMALL_MAX_PEERS];
@@ -101,7 +97,7 @@ impl OpRun<'_> {
             for &partner in &plan.partners {
                 self.exchange_small(
                     partner,
-                    (&header, &expected, cur, &mut spill),
+                    (header, cur, &mut spill),
                     &mut announce,
                     output,
                     bytes,
@@ -109,7 +105,7 @@ impl OpRun<'_> {
                 )?;
                 cur = output;
             }
-            self.finish_header_only(&plan.header_only, &mut sent, &header)
+            self.finish_header_only(&plan.header_only, &mut sent, header)
         })();
         self.reuse.coalesce = spill;
         // Every path announces the call before it ends (a plan always has a partner, so the
@@ -127,19 +123,6 @@ impl OpRun<'_> {
             );
         }
         Ok(())
-    }
-
-    /// The header this call sends and the one it expects, each encoded once. A small path
-    /// checks headers as bytes: the encoding is canonical, so equal bytes are equal headers
-    /// (decoded only to describe a mismatch).
-    pub(super) fn small_headers(&self) -> ([u8; HEADER_BYTES], [u8; HEADER_BYTES]) {
-        let header = self.wire_out.encode();
-        let expected = if self.wire_in == self.wire_out {
-            header
-        } else {
-            self.wire_in.encode()
-        };
-        (header, expected)
     }
 
     /// The error for a header from `peer` whose bytes differ from the expected ones: both
@@ -163,7 +146,7 @@ impl OpRun<'_> {
     fn exchange_small(
         &mut self,
         partner: usize,
-        (header, expected, src, spill): HeadersAndSource<'_>,
+        (header, src, spill): HeaderAndSource<'_>,
         announce: &mut Option<impl FnOnce()>,
         dst: *mut u8,
         bytes: usize,
@@ -217,7 +200,7 @@ impl OpRun<'_> {
                             let k = incoming.len().min(HEADER_BYTES - pos);
                             head[pos..pos + k].copy_from_slice(&incoming[..k]);
                             (pos, incoming) = (pos + k, &incoming[k..]);
-                            wrong = pos == HEADER_BYTES && head != *expected;
+                            wrong = pos == HEADER_BYTES && head != *header;
                         }
                         let (at, k) = (pos - HEADER_BYTES, incoming.len());
                         pos += k;
@@ -238,7 +221,7 @@ impl OpRun<'_> {
                         }
                     })
                     .map_err(|e| self.io_err(partner, e))?;
-                if got < HEADER_BYTES && got + n >= HEADER_BYTES && head != *expected {
+                if got < HEADER_BYTES && got + n >= HEADER_BYTES && head != *header {
                     // Other bytes are another call (the encoding is canonical: see the
                     // header's tests), and its data was not reduced.
                     return Err(self.small_mismatch(partner, Some(&head)));

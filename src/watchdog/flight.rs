@@ -194,11 +194,10 @@ impl Recorder {
         &self.entries[(number % FLIGHT_RECORDS as u64) as usize]
     }
 
-    /// An operation starts. One writer at a time (the caller holds the state lock).
-    pub fn start(&self, op: &Header) {
-        let seq = op.call_seq();
+    /// An operation starts: `seq` is its [`Header::call_seq`], `encoded` its header. One
+    /// writer at a time (the caller holds the state lock).
+    pub fn start(&self, seq: u64, encoded: &[u8; HEADER_BYTES]) {
         let n = self.recorded.load(Ordering::Relaxed);
-        let encoded = op.encode();
         let start = self.clock.stamp();
         self.entry(n).write(|e| {
             e.number.store(n + 1, Ordering::Relaxed);
@@ -296,18 +295,23 @@ mod tests {
         }
     }
 
+    fn start(r: &Recorder, seq: u64) {
+        let h = call(seq);
+        r.start(h.call_seq(), &h.encode());
+    }
+
     #[test]
     fn records_progress_errors_and_wraps_the_ring() {
         let r = Recorder::default();
         assert_eq!(r.progress(), Progress::default());
-        r.start(&call(1));
+        start(&r, 1);
         let p = r.progress();
         assert_eq!((p.started, p.finished), (1, 0));
         assert!(p.current.unwrap().starts_with("all_reduce #1"));
         r.finish(1, None);
         assert_eq!(r.progress().current, None);
         assert_eq!(r.progress().finished, 1);
-        r.start(&call(2));
+        start(&r, 2);
         r.finish(2, Some(&Error::Aborted(None)));
         let recs = r.records();
         assert_eq!(recs.len(), 2);
@@ -320,7 +324,7 @@ mod tests {
             "a failed call does not count as finished"
         );
         for seq in 3..3 + FLIGHT_RECORDS as u64 + 10 {
-            r.start(&call(seq));
+            start(&r, seq);
             r.finish(seq, None);
         }
         let recs = r.records();
@@ -354,7 +358,7 @@ mod tests {
             })
         };
         for seq in 1..200_000 {
-            r.start(&call(seq));
+            start(&r, seq);
             r.finish(seq, None);
         }
         stop.store(true, Ordering::Relaxed);

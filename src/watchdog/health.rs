@@ -3,7 +3,7 @@
 
 use crate::bootstrap::PeerInfo;
 use crate::error::Error;
-use crate::executor::Header;
+use crate::executor::HEADER_BYTES;
 use serde::{Deserialize, Serialize};
 use std::os::unix::net::UnixDatagram;
 use std::sync::Mutex;
@@ -95,10 +95,11 @@ impl Health {
         self.interrupt.store(true, Ordering::Release);
     }
 
-    /// A call starts: a collective (its sequence number moves `started`) or a point-to-point
-    /// transfer ([`Header::call_seq`] 0). Callers hold the communicator's state lock.
-    pub fn op_started(&self, op: &Header) {
-        self.recorder.start(op);
+    /// A call starts: a collective (its sequence number `call_seq` moves `started`) or a
+    /// point-to-point transfer ([`Header::call_seq`](crate::executor::Header::call_seq) 0),
+    /// with its header `encoded`. Callers hold the communicator's state lock.
+    pub fn op_started(&self, call_seq: u64, encoded: &[u8; HEADER_BYTES]) {
+        self.recorder.start(call_seq, encoded);
     }
 
     /// The call that [`Health::op_started`] announced ended. Callers hold the state lock.
