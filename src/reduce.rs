@@ -212,21 +212,23 @@ fn cast_mut<T: Pod>(b: &mut [u8]) -> Option<&mut [T]> {
     bytemuck::try_cast_slice_mut(b).ok()
 }
 
-/// A kernel over typed views: `(dst, optional second operand, incoming)`.
-type Kernel<'k, T> = &'k mut dyn FnMut(&mut [T], Option<&[T]>, &[T]);
-
-/// Runs `f` on typed views of the three byte slices, copying through aligned blocks when any is
-/// misaligned for `T`.
-fn typed3<T: Pod>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8], f: Kernel<'_, T>) {
-    let aligned = cast::<T>(b).is_some()
-        && a.is_none_or(|a| cast::<T>(a).is_some())
-        && cast_mut::<T>(dst).is_some();
-    if aligned {
-        let tb = cast::<T>(b).unwrap_or_default();
-        let ta = a.and_then(cast::<T>);
-        if let Some(td) = cast_mut::<T>(dst) {
-            f(td, ta, tb);
-        }
+/// Runs `f` — a kernel over typed views `(dst, optional second operand, incoming)` — on the
+/// three byte slices, copying through aligned blocks when any is misaligned for `T`. Each
+/// slice is cast once, and `f` is called directly: small reductions are mostly this overhead.
+fn typed3<T: Pod>(
+    dst: &mut [u8],
+    a: Option<&[u8]>,
+    b: &[u8],
+    mut f: impl FnMut(&mut [T], Option<&[T]>, &[T]),
+) {
+    let ta = match a {
+        None => Some(None),
+        Some(a) => cast::<T>(a).map(Some),
+    };
+    if let (Some(tb), Some(ta)) = (cast::<T>(b), ta)
+        && let Some(td) = cast_mut::<T>(dst)
+    {
+        f(td, ta, tb);
         return;
     }
     let size = std::mem::size_of::<T>();
@@ -250,14 +252,14 @@ fn typed3<T: Pod>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8], f: Kernel<'_, T>) 
 }
 
 fn dispatch_arith<T: Arith>(op: Combine, dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
-    typed3::<T>(dst, a, b, &mut |d, a, b| match a {
+    typed3::<T>(dst, a, b, |d, a, b| match a {
         Some(a) => combine_into(op, d, a, b),
         None => combine_acc(op, d, b),
     });
 }
 
 fn dispatch_narrow<T: Narrow>(op: Combine, dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
-    typed3::<T>(dst, a, b, &mut |d, a, b| narrow_combine(op, d, a, b));
+    typed3::<T>(dst, a, b, |d, a, b| narrow_combine(op, d, a, b));
 }
 
 /// A `simd16` kernel: `dst = op(a, b)` over a leading part, returning how many it did.
@@ -271,7 +273,7 @@ fn dispatch_half<T: Narrow>(
     b: &[u8],
     simd: HalfKernel<T>,
 ) {
-    typed3::<T>(dst, a, b, &mut |d, a, b| {
+    typed3::<T>(dst, a, b, |d, a, b| {
         let done = simd(op, d, a, b);
         if done < d.len() {
             narrow_combine(op, &mut d[done..], a.map(|a| &a[done..]), &b[done..]);
@@ -280,7 +282,8 @@ fn dispatch_half<T: Narrow>(
 }
 
 fn combine_bytes(dtype: DataType, op: Combine, dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
-    let len = dst.len() - dst.len() % dtype.size();
+    // Whole elements only; every element size is a power of two.
+    let len = dst.len() & !(dtype.size() - 1);
     let dst = &mut dst[..len];
     let b = &b[..len];
     let a = a.map(|a| &a[..len]);

@@ -110,7 +110,12 @@ pub(crate) fn whole_elements(
 ) -> io::Result<usize> {
     let granule = granule.max(1);
     let take = avail.min(room);
-    let take = take - take % granule;
+    // Element sizes are powers of two: a mask, not a division, on every receive.
+    let take = if granule.is_power_of_two() {
+        take & !(granule - 1)
+    } else {
+        take - take % granule
+    };
     if take == 0 && avail > 0 && avail < granule && consumed == 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
