@@ -49,7 +49,7 @@ impl Communicator {
         let forced = self.forced_word(spec.collective);
         // The last call's derivation is taken out of the state for the call and put back
         // after it, rather than shared by reference counting: a repeated call then does no
-        // atomic read-modify-write for it.
+        // atomic read-modify-write for it, and moves one pointer each way.
         let call = match st.last_call.take() {
             Some(last) if last.spec == spec && last.forced == forced => last,
             _ => self.derive_call(st, spec, forced)?,
@@ -159,7 +159,7 @@ impl Communicator {
 
     /// What a call of `spec` is made of besides its sequence number: the algorithm (chosen
     /// under the explicit choice `forced`), the schedule, and the header.
-    fn derive_call(&self, st: &mut State, spec: CallSpec, forced: u8) -> Result<LastCall> {
+    fn derive_call(&self, st: &mut State, spec: CallSpec, forced: u8) -> Result<Box<LastCall>> {
         let inner = &*self.inner;
         let (p, rank, es) = (inner.size, inner.rank, spec.dtype.size());
         let algorithm = self.chosen_algorithm(st, spec.collective, spec.count * es);
@@ -216,13 +216,13 @@ impl Communicator {
             },
             algorithm,
         };
-        Ok(LastCall {
+        Ok(Box::new(LastCall {
             spec,
             forced,
             header,
             encoded: header.encode(),
             cached,
-        })
+        }))
     }
 
     /// [`Communicator::algorithm_for`], remembering the tuner's last answer.

@@ -77,7 +77,7 @@ struct State {
     schedules: HashMap<Plan, Arc<CachedPlan>>,
     /// What the previous call was made of: the same call again (a training loop's usual
     /// case) skips choosing, planning, hashing and encoding.
-    last_call: Option<LastCall>,
+    last_call: Option<Box<LastCall>>,
     /// The tuner's choice for the previous call's (collective, bytes): a repeated call skips
     /// the tuner's lock and table.
     last_choice: Option<(Collective, usize, Algorithm)>,

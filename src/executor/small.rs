@@ -179,7 +179,8 @@ impl OpRun<'_> {
         let mut head = [0u8; HEADER_BYTES];
         let mut idle = 0u32;
         loop {
-            let mut progressed = self.push_headers(header_only, sent, header)?;
+            let mut progressed =
+                !header_only.is_empty() && self.push_headers(header_only, sent, header)?;
             if out < total {
                 let n = self
                     .conn(partner)?
