@@ -3,38 +3,23 @@
 //! including those cut off below it. Diagnosis: a rank that skips a collective is named, with
 //! what it does, by all 63 others, from one census taken over the tree.
 
+mod in_process;
+
+use in_process::*;
 use std::time::{Duration, Instant};
 use strata::bootstrap::{TREE_FANOUT, tree_depth};
-use strata::{Communicator, Config, Error, ReduceOp, TransportPolicy, UniqueId};
+use strata::{Communicator, Config, Error, ReduceOp, TransportPolicy};
 
-fn cfg(init_timeout: Duration) -> Config {
-    let mut c = Config::from_env().unwrap();
-    c.listen_ip = "127.0.0.1".parse().unwrap();
+/// The shared thread configuration with `init_timeout` for start-up.
+fn tree_cfg(init_timeout: Duration) -> Config {
+    let mut c = cfg(TransportPolicy::Auto);
     c.init_timeout = init_timeout;
-    c.timeout = Duration::from_secs(60);
-    c.transport = TransportPolicy::Auto;
     c
-}
-
-fn loopback_id() -> UniqueId {
-    // SAFETY: every test in this binary sets the same value before reading it.
-    unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
-    UniqueId::new().unwrap()
 }
 
 /// `n` ranks as threads, initialised at once.
 fn init_all(n: usize) -> Vec<Communicator> {
-    let id = loopback_id();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                s.spawn(move || {
-                    Communicator::init_with_config(&id, n, r, cfg(Duration::from_secs(60))).unwrap()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    init_threads_configured(loopback_id(), n, |_| tree_cfg(Duration::from_secs(60)))
 }
 
 #[test]
@@ -82,7 +67,7 @@ fn a_rank_missing_inside_the_tree_is_named_by_every_rank_that_arrived() {
             .map(|r| {
                 s.spawn(move || {
                     let res =
-                        Communicator::init_with_config(&id, n, r, cfg(Duration::from_secs(2)));
+                        Communicator::init_with_config(&id, n, r, tree_cfg(Duration::from_secs(2)));
                     (r, res, started.elapsed())
                 })
             })
