@@ -1,7 +1,9 @@
 //! Element types and reduction operators, numbered as in NCCL.
 
 use bytemuck::{Pod, Zeroable};
+use half::{bf16, f16};
 use std::fmt;
+use std::sync::OnceLock;
 
 /// The element types of NCCL, with NCCL's numbering (`ncclDataType_t`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -226,7 +228,7 @@ impl F8E4M3 {
     }
     /// The exact value as f32.
     pub fn to_f32(self) -> f32 {
-        crate::reduce::fp8_table(E4M3_ID)[self.0 as usize]
+        fp8_table(E4M3_ID)[self.0 as usize]
     }
 }
 
@@ -237,7 +239,39 @@ impl F8E5M2 {
     }
     /// The exact value as f32.
     pub fn to_f32(self) -> f32 {
-        crate::reduce::fp8_table(E5M2_ID)[self.0 as usize]
+        fp8_table(E5M2_ID)[self.0 as usize]
+    }
+}
+
+/// The decode tables of the two fp8 formats.
+pub(crate) fn fp8_table(id: usize) -> &'static [f32; 256] {
+    static TABLES: OnceLock<[[f32; 256]; 2]> = OnceLock::new();
+    &TABLES.get_or_init(|| {
+        let mut t = [[0f32; 256]; 2];
+        for (id, fmt) in [(E4M3_ID, E4M3), (E5M2_ID, E5M2)] {
+            for (c, v) in (0u8..=255).zip(t[id].iter_mut()) {
+                *v = fmt.decode(c);
+            }
+        }
+        t
+    })[id]
+}
+
+/// A scalar of `dtype` holding `v` (rounded or truncated as the type requires).
+pub fn scalar_from_f64(dtype: DataType, v: f64) -> Scalar {
+    match dtype {
+        DataType::Int8 => Scalar::new(v as i8),
+        DataType::Uint8 => Scalar::new(v as u8),
+        DataType::Int32 => Scalar::new(v as i32),
+        DataType::Uint32 => Scalar::new(v as u32),
+        DataType::Int64 => Scalar::new(v as i64),
+        DataType::Uint64 => Scalar::new(v as u64),
+        DataType::Float16 => Scalar::new(f16::from_f64(v)),
+        DataType::Float32 => Scalar::new(v as f32),
+        DataType::Float64 => Scalar::new(v),
+        DataType::Bfloat16 => Scalar::new(bf16::from_f64(v)),
+        DataType::Float8E4M3 => Scalar::new(F8E4M3::from_f32(v as f32)),
+        DataType::Float8E5M2 => Scalar::new(F8E5M2::from_f32(v as f32)),
     }
 }
 
@@ -325,7 +359,7 @@ impl ReduceOp {
     pub fn parse(s: &str, dtype: DataType) -> Option<Self> {
         let s = s.trim().to_ascii_lowercase();
         if s == "premulsum" || s == "mulsum" {
-            return Some(ReduceOp::PreMulSum(crate::reduce::scalar_from_f64(
+            return Some(ReduceOp::PreMulSum(scalar_from_f64(
                 dtype, 1.0,
             )));
         }

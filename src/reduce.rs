@@ -6,11 +6,11 @@
 //! `f16` and `bf16` do the same in one pass with explicit SIMD (`simd16`), bit for bit. Misaligned byte slices take a slower path
 //! through aligned blocks, so callers never need to care about alignment.
 
-use crate::dtype::{DataType, E4M3, E4M3_ID, E5M2, E5M2_ID, F8E4M3, F8E5M2, Scalar};
+use crate::dtype::{DataType, E4M3_ID, E5M2_ID, F8E4M3, F8E5M2, Scalar, fp8_table};
+use crate::dtype::{E4M3, E5M2};
 use bytemuck::Pod;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use std::sync::OnceLock;
 
 mod simd16;
 
@@ -40,20 +40,6 @@ pub(crate) fn combine_of(op: crate::dtype::ReduceOp) -> Combine {
 }
 
 const BLOCK: usize = 512;
-
-/// The decode tables of the two fp8 formats.
-pub(crate) fn fp8_table(id: usize) -> &'static [f32; 256] {
-    static TABLES: OnceLock<[[f32; 256]; 2]> = OnceLock::new();
-    &TABLES.get_or_init(|| {
-        let mut t = [[0f32; 256]; 2];
-        for (id, fmt) in [(E4M3_ID, E4M3), (E5M2_ID, E5M2)] {
-            for (c, v) in (0u8..=255).zip(t[id].iter_mut()) {
-                *v = fmt.decode(c);
-            }
-        }
-        t
-    })[id]
-}
 
 trait Arith: Pod {
     fn add(a: Self, b: Self) -> Self;
@@ -374,23 +360,7 @@ pub fn scale(dtype: DataType, dst: &mut [u8], src: &[u8], scalar: &Scalar) {
     }
 }
 
-/// A scalar of `dtype` holding `v` (rounded or truncated as the type requires).
-pub fn scalar_from_f64(dtype: DataType, v: f64) -> Scalar {
-    match dtype {
-        DataType::Int8 => Scalar::new(v as i8),
-        DataType::Uint8 => Scalar::new(v as u8),
-        DataType::Int32 => Scalar::new(v as i32),
-        DataType::Uint32 => Scalar::new(v as u32),
-        DataType::Int64 => Scalar::new(v as i64),
-        DataType::Uint64 => Scalar::new(v as u64),
-        DataType::Float16 => Scalar::new(f16::from_f64(v)),
-        DataType::Float32 => Scalar::new(v as f32),
-        DataType::Float64 => Scalar::new(v),
-        DataType::Bfloat16 => Scalar::new(bf16::from_f64(v)),
-        DataType::Float8E4M3 => Scalar::new(F8E4M3::from_f32(v as f32)),
-        DataType::Float8E5M2 => Scalar::new(F8E5M2::from_f32(v as f32)),
-    }
-}
+pub use crate::dtype::scalar_from_f64;
 
 /// Reads element `i` of a byte buffer as f64 (for checks and reports).
 pub fn element_as_f64(dtype: DataType, bytes: &[u8], i: usize) -> f64 {

@@ -261,9 +261,6 @@ impl RingEndpoint {
     }
 }
 
-/// Largest slot count.
-pub(crate) const MAX_SLOTS: u32 = 1 << 16;
-
 /// Bytes at the start of each slot before its payload (keeps the payload 8-byte aligned).
 const SLOT_HEADER: usize = 8;
 

@@ -6,7 +6,6 @@
 //! RDMA write with 32 bits of immediate data that completes a receive at the target, and one
 //! completion queue per connection with a descriptor to sleep on.
 
-mod config;
 mod dl;
 #[cfg(test)]
 mod loopback;
@@ -15,7 +14,7 @@ pub(crate) mod protocol;
 pub mod regcache;
 pub mod verbs;
 
-pub use config::RdmaConfig;
+pub use crate::config::{HcaFilter, RdmaConfig};
 
 use serde::{Deserialize, Serialize};
 use std::io;

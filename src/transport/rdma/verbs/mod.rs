@@ -482,7 +482,7 @@ mod tests {
         assert_eq!(rails, ["mlx5_0", "mlx5_1", "mlx5_3", "mlx5_0"]);
         // A nearest NIC that NCCL_IB_HCA excludes is not used.
         let cfg = RdmaConfig {
-            hca: vec![super::super::config::HcaFilter {
+            hca: vec![crate::config::HcaFilter {
                 name: "mlx5_1".into(),
                 port: None,
             }],

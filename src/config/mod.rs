@@ -1,5 +1,9 @@
 //! Runtime configuration from `STRATA_*` (and NCCL's) environment variables.
 
+mod rdma;
+
+pub use rdma::{HcaFilter, RdmaConfig};
+
 use crate::error::{Error, Result};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -31,6 +35,9 @@ pub enum RankOrder {
     Launcher,
 }
 
+/// Largest slot count of a shared-memory ring (`STRATA_SHM_SLOTS`).
+pub const MAX_SHM_SLOTS: u32 = 1 << 16;
+
 /// Tunables of a communicator. [`Config::from_env`] reads them; every field can be set directly.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -41,7 +48,7 @@ pub struct Config {
     /// Transport choice (`STRATA_TRANSPORT=auto|shm|tcp|rdma|verbs|ofi`).
     pub transport: TransportPolicy,
     /// RDMA settings (`NCCL_IB_*`, `STRATA_RDMA_*`, `STRATA_OFI_PROVIDER`).
-    pub rdma: crate::transport::rdma::RdmaConfig,
+    pub rdma: RdmaConfig,
     /// TCP streams per peer (`STRATA_TCP_STREAMS`, default 2).
     pub tcp_streams: usize,
     /// Bytes per stripe across TCP streams (`STRATA_TCP_STRIPE`, default 512 KiB).
@@ -138,11 +145,11 @@ impl Config {
         if shm_slot_size == 0
             || !shm_slot_size.is_multiple_of(64)
             || shm_slots == 0
-            || shm_slots > crate::transport::ring::MAX_SLOTS
+            || shm_slots > MAX_SHM_SLOTS
         {
             return Err(Error::InvalidArgument(format!(
                 "STRATA_SHM_SLOT_SIZE must be a positive multiple of 64 and STRATA_SHM_SLOTS in 1..={}",
-                crate::transport::ring::MAX_SLOTS
+                MAX_SHM_SLOTS
             )));
         }
         let tcp_streams: usize = parse_env("STRATA_TCP_STREAMS", 2)?;
@@ -153,7 +160,7 @@ impl Config {
         }
         let ifname = env("STRATA_SOCKET_IFNAME").or_else(|| env("NCCL_SOCKET_IFNAME"));
         let listen_ip = pick_interface(ifname.as_deref())?;
-        let mut rdma = crate::transport::rdma::RdmaConfig::from_env()?;
+        let mut rdma = RdmaConfig::from_env()?;
         rdma.interface = interface_of(listen_ip);
         Ok(Self {
             timeout: secs("STRATA_TIMEOUT", 600.0)?,
