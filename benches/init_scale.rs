@@ -171,7 +171,7 @@ fn table_codec(n: usize) -> (f64, f64, usize) {
         process: 0x1234_5678_9abc_def0,
         listen: "198.18.100.200:45678".parse().expect("address"),
         place: Default::default(),
-        rdma: Default::default(),
+        transports: Default::default(),
     };
     let table: Vec<strata::PeerInfo> = (0..n)
         .map(|rank| strata::PeerInfo {

@@ -9,57 +9,46 @@
 //! every rank. A rank that does not answer is named as such, and its children are asked
 //! directly in its place; a rank whose parent does not answer takes the census itself.
 
-use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret};
-use crate::connection::open_request;
-use crate::watchdog::{Health, Progress};
-use serde::{Deserialize, Serialize};
+use crate::bootstrap;
+use crate::error::Error;
+use crate::watchdog::Health;
+use crate::wire::{
+    self, Census, ConnectKind, Handler, Incoming, Msg, PeerInfo, Progress, Secret, open_request,
+};
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Most laggards a census names; the rest are counted.
-const MAX_NAMED: usize = 64;
+/// Where a census question goes before the communicator (and its diagnoser) exists.
+pub(crate) type DiagnoserCell = Arc<OnceLock<Arc<Diagnoser>>>;
 
-/// Who is where, for one call.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub(crate) struct Census {
-    /// Ranks in the call (started it, not finished it).
-    pub in_call: Vec<usize>,
-    /// Ranks not in it, with what each is doing or why it did not answer (at most
-    /// [`MAX_NAMED`]).
-    pub laggards: Vec<(usize, String)>,
-    /// Laggards beyond those named.
-    pub unnamed: usize,
-    /// Ranks that could not be asked in time (below one that did not answer).
-    pub unasked: usize,
-}
-
-impl Census {
-    fn merge(&mut self, other: Census) {
-        self.in_call.extend(other.in_call);
-        self.unnamed += other.unnamed;
-        self.unasked += other.unasked;
-        for l in other.laggards {
-            if self.laggards.len() < MAX_NAMED {
-                self.laggards.push(l);
-            } else {
-                self.unnamed += 1;
+/// The listener's handler for `ConnectKind::Census`: the census of the asked call from the
+/// communicator's diagnoser once it has one; during init, this rank's own state from `health`,
+/// which is all it can say then.
+pub(crate) fn census_handler(diagnoser: DiagnoserCell, health: Arc<Health>) -> Handler {
+    Arc::new(move |incoming: Incoming| {
+        let Incoming {
+            kind, mut stream, ..
+        } = incoming;
+        let ConnectKind::Census {
+            seq,
+            whole_job,
+            within_ms,
+        } = kind
+        else {
+            return Err(Error::Transport("internal: not a census".into()));
+        };
+        let reply = match diagnoser.get() {
+            Some(d) => {
+                let within = Duration::from_millis(within_ms).min(Duration::from_secs(30));
+                Msg::Census(d.census(seq, whole_job, Instant::now() + within))
             }
-        }
-    }
-
-    fn lagging(rank: usize, what: String) -> Self {
-        Self {
-            laggards: vec![(rank, what)],
-            ..Self::default()
-        }
-    }
-
-    fn sort(&mut self) {
-        self.in_call.sort_unstable();
-        self.laggards.sort_by_key(|l| l.0);
-    }
+            None => Msg::Status(health.progress()),
+        };
+        wire::send_msg(&mut stream, &reply)
+    })
 }
 
 /// Where rank `q`, in state `p`, stands with call `seq`.
@@ -274,7 +263,7 @@ impl Diagnoser {
                 .max(Duration::from_millis(10)),
         ))
         .ok();
-        match bootstrap::recv_msg(&mut s) {
+        match wire::recv_msg(&mut s) {
             Ok(Msg::Census(c)) => Ok(c),
             Ok(Msg::Status(p)) => Ok(classify(peer, &p, seq)),
             Ok(other) => Err(format!("answered a census with {other:?}")),
@@ -286,6 +275,7 @@ impl Diagnoser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::MAX_NAMED;
 
     fn progress(started: u64, finished: u64, current: Option<&str>) -> Progress {
         Progress {

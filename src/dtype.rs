@@ -359,9 +359,7 @@ impl ReduceOp {
     pub fn parse(s: &str, dtype: DataType) -> Option<Self> {
         let s = s.trim().to_ascii_lowercase();
         if s == "premulsum" || s == "mulsum" {
-            return Some(ReduceOp::PreMulSum(scalar_from_f64(
-                dtype, 1.0,
-            )));
+            return Some(ReduceOp::PreMulSum(scalar_from_f64(dtype, 1.0)));
         }
         Self::BASIC.into_iter().find(|o| o.name() == s)
     }

@@ -10,23 +10,22 @@
 //! [`crate::Config::send_ahead`], the next step's sends start during the current one, each as
 //! far as its bytes are final ([`ahead`]).
 
-use crate::bootstrap::PeerInfo;
 use crate::connection::Connection;
 use crate::dtype::DataType;
 use crate::error::{Error, RankList, Result};
 use crate::reduce::{self, Combine};
 use crate::transport::Direction;
+use crate::wire::PeerInfo;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 use strata_algorithms::{Buf, Op, RankSchedule, Region};
 
 mod ahead;
-mod header;
 mod oneshot;
 mod small;
 mod wait;
+pub(crate) use crate::wire::{HEADER_BYTES, Header};
 use ahead::NextStep;
-pub(crate) use header::{HEADER_BYTES, Header};
 pub(crate) use oneshot::SmallOneShot;
 pub(crate) use small::{SMALL_MAX_BYTES, SmallDoubling};
 pub(crate) use wait::{SpinPolicy, check_control};

@@ -31,8 +31,10 @@ pub mod reduce;
 pub(crate) mod transport;
 pub mod tuning;
 pub mod watchdog;
+mod wire;
 
 pub use bootstrap::{PeerInfo, UNIQUE_ID_BYTES, UniqueId};
+pub use comm::device::{DeviceWork, GpuPath, Staged};
 pub use comm::{CallSpec, Communicator, LayoutComms, Transfer};
 pub use config::{Config, RankOrder, TransportPolicy};
 pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};

@@ -19,10 +19,9 @@
 //! that came by a shorter route, so that each rank learns its distance from the origin. Every
 //! rank ends up failing with the error of the rank that saw it first.
 
-use crate::bootstrap::{self, ConnectKind, Msg, PeerInfo, Secret};
 use crate::config::Config;
-use crate::connection;
 use crate::error::{Error, Result};
+use crate::wire::{self, ConnectKind, Handler, Incoming, Msg, PeerInfo, Secret};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -34,7 +33,8 @@ use std::time::{Duration, Instant};
 
 mod flight;
 mod health;
-pub use health::{FlightRecord, Progress};
+pub use crate::wire::Progress;
+pub use health::FlightRecord;
 pub(crate) use health::{Health, dump_trace};
 
 /// Largest watchdog frame; a longer length field is a protocol error, not an allocation.
@@ -189,6 +189,46 @@ impl Link {
     }
 }
 
+/// Links the ranks 2^k behind opened to this rank's listener, until the watchdog takes them.
+pub(crate) type LinkInbox = Arc<Mutex<Vec<(usize, TcpStream)>>>;
+
+/// The listener's handler for `ConnectKind::Watchdog`: only the ranks 2^k behind `rank` (of
+/// `nranks`) open a link to it, once each; the link waits in `inbox` for the watchdog thread.
+pub(crate) fn link_handler(rank: usize, nranks: usize, inbox: LinkInbox) -> Handler {
+    Arc::new(move |incoming: Incoming| {
+        let Incoming {
+            from, mut stream, ..
+        } = incoming;
+        if !link_sources(rank, nranks).contains(&from) {
+            return Err(wire::refuse(
+                &mut stream,
+                format!("rank {from} does not watch rank {rank}"),
+            ));
+        }
+        let mut links = inbox
+            .lock()
+            .map_err(|_| Error::Transport("watchdog inbox lock poisoned".into()))?;
+        if links.iter().any(|(r, _)| *r == from) {
+            return Err(wire::refuse(
+                &mut stream,
+                format!("rank {from} already has a watchdog link"),
+            ));
+        }
+        wire::send_msg(&mut stream, &Msg::Ack)?;
+        stream.set_read_timeout(None).ok();
+        links.push((from, stream));
+        Ok(())
+    })
+}
+
+/// The listener's handler for `ConnectKind::Status`: what this rank is doing.
+pub(crate) fn status_handler(health: Arc<Health>) -> Handler {
+    Arc::new(move |incoming: Incoming| {
+        let mut stream = incoming.stream;
+        wire::send_msg(&mut stream, &Msg::Status(health.progress()))
+    })
+}
+
 /// What the watchdog thread needs.
 pub(crate) struct WatchdogSetup {
     pub comm_id: String,
@@ -198,7 +238,7 @@ pub(crate) struct WatchdogSetup {
     pub cfg: Config,
     pub health: Arc<Health>,
     /// Hands over the links the ranks 2^k behind opened (from the communicator's listener).
-    pub incoming: Arc<Mutex<Vec<(usize, TcpStream)>>>,
+    pub incoming: LinkInbox,
 }
 
 /// A running watchdog; dropping it says goodbye to both neighbours and stops the thread.
@@ -288,7 +328,7 @@ impl Runner {
     }
 
     fn peer_failed(&self, rank: usize, reason: String) -> Error {
-        connection::peer_failed(&self.s.peers[rank], reason)
+        wire::peer_failed(&self.s.peers[rank], reason)
     }
 
     /// Records a fault found here and announces it (once) to both neighbours.
@@ -350,7 +390,7 @@ impl Runner {
     fn connect(&mut self, target: usize) {
         let peer = &self.s.peers[target];
         let hs = self.s.cfg.handshake_timeout;
-        let opened = connection::open_request(
+        let opened = wire::open_request(
             &self.s.comm_id,
             self.s.rank,
             peer,
@@ -361,7 +401,7 @@ impl Runner {
         )
         .and_then(|mut s| {
             s.set_read_timeout(Some(hs)).ok();
-            match bootstrap::recv_msg(&mut s)? {
+            match wire::recv_msg(&mut s)? {
                 Msg::Ack => Ok(s),
                 other => Err(Error::Transport(format!("answered {other:?}"))),
             }

@@ -261,7 +261,7 @@ fn coll_ranges(c: &Coll, rank: usize, p: usize, out: &mut Vec<DeviceRange>) -> R
     Ok(())
 }
 
-/// Enqueues a group's calls on GPU memory on their streams (see `strata::gpu::queue`): one
+/// Enqueues a group's calls on GPU memory on their streams (see strata's `comm/device/queue.rs`): one
 /// elementwise collective is pipelined in chunks; anything else (several calls, sends and
 /// receives, the other collectives) is staged whole through host memory and run as a group.
 pub(crate) fn enqueue_device(

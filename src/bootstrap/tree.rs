@@ -15,12 +15,14 @@
 //! fails naming the missing ones. Ranks cut off below a missing rank ask the directory
 //! themselves at their own deadline.
 
-use super::{
-    ConnectKind, Msg, PeerInfo, Secret, UniqueId, accept_loop, connect_authenticated, recv_msg,
-    send_msg,
-};
+use super::UniqueId;
 use crate::error::{Error, RankList, Result};
+use crate::wire::{
+    ConnectKind, Handler, Incoming, Msg, PeerInfo, Secret, accept_loop, connect_authenticated,
+    encode_msg, random_bytes, recv_msg, refuse, send_msg,
+};
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,6 +93,37 @@ impl TreeInbox {
             }
             edges = self.arrived.wait_timeout(edges, left).ok()?.0;
         }
+    }
+}
+
+impl TreeInbox {
+    /// The listener's handler for `ConnectKind::Tree`: only rank `rank`'s parent and children
+    /// (of `nranks`) open an edge to it, once each; the edge waits here for the rendezvous.
+    pub(crate) fn handler(self: &Arc<Self>, rank: usize, nranks: usize) -> Handler {
+        let inbox = self.clone();
+        Arc::new(move |incoming: Incoming| {
+            let Incoming {
+                from, mut stream, ..
+            } = incoming;
+            let neighbour =
+                tree_parent(rank) == Some(from) || tree_children(rank, nranks).contains(&from);
+            if !neighbour {
+                return Err(refuse(
+                    &mut stream,
+                    format!("rank {from} is not a bootstrap tree neighbour of rank {rank}"),
+                ));
+            }
+            let ack = encode_msg(&Msg::Ack)?;
+            stream
+                .write_all(&ack)
+                .map_err(|e| Error::io("bootstrap tree edge", e))?;
+            if !inbox.put(from, stream) {
+                return Err(Error::Transport(format!(
+                    "rank {from} opened a second bootstrap tree edge"
+                )));
+            }
+            Ok(())
+        })
     }
 }
 
@@ -279,7 +312,7 @@ pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Dur
 /// rank, the one part of the bootstrap that grows with p. For `benches/init_scale.rs`.
 #[doc(hidden)]
 pub fn directory_registration_time(nranks: usize, threads: usize) -> Result<Duration> {
-    let secret = super::random_bytes()?;
+    let secret = random_bytes()?;
     let id = UniqueId::serve(
         "127.0.0.1:0".parse().expect("loopback"),
         secret,
@@ -302,7 +335,7 @@ pub fn directory_registration_time(nranks: usize, threads: usize) -> Result<Dura
                             process: 0,
                             listen,
                             place: Default::default(),
-                            rdma: Default::default(),
+                            transports: Default::default(),
                         };
                         let deadline = Instant::now() + Duration::from_secs(30);
                         let mut c = connect_authenticated(
@@ -659,7 +692,7 @@ pub(crate) fn rendezvous(
     };
     // Down: the table to every child, encoded once.
     let msg = Msg::Table { peers: table };
-    let frame = super::encode_msg(&msg)?;
+    let frame = encode_msg(&msg)?;
     for child in tree_children(rank, nranks) {
         if let Some(s) = rv.edges.get_mut(&child) {
             s.set_write_timeout(Some(
@@ -714,7 +747,7 @@ mod tests {
             process: 1,
             listen: gone,
             place: Default::default(),
-            rdma: Default::default(),
+            transports: Default::default(),
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut s = connect_authenticated(

@@ -144,7 +144,7 @@ impl Communicator {
         let listen = listener
             .local_addr()
             .map_err(|e| Error::io("listener address", e))?;
-        let listener = CommListener::start(listener, comm_id.clone(), rank, nranks, secret, &cfg)?;
+        let listener = Listening::start(listener, comm_id.clone(), rank, nranks, secret, &cfg)?;
         let host = HostIdentity::detect();
         let (mut place, costs) = detect_fabric(&host, rank)?;
         // The NIC this rank's traffic leaves by: the PCI function of its listen interface.
@@ -155,10 +155,10 @@ impl Communicator {
             rank,
             host,
             pid: std::process::id(),
-            process: bootstrap::process_nonce(),
+            process: crate::wire::process_nonce(),
             listen,
             place,
-            rdma: crate::transport::rdma::caps_for(&cfg)?,
+            transports: crate::transport::publish_all(&cfg)?,
         };
         let peers = bootstrap::rendezvous(
             id,
@@ -210,7 +210,7 @@ impl Communicator {
         comm_id: String,
         secret: Secret,
         cfg: Config,
-        listener: CommListener,
+        listener: Listening,
         costs: TierCosts,
     ) -> Result<Self> {
         let size = peers.len();

@@ -64,7 +64,7 @@ impl Communicator {
             .ok_or_else(|| Error::Transport("internal: split lost this rank".into()))?;
         let label = format!("{}/split{split_no}/color{color}", self.inner.comm_id);
         let comm_id = comm_id_of(&self.inner.secret, label.as_bytes());
-        let listener = CommListener::start(
+        let listener = Listening::start(
             listener,
             comm_id.clone(),
             rank,
@@ -156,7 +156,7 @@ impl Communicator {
         };
         let root = survivors[0];
         let deadline = Instant::now() + inner.cfg.init_timeout;
-        let listener = CommListener::start(
+        let listener = Listening::start(
             listener,
             comm_id.clone(),
             rank,
@@ -169,7 +169,7 @@ impl Communicator {
                 .listener
                 .shrink_join(&key, survivors.len(), mine, deadline)?
         } else {
-            connection::shrink_request(
+            shrink::request(
                 &inner.comm_id,
                 inner.rank,
                 &inner.peers[root],

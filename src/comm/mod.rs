@@ -1,6 +1,6 @@
 //! The `Communicator`: the one type most users touch.
 
-use crate::bootstrap::{self, PeerInfo, Secret, UniqueId};
+use crate::bootstrap::{self, UniqueId};
 use crate::config::{Config, RankOrder};
 use crate::connection::{self, CommListener, Connection, ControlFrame};
 use crate::dtype::{DataType, Element, ReduceOp};
@@ -10,6 +10,8 @@ use crate::executor::{
 };
 use crate::reduce::{self, Combine};
 use crate::watchdog::{self, FlightRecord, Health, Progress, Watchdog, WatchdogSetup};
+use crate::wire::{PeerInfo, Secret};
+use listening::Listening;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -160,7 +162,7 @@ pub(crate) struct Inner {
     secret: Secret,
     peers: Vec<PeerInfo>,
     cfg: Config,
-    listener: CommListener,
+    listener: Listening,
     /// Abort flags, the fault that broke the communicator, progress and the flight record.
     health: Arc<Health>,
     /// Heartbeats to the ring neighbours (none for one rank or with heartbeats off); held
@@ -186,7 +188,7 @@ pub(crate) struct Inner {
     /// all-reduce's slice is computed from.
     fullest_host: usize,
     /// The progress thread of stream-ordered calls on device buffers, started by the first.
-    gpu: std::sync::OnceLock<crate::gpu::StreamQueue>,
+    gpu: std::sync::OnceLock<device::StreamQueue>,
     /// Takes the census of a call that timed out (shared with the listener, which answers
     /// the other ranks' questions).
     diagnoser: Arc<crate::diagnosis::Diagnoser>,
@@ -271,11 +273,13 @@ fn comm_id_of(secret: &Secret, label: &[u8]) -> String {
 }
 
 mod collectives;
-mod device;
+pub(crate) mod device;
 mod engine;
 mod init;
+mod listening;
 mod membership;
 mod p2p;
+mod shrink;
 
 impl Communicator {
     /// This rank.

@@ -3,10 +3,10 @@
 //! sleeps.
 
 use super::OpRun;
-use crate::bootstrap::PeerInfo;
 use crate::connection::{Connection, ControlFrame};
 use crate::error::{Error, Result};
 use crate::transport::{Direction, Wait, futex};
+use crate::wire::PeerInfo;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 

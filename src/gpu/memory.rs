@@ -132,15 +132,52 @@ impl DeviceBuffer {
     }
 }
 
+/// Something to do with a device range just before it is freed.
+pub type FreeHook = fn(*const u8, usize);
+
+fn free_hooks() -> &'static std::sync::Mutex<Vec<FreeHook>> {
+    static HOOKS: std::sync::Mutex<Vec<FreeHook>> = std::sync::Mutex::new(Vec::new());
+    &HOOKS
+}
+
+/// Calls `hook` with every device range strata frees from now on, before it is freed: what
+/// holds on to device memory (a NIC's registration cache) lets go of it there. The layers
+/// above register; the device layer knows none of them.
+pub fn on_device_free(hook: FreeHook) {
+    if let Ok(mut hooks) = free_hooks().lock() {
+        hooks.push(hook);
+    }
+}
+
+fn run_free_hooks(ptr: *const u8, len: usize) {
+    let hooks = free_hooks().lock().map(|h| h.clone()).unwrap_or_default();
+    for hook in hooks {
+        hook(ptr, len);
+    }
+}
+
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if self.owned && self.ptr != 0 && set_device(self.device).is_ok() {
             // A registration of this memory with a NIC must not outlive it.
-            crate::transport::rdma::regcache::invalidate(self.ptr as *const u8, self.len);
+            run_free_hooks(self.ptr as *const u8, self.len);
             // SAFETY: allocated by cuMemAlloc in this device's primary context.
             let _ = call("cuMemFree", || unsafe { sys::cuMemFree_v2(self.ptr) });
         }
     }
+}
+
+/// A range of device memory a stream-ordered call reads and/or writes.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceRange {
+    /// Device address.
+    pub ptr: u64,
+    /// Bytes.
+    pub len: usize,
+    /// The call reads it (copied to the host before the call runs).
+    pub read: bool,
+    /// The call writes it (copied back to the device after the call).
+    pub write: bool,
 }
 
 /// Page-locked host memory the GPU can read and write (`cuMemHostAlloc`, portable and

@@ -1,20 +1,13 @@
-//! GPU buffers: the CUDA driver loaded at run time, device memory, streams and events, and
-//! the stream-ordered execution of collectives on device buffers.
-//!
-//! A collective on device buffers is *enqueued* on a stream, as in NCCL: the call returns at
-//! once, the collective starts when the stream's earlier work is done, and the stream's later
-//! work sees its result. [`queue`] says how. Two data paths: collectives among ranks of one
-//! host go GPU to GPU through CUDA IPC with the reductions in GPU kernels ([`ipc`]); the
-//! rest is host-staged: device → pinned host memory → strata's shared-memory or TCP
-//! transports → device, in chunks whose copies overlap the transfers (`STRATA_GPU_CHUNK`,
-//! default 4 MiB). `STRATA_GPU_PATH` (`auto`, `staged`, `ipc`) chooses.
+//! The device layer: the CUDA driver loaded at run time, device memory, pinned host memory,
+//! streams and events, and the reduction kernels. It knows nothing of communicators; the
+//! stream-ordered execution of collectives on device buffers is the communicator's
+//! (`comm/device`), and what must let go of device memory before it is freed registers with
+//! [`on_device_free`].
 
-mod driver;
-pub mod ipc;
-mod kernels;
-mod memory;
-pub mod queue;
-mod stream;
+pub(crate) mod driver;
+pub(crate) mod kernels;
+pub(crate) mod memory;
+pub(crate) mod stream;
 
 /// The raw driver API (cudarc's bindings, loaded at run time), for handles strata does not wrap.
 pub use cudarc::driver::sys;
@@ -22,9 +15,6 @@ pub use driver::{
     DriverInfo, Memory, available, current_device, current_gpu_bus_id, driver, memory_of,
     set_device,
 };
-pub use ipc::GpuPath;
 pub use kernels::{REDUCE_SOURCE, kernel_suffix};
-pub use memory::{DeviceBuffer, read_device};
-pub(crate) use queue::StreamQueue;
-pub use queue::{DeviceRange, DeviceWork, Staged};
+pub use memory::{DeviceBuffer, DeviceRange, FreeHook, on_device_free, read_device};
 pub use stream::{Event, Stream};

@@ -3,12 +3,63 @@
 //! Every transport is a pair of ordered byte streams (one per direction) with non-blocking
 //! `send_some` / `recv_some` calls, so the executor can progress many transfers at once and
 //! bound every wait by a deadline and the abort flag. [`Transport::wait_for`] says what to
-//! sleep on when nothing can move. Shared memory and TCP are here; RDMA is in [`rdma`].
+//! sleep on when nothing can move.
+//!
+//! Each transport is a folder here implementing [`Connector`] (can it join two ranks, what its
+//! connecting half offers, how its accepting half answers), with one line in [`TABLE`].
 
+mod connector;
 pub(crate) mod futex;
+pub(crate) mod inproc;
 pub mod rdma;
 pub(crate) mod ring;
+pub(crate) mod shm;
 pub(crate) mod tcp;
+
+pub(crate) use connector::{Accepted, Answer, Connector, Dial, Offer, decode, encode};
+
+/// The transports in order of preference, as NCCL's transport table: a new connection takes
+/// the first that can join its two ranks, and the listener hands an offer to the one it names.
+pub(crate) static TABLE: &[&dyn Connector] = &[
+    &rdma::CONNECTOR,
+    &inproc::CONNECTOR,
+    &shm::CONNECTOR,
+    &tcp::CONNECTOR,
+];
+
+/// The row of [`TABLE`] called `name`.
+pub(crate) fn by_name(name: &str) -> Option<&'static dyn Connector> {
+    TABLE.iter().copied().find(|c| c.name() == name)
+}
+
+/// The first row of [`TABLE`] that joins `me` and `peer` under `cfg`.
+pub(crate) fn choose(
+    cfg: &crate::config::Config,
+    me: &crate::wire::PeerInfo,
+    peer: &crate::wire::PeerInfo,
+) -> Option<&'static dyn Connector> {
+    TABLE.iter().copied().find(|c| c.can_connect(cfg, me, peer))
+}
+
+/// What this rank publishes at bootstrap, by transport ([`crate::PeerInfo::transports`]).
+pub(crate) fn publish_all(
+    cfg: &crate::config::Config,
+) -> crate::error::Result<std::collections::BTreeMap<String, serde_json::Value>> {
+    let mut out = std::collections::BTreeMap::new();
+    for c in TABLE {
+        if let Some(v) = c.publish(cfg)? {
+            out.insert(c.name().to_string(), v);
+        }
+    }
+    Ok(out)
+}
+
+/// 16 random hex digits, for names that must not collide (segments, registry keys).
+pub(crate) fn random_hex() -> String {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
 
 use std::io;
 use std::os::fd::RawFd;

@@ -10,7 +10,7 @@
 use super::Progress;
 use super::health::FlightRecord;
 use crate::error::Error;
-use crate::executor::{HEADER_BYTES, Header};
+use crate::wire::{HEADER_BYTES, Header};
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering, fence};

@@ -1,36 +1,14 @@
 //! A communicator's health record: the fault that broke it, what it is doing, and the
 //! flight recorder of its last operations, written out as JSON after a fault.
 
-use crate::bootstrap::PeerInfo;
 use crate::error::Error;
-use crate::executor::HEADER_BYTES;
+use crate::wire::{HEADER_BYTES, PeerInfo, Progress};
 use serde::{Deserialize, Serialize};
 use std::os::unix::net::UnixDatagram;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::flight::{Recorder, now_us};
-
-/// What one rank last reported about its work.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Progress {
-    /// Sequence number of the last collective started.
-    pub started: u64,
-    /// Sequence number of the last collective that finished successfully.
-    pub finished: u64,
-    /// The collective in progress, if any, e.g. `all_reduce #12 (float, sum, 1024 elements)`.
-    pub current: Option<String>,
-}
-
-impl Progress {
-    /// "in all_reduce #12 (...)" or "idle after #11".
-    pub fn describe(&self) -> String {
-        match &self.current {
-            Some(op) => format!("in {op}"),
-            None => format!("idle after collective #{}", self.finished),
-        }
-    }
-}
 
 /// One operation as the flight recorder keeps it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -96,7 +74,7 @@ impl Health {
     }
 
     /// A call starts: a collective (its sequence number `call_seq` moves `started`) or a
-    /// point-to-point transfer ([`Header::call_seq`](crate::executor::Header::call_seq) 0),
+    /// point-to-point transfer ([`Header::call_seq`](crate::wire::Header::call_seq) 0),
     /// with its header `encoded`. Callers hold the communicator's state lock.
     pub fn op_started(&self, call_seq: u64, encoded: &[u8; HEADER_BYTES]) {
         self.recorder.start(call_seq, encoded);

@@ -6,6 +6,7 @@
 //! RDMA write with 32 bits of immediate data that completes a receive at the target, and one
 //! completion queue per connection with a descriptor to sleep on.
 
+mod connect;
 mod dl;
 #[cfg(test)]
 mod loopback;
@@ -15,6 +16,7 @@ pub mod regcache;
 pub mod verbs;
 
 pub use crate::config::{HcaFilter, RdmaConfig};
+pub(crate) use connect::CONNECTOR;
 
 use serde::{Deserialize, Serialize};
 use std::io;

@@ -47,6 +47,9 @@ pub fn invalidate(ptr: *const u8, len: usize) {
 impl<H: Send + 'static> RegCache<H> {
     /// A cache whose registrations `release` undoes.
     pub fn new(release: impl Fn(H) + Send + Sync + 'static) -> Arc<Self> {
+        // Device memory strata frees drops its registrations first.
+        static HOOKED: std::sync::Once = std::sync::Once::new();
+        HOOKED.call_once(|| crate::gpu::on_device_free(invalidate));
         let c = Arc::new(Self {
             entries: Mutex::new(BTreeMap::new()),
             release: Box::new(release),

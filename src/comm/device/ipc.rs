@@ -12,13 +12,13 @@
 //! the kernels for reduce and reduce-scatter). Peers read a rank's buffers only between two
 //! barriers that the rank also crosses, so no buffer is overwritten while a peer reads it.
 
-use super::driver::call;
-use super::kernels::Kernels;
-use super::memory::DeviceBuffer;
-use super::stream::Stream;
 use crate::comm::{CallSpec, Communicator};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::gpu::DeviceBuffer;
+use crate::gpu::driver::call;
+use crate::gpu::kernels::Kernels;
+use crate::gpu::stream::Stream;
 use cudarc::driver::sys;
 use strata_algorithms::Collective;
 
@@ -373,7 +373,7 @@ impl IpcPath {
 
 impl Drop for IpcPath {
     fn drop(&mut self) {
-        let _ = super::driver::set_device(self.device);
+        let _ = crate::gpu::driver::set_device(self.device);
         for &ptr in &self.opened {
             // SAFETY: mappings made by cuIpcOpenMemHandle.
             let _ = call("cuIpcCloseMemHandle", || unsafe {

@@ -18,30 +18,18 @@
 //! Where the driver has no stream memory operations the hold is a second host function that
 //! waits for the flag (it occupies the driver's callback thread meanwhile).
 
-use super::driver::{call, check, set_device};
-use super::memory::PinnedBuffer;
-use super::stream::{Event, Stream};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
+use crate::gpu::DeviceRange;
+use crate::gpu::driver::{call, check, set_device};
+use crate::gpu::memory::PinnedBuffer;
+use crate::gpu::stream::{Event, Stream};
 use cudarc::driver::sys;
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-
-/// A range of device memory a stream-ordered call reads and/or writes.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceRange {
-    /// Device address.
-    pub ptr: u64,
-    /// Bytes.
-    pub len: usize,
-    /// The call reads it (copied to the host before the call runs).
-    pub read: bool,
-    /// The call writes it (copied back to the device after the call).
-    pub write: bool,
-}
 
 /// The host copies of a call's device ranges while the call runs.
 pub struct Staged {

@@ -2,10 +2,14 @@
 //! stream and the progress thread are ordered).
 
 use super::*;
-use crate::gpu::{
-    self, DeviceBuffer, DeviceRange, DeviceWork, Memory, Stream,
-    queue::{Elementwise, JobKind, StreamQueue},
-};
+use crate::gpu::{self, DeviceBuffer, DeviceRange, Memory, Stream};
+
+pub(crate) mod ipc;
+pub(crate) mod queue;
+
+pub use ipc::GpuPath;
+pub use queue::{DeviceWork, Staged};
+pub(crate) use queue::{Elementwise, JobKind, StreamQueue};
 
 impl Communicator {
     /// The communicator behind a progress thread's weak reference, while it lives.
@@ -39,10 +43,10 @@ impl Communicator {
         // Collective: every rank binds (at init, or at its first call on device buffers). No
         // lock is held meanwhile: the IPC path's set-up runs host collectives, which look at
         // the queue.
-        let path = gpu::GpuPath::from_env()?;
+        let path = GpuPath::from_env()?;
         let started = StreamQueue::start(Arc::downgrade(&self.inner), device)?;
-        let half = crate::gpu::queue::chunk_bytes();
-        if let Some(ipc) = gpu::ipc::IpcPath::build(self, device, half, path)? {
+        let half = queue::chunk_bytes();
+        if let Some(ipc) = ipc::IpcPath::build(self, device, half, path)? {
             started.set_ipc(ipc);
         }
         // A thread that bound at the same time wins; ours is dropped.

@@ -1,7 +1,7 @@
-//! TCP between hosts: several non-blocking streams per peer, bytes striped across them in
+//! The data path: several non-blocking streams per peer, bytes striped across them in
 //! fixed-size stripes (stripe k of the connection's byte stream travels on stream k mod n).
 
-use super::{Direction, Transport, Wait};
+use crate::transport::{Direction, Transport, Wait};
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
@@ -153,7 +153,7 @@ impl Transport for TcpTransport {
         const JOIN_MAX: usize = 4096;
         let n = head.len() + tail.len();
         if n > JOIN_MAX || head.is_empty() || tail.is_empty() {
-            return super::send_in_turn(self, head, tail);
+            return crate::transport::send_in_turn(self, head, tail);
         }
         let mut joined = [0u8; JOIN_MAX];
         joined[..head.len()].copy_from_slice(head);

@@ -1,0 +1,116 @@
+//! A communicator's listener with the services its modules serve through it: bootstrap tree
+//! edges, watchdog links and status, census questions and shrinks. Each module supplies its
+//! handler; this is the one place they are put together.
+
+use super::shrink::Shrinks;
+use crate::bootstrap::TreeInbox;
+use crate::config::Config;
+use crate::connection::{CommListener, Connection, Routes};
+use crate::diagnosis::{self, Diagnoser, DiagnoserCell};
+use crate::error::Result;
+use crate::watchdog::{self, Health, LinkInbox};
+use crate::wire::{PeerInfo, Route, Secret};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A started listener and the state its handlers share with the communicator.
+pub(super) struct Listening {
+    conns: CommListener,
+    health: Arc<Health>,
+    tree_in: Arc<TreeInbox>,
+    watchdog_in: LinkInbox,
+    diagnoser: DiagnoserCell,
+    shrinks: Arc<Shrinks>,
+}
+
+impl Listening {
+    /// Starts serving `listener` for rank `rank` of `nranks` of communicator `comm`.
+    pub fn start(
+        listener: TcpListener,
+        comm: String,
+        rank: usize,
+        nranks: usize,
+        secret: Secret,
+        cfg: &Config,
+    ) -> Result<Self> {
+        let health = Arc::new(Health::default());
+        let tree_in = Arc::new(TreeInbox::default());
+        let watchdog_in = LinkInbox::default();
+        let diagnoser = DiagnoserCell::default();
+        let shrinks = Shrinks::new(cfg.init_timeout);
+        let mut routes = Routes::default();
+        routes
+            .add(Route::Tree, tree_in.handler(rank, nranks))
+            .add(
+                Route::Watchdog,
+                watchdog::link_handler(rank, nranks, watchdog_in.clone()),
+            )
+            .add(Route::Status, watchdog::status_handler(health.clone()))
+            .add(
+                Route::Census,
+                diagnosis::census_handler(diagnoser.clone(), health.clone()),
+            )
+            .add(Route::Shrink, shrinks.handler());
+        let conns = CommListener::start(listener, comm, rank, nranks, secret, cfg, routes)?;
+        Ok(Self {
+            conns,
+            health,
+            tree_in,
+            watchdog_in,
+            diagnoser,
+            shrinks,
+        })
+    }
+
+    /// Takes the connection from `peer` if its listener side is complete.
+    pub fn take(&self, peer: usize) -> Option<Connection> {
+        self.conns.take(peer)
+    }
+
+    /// Every accepted connection no call has taken yet.
+    pub fn take_all(&self) -> Vec<Connection> {
+        self.conns.take_all()
+    }
+
+    /// Waits up to `d` for any new connection.
+    pub fn wait(&self, d: Duration) {
+        self.conns.wait(d)
+    }
+
+    /// The communicator id this listener serves.
+    pub fn comm(&self) -> &str {
+        self.conns.comm()
+    }
+
+    /// The communicator's health (abort flags, fault, progress), shared with the handlers.
+    pub fn health(&self) -> Arc<Health> {
+        self.health.clone()
+    }
+
+    /// Where the bootstrap tree edges opened to this rank are handed over.
+    pub fn tree_inbox(&self) -> Arc<TreeInbox> {
+        self.tree_in.clone()
+    }
+
+    /// Where the watchdog links from the ranks 2^k behind are handed over.
+    pub fn watchdog_inbox(&self) -> LinkInbox {
+        self.watchdog_in.clone()
+    }
+
+    /// Lets the listener answer census questions with the communicator's diagnoser.
+    pub fn set_diagnoser(&self, diagnoser: Arc<Diagnoser>) {
+        let _ = self.diagnoser.set(diagnoser);
+    }
+
+    /// Joins shrink `key` as its lowest survivor (see [`Shrinks::join`]).
+    pub fn shrink_join(
+        &self,
+        key: &str,
+        expected: usize,
+        info: PeerInfo,
+        deadline: Instant,
+    ) -> Result<Vec<PeerInfo>> {
+        self.shrinks.join(key, expected, info, deadline)
+    }
+}

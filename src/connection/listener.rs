@@ -1,0 +1,271 @@
+//! A communicator's listener: accepts and authenticates incoming connections, builds the data
+//! connections itself through the transport table, and hands every other kind to the handler
+//! its owning module registered in [`Routes`].
+
+use super::Connection;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::transport::{self, Answer};
+use crate::wire::{
+    self, ConnectKind, Handler, Incoming, Msg, Route, Secret, TransportSetup, refuse,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Which module serves which kind of connection, fixed before the listener starts (so that
+/// nothing arrives before its handler).
+#[derive(Clone, Default)]
+pub(crate) struct Routes {
+    handlers: BTreeMap<Route, Handler>,
+}
+
+impl Routes {
+    /// Serves `route` with `handler`. Data connections and probes belong to the listener
+    /// itself and cannot be routed elsewhere.
+    pub fn add(&mut self, route: Route, handler: Handler) -> &mut Self {
+        debug_assert!(!matches!(
+            route,
+            Route::Stream | Route::Control | Route::Probe
+        ));
+        self.handlers.insert(route, handler);
+        self
+    }
+}
+
+struct ListenerShared {
+    comm: String,
+    rank: usize,
+    nranks: usize,
+    cfg: Config,
+    routes: Routes,
+    ready: Mutex<HashMap<usize, Connection>>,
+    /// Side streams by (from, index), until their transport's accepting half takes them.
+    streams: Mutex<HashMap<(usize, usize), (String, TcpStream)>>,
+    cv: Condvar,
+}
+
+/// A communicator's listener: accepts, authenticates and builds incoming connections.
+pub(crate) struct CommListener {
+    shared: Arc<ListenerShared>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CommListener {
+    /// Binds a listener on the configured interface.
+    pub fn bind(cfg: &Config) -> Result<TcpListener> {
+        let listener = TcpListener::bind(SocketAddr::new(cfg.listen_ip, 0))
+            .map_err(|e| Error::io(format!("binding a listener on {}", cfg.listen_ip), e))?;
+        wire::deepen_backlog(&listener, 1024);
+        Ok(listener)
+    }
+
+    /// Starts serving `listener` for rank `rank` of communicator `comm`, with `routes` for
+    /// the kinds of connection other modules serve.
+    pub fn start(
+        listener: TcpListener,
+        comm: String,
+        rank: usize,
+        nranks: usize,
+        secret: Secret,
+        cfg: &Config,
+        routes: Routes,
+    ) -> Result<Self> {
+        let shared = Arc::new(ListenerShared {
+            comm,
+            rank,
+            nranks,
+            cfg: cfg.clone(),
+            routes,
+            ready: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
+            cv: Condvar::new(),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let sh = shared.clone();
+        let handle: Arc<dyn Fn(TcpStream) + Send + Sync> = Arc::new(move |s| {
+            if let Err(e) = route(&sh, s) {
+                tracing::warn!(rank = sh.rank, error = %e, "refused an incoming connection");
+            }
+        });
+        let (st, hs) = (stop.clone(), cfg.handshake_timeout);
+        let thread = std::thread::Builder::new()
+            .name(format!("strata-listen-{rank}"))
+            .spawn(move || wire::accept_loop(listener, secret, hs, st, handle))
+            .map_err(|e| Error::io("spawning the listener", e))?;
+        Ok(Self {
+            shared,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Takes the connection from `peer` if its listener side is complete.
+    pub fn take(&self, peer: usize) -> Option<Connection> {
+        self.shared.ready.lock().ok()?.remove(&peer)
+    }
+
+    /// Every accepted connection no call has taken yet.
+    pub fn take_all(&self) -> Vec<Connection> {
+        self.shared
+            .ready
+            .lock()
+            .map(|mut ready| ready.drain().map(|(_, c)| c).collect())
+            .unwrap_or_default()
+    }
+
+    /// The communicator id this listener serves.
+    pub fn comm(&self) -> &str {
+        &self.shared.comm
+    }
+
+    /// Waits up to `d` for any new connection.
+    pub fn wait(&self, d: Duration) {
+        if let Ok(g) = self.shared.ready.lock() {
+            let _ = self.shared.cv.wait_timeout(g, d);
+        }
+    }
+}
+
+impl Drop for CommListener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn poisoned() -> Error {
+    Error::Transport("listener lock poisoned".into())
+}
+
+/// Reads what an authenticated connection is for, checks that it belongs here, and serves it.
+fn route(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
+    let Msg::Connect {
+        comm,
+        from,
+        to,
+        kind,
+    } = wire::recv_msg(&mut s)?
+    else {
+        return Err(Error::Transport("expected a Connect frame".into()));
+    };
+    let route = kind.route();
+    if comm != sh.comm || to != sh.rank || from >= sh.nranks {
+        return Err(refuse(
+            &mut s,
+            format!(
+                "{} for comm {comm} rank {from}->{to} does not belong here",
+                route.describe()
+            ),
+        ));
+    }
+    let incoming = Incoming {
+        from,
+        kind,
+        stream: s,
+    };
+    match route {
+        Route::Probe => {
+            let mut s = incoming.stream;
+            wire::send_msg(&mut s, &Msg::Ack)
+        }
+        Route::Stream | Route::Control => data_connection(sh, incoming),
+        other => match sh.routes.handlers.get(&other) {
+            Some(handler) => handler(incoming),
+            None => {
+                let mut s = incoming.stream;
+                Err(refuse(
+                    &mut s,
+                    format!("rank {} serves no {}", sh.rank, other.describe()),
+                ))
+            }
+        },
+    }
+}
+
+/// A data connection's side stream (kept for its transport) or its control stream (the offer,
+/// answered by the transport it names).
+fn data_connection(sh: &ListenerShared, incoming: Incoming) -> Result<()> {
+    let Incoming {
+        from,
+        kind,
+        stream: mut s,
+    } = incoming;
+    if from >= sh.rank {
+        return Err(refuse(
+            &mut s,
+            format!(
+                "rank {from} opened a connection to the lower rank {}; the lower rank opens it",
+                sh.rank
+            ),
+        ));
+    }
+    let setup = match kind {
+        ConnectKind::Stream { transport, index } => {
+            s.set_read_timeout(None).ok();
+            let mut m = sh.streams.lock().map_err(|_| poisoned())?;
+            m.insert((from, index), (transport, s));
+            sh.cv.notify_all();
+            return Ok(());
+        }
+        ConnectKind::Control { transport } => transport,
+        _ => return Err(Error::Transport("internal: not a data connection".into())),
+    };
+    let TransportSetup { transport, setup } = setup;
+    let Some(connector) = transport::by_name(&transport) else {
+        return Err(refuse(&mut s, format!("unknown transport {transport:?}")));
+    };
+    let take_streams = |n: usize| take_streams(sh, from, &transport, n);
+    let answer = Answer {
+        cfg: &sh.cfg,
+        take_streams: &take_streams,
+    };
+    let accepted = match connector.accept(&answer, setup) {
+        Ok(a) => a,
+        Err(e) => return Err(refuse(&mut s, format!("{transport}: {e}"))),
+    };
+    wire::send_msg(&mut s, &Msg::Accepted(accepted.reply))?;
+    let conn = Connection::new(from, accepted.data, s)?;
+    let mut ready = sh.ready.lock().map_err(|_| poisoned())?;
+    ready.insert(from, conn);
+    sh.cv.notify_all();
+    Ok(())
+}
+
+/// Side streams `0..n` from rank `from` for `transport`, waiting for them until the handshake
+/// timeout.
+fn take_streams(
+    sh: &ListenerShared,
+    from: usize,
+    transport: &str,
+    n: usize,
+) -> Result<Vec<TcpStream>> {
+    let deadline = Instant::now() + sh.cfg.handshake_timeout;
+    let mut m = sh.streams.lock().map_err(|_| poisoned())?;
+    while (0..n).any(|i| !m.contains_key(&(from, i))) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Transport(format!(
+                "{n} data streams did not arrive within the handshake timeout"
+            )));
+        }
+        m = sh.cv.wait_timeout(m, left).map_err(|_| poisoned())?.0;
+    }
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        if let Some((t, s)) = m.remove(&(from, i)) {
+            if t != transport {
+                return Err(Error::Transport(format!(
+                    "data stream {i} was opened for {t}, the connection is {transport}"
+                )));
+            }
+            out.push(s);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,100 @@
+//! Shared memory between processes of one host: a ring segment in `/dev/shm` that the
+//! connecting rank creates and names, the accepting rank maps, and the name is removed as soon
+//! as both have it mapped (or the offer is dropped unanswered).
+
+use super::ring::{Geometry, RingEndpoint, ShmMemory};
+use super::{Accepted, Answer, Connector, Dial, Offer, Transport, decode, encode, random_hex};
+use crate::config::{Config, TransportPolicy};
+use crate::error::{Error, Result};
+use crate::wire::PeerInfo;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Longest segment name accepted from a peer.
+const MAX_NAME: usize = 200;
+
+/// Shared memory's row of the transport table.
+pub(crate) struct Shm;
+
+/// The row itself.
+pub(crate) static CONNECTOR: Shm = Shm;
+
+/// What the connecting half tells the accepting half.
+#[derive(Serialize, Deserialize)]
+struct ShmSetup {
+    /// The segment's name in `/dev/shm`.
+    name: String,
+}
+
+/// A created segment waiting for the peer to map it.
+struct Created {
+    setup: serde_json::Value,
+    ring: Option<RingEndpoint>,
+    memory: Arc<ShmMemory>,
+}
+
+impl Offer for Created {
+    fn setup(&self) -> serde_json::Value {
+        self.setup.clone()
+    }
+
+    fn finish(mut self: Box<Self>, _reply: serde_json::Value) -> Result<Box<dyn Transport>> {
+        // Both sides have it mapped; the name is no longer needed.
+        self.memory.unlink();
+        let ring = self
+            .ring
+            .take()
+            .ok_or_else(|| Error::Transport("internal: shm ring finished twice".into()))?;
+        Ok(Box::new(ring))
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        // Answered or not, nobody else will open it by name.
+        self.memory.unlink();
+    }
+}
+
+impl Connector for Shm {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn can_connect(&self, cfg: &Config, me: &PeerInfo, peer: &PeerInfo) -> bool {
+        cfg.transport != TransportPolicy::Tcp && me.host.same_host(&peer.host)
+    }
+
+    fn offer(&self, dial: &Dial<'_>) -> Result<Box<dyn Offer>> {
+        let geo = Geometry {
+            slots: dial.cfg.shm_slots,
+            slot_size: dial.cfg.shm_slot_size,
+        };
+        let name = format!("/strata-{}-{}", std::process::id(), random_hex());
+        let memory = Arc::new(
+            ShmMemory::create(&name, geo.segment_bytes())
+                .map_err(|e| Error::io(format!("creating {name}"), e))?,
+        );
+        let ring = RingEndpoint::create(memory.clone(), geo, "shm")
+            .map_err(|e| Error::io("shm ring", e))?;
+        Ok(Box::new(Created {
+            setup: encode(self.name(), &ShmSetup { name })?,
+            ring: Some(ring),
+            memory,
+        }))
+    }
+
+    fn accept(&self, _answer: &Answer<'_>, setup: serde_json::Value) -> Result<Accepted> {
+        let ShmSetup { name } = decode(self.name(), setup)?;
+        if !name.starts_with("/strata-") || name.len() > MAX_NAME || name[1..].contains('/') {
+            return Err(Error::InvalidArgument(format!("bad segment name {name:?}")));
+        }
+        let memory = ShmMemory::open(&name).map_err(|e| Error::io(format!("opening {name}"), e))?;
+        let ring =
+            RingEndpoint::attach(Arc::new(memory), "shm").map_err(|e| Error::io("shm ring", e))?;
+        Ok(Accepted {
+            data: Box::new(ring),
+            reply: serde_json::Value::Null,
+        })
+    }
+}

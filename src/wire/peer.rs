@@ -1,0 +1,45 @@
+//! What every rank publishes about itself at bootstrap.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use strata_topology::HostIdentity;
+
+/// What every rank tells the others about itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerInfo {
+    /// Rank in the communicator.
+    pub rank: usize,
+    /// Host identity (decides shared memory).
+    pub host: HostIdentity,
+    /// Process id, for messages.
+    pub pid: u32,
+    /// A random number unique to the process (decides the in-process transport).
+    pub process: u64,
+    /// Where the rank's listener accepts data connections.
+    pub listen: SocketAddr,
+    /// Its GPU, NIC and switch path, from which every rank computes the same tiers.
+    #[serde(default)]
+    pub place: strata_topology::RankPlace,
+    /// What each transport of the table published about this rank, by transport name (the
+    /// RDMA providers it can use, for example); a transport with nothing to say is absent.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub transports: BTreeMap<String, serde_json::Value>,
+}
+
+impl PeerInfo {
+    /// `host h (pid 4242)` for messages.
+    pub fn describe(&self) -> String {
+        format!("host {} (pid {})", self.host.hostname, self.pid)
+    }
+}
+
+/// The random number identifying this process.
+pub(crate) fn process_nonce() -> u64 {
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NONCE.get_or_init(|| {
+        super::random_bytes::<8>()
+            .map(u64::from_le_bytes)
+            .unwrap_or(std::process::id() as u64)
+    })
+}
