@@ -1,5 +1,9 @@
 //! collbench as a launcher: when one of its ranks is stopped (SIGSTOP), the survivors name it
-//! and the launcher ends the stopped rank and exits, instead of waiting on it.
+//! and the launcher ends the stopped rank and exits, instead of waiting on it. And collbench
+//! on device buffers (the CUDA driver stand-in): it says which path each peer takes and what
+//! one call moved through host memory.
+
+mod common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -80,4 +84,41 @@ fn a_stopped_rank_ends_the_launcher_soon_after_the_survivors_name_it() {
     let alive =
         std::fs::read_to_string(format!("/proc/{victim}/stat")).is_ok_and(|s| !s.contains(") Z "));
     assert!(!alive, "the stopped rank {victim} is still there");
+}
+
+#[test]
+fn on_device_buffers_it_names_each_peers_path_and_the_host_bytes_per_call() {
+    let dir = common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin");
+    let out = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args([
+            "--np", "3", "--device", "cuda", "-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w",
+            "1",
+        ])
+        .env("STRATA_SOCKET_IFNAME", "=lo")
+        .env("STRATA_GPU_PATH", "staged")
+        .env("STRATA_STANDIN_GPUS", "4")
+        .env("LD_LIBRARY_PATH", &dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("# Device paths of rank 0: rank 1 staged, rank 2 staged"),
+        "{text}"
+    );
+    // Staged: each byte of the message goes to the host and back once per call.
+    let counted: Vec<(u64, u64)> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("# CUDA driver stand-in"))
+        .skip(2)
+        .map_while(|l| {
+            let f: Vec<&str> = l.trim_start_matches('#').split_whitespace().collect();
+            Some((f.first()?.parse().ok()?, f.get(2)?.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(counted, vec![(65536, 131072), (262144, 524288)], "{text}");
 }

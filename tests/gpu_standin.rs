@@ -442,3 +442,91 @@ fn without_a_driver_the_gpu_path_says_so_in_one_line() {
     );
     assert!(DeviceBuffer::alloc(0, 16).is_err());
 }
+
+/// The stand-in's counters between `before` and now, after `stream` has finished.
+fn counted_since(before: &gpu::StandinStats, stream: &Stream) -> gpu::StandinStats {
+    stream.synchronize().unwrap();
+    gpu::standin_stats()
+        .expect("the stand-in is the driver")
+        .since(before)
+}
+
+#[test]
+fn the_standin_counts_what_crosses_host_memory_and_who_waits() {
+    if let Some((comm, rank, _n)) = worker() {
+        let device = device_of(rank);
+        let stream = Stream::new(device).unwrap();
+        comm.bind_device(device).unwrap();
+        let len = 1 << 20;
+        let (a, b) = (
+            DeviceBuffer::alloc(device, len).unwrap(),
+            DeviceBuffer::alloc(device, len).unwrap(),
+        );
+        // An upload: its bytes from host memory, and the host waits once for it.
+        let s0 = gpu::standin_stats().expect("the stand-in is the driver");
+        a.upload(&f32s(&vec![(rank + 1) as f32; len / 4]), &stream)
+            .unwrap();
+        let up = gpu::standin_stats().unwrap().since(&s0);
+        assert_eq!((up.host_to_device, up.device_to_host), (len as u64, 0));
+        assert_eq!(up.host_waits, 1, "{up:?}");
+        // A device-to-device copy touches no host memory.
+        let s1 = gpu::standin_stats().unwrap();
+        // SAFETY: two device buffers of `len` bytes each, alive until the stream is done.
+        let r = unsafe { sys::cuMemcpyDtoDAsync_v2(b.ptr(), a.ptr(), len, stream.raw()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        let dd = counted_since(&s1, &stream);
+        assert_eq!((dd.device_to_device, dd.host_bytes()), (len as u64, 0));
+        // One all-reduce on device buffers: through host memory when staged, GPU to GPU
+        // through IPC.
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, len / 4);
+        let s2 = gpu::standin_stats().unwrap();
+        comm.call_device(spec, None, &a, &stream).unwrap();
+        let call = counted_since(&s2, &stream);
+        if comm.uses_gpu_ipc() {
+            assert_eq!(call.host_bytes(), 0, "{call:?}");
+            assert!(call.device_to_device >= len as u64, "{call:?}");
+            assert_eq!(comm.device_path_to(1 - rank), Some("ipc"));
+        } else {
+            assert_eq!(call.host_to_device, len as u64, "{call:?}");
+            assert_eq!(call.device_to_host, len as u64, "{call:?}");
+            assert_eq!(call.device_to_device, 0, "{call:?}");
+            assert_eq!(comm.device_path_to(1 - rank), Some("staged"));
+        }
+        assert_eq!(comm.device_path_to(rank), None);
+        let mut out = vec![0u8; len];
+        a.download(&mut out, &stream).unwrap();
+        assert_eq!(out, f32s(&vec![3.0; len / 4]));
+        println!("COUNTED {call:?}");
+        return;
+    }
+    let name = "the_standin_counts_what_crosses_host_memory_and_who_waits";
+    let staged = spawn(
+        name,
+        2,
+        &[("STRATA_GPU_PATH", "staged")],
+        Duration::from_secs(60),
+    );
+    assert_all_ok(&staged);
+    assert!(
+        staged.iter().all(|(_, out)| out.contains("COUNTED")),
+        "{staged:?}"
+    );
+    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
+        eprintln!(
+            "SKIPPED {name} through CUDA IPC: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, \
+             which .ci/run installs) is not set; the staged half ran"
+        );
+        return;
+    }
+    let ipc = spawn(
+        name,
+        2,
+        &[("STRATA_GPU_PATH", "ipc")],
+        Duration::from_secs(60),
+    );
+    assert_all_ok(&ipc);
+    assert!(
+        ipc.iter().all(|(_, out)| out.contains("COUNTED")),
+        "{ipc:?}"
+    );
+}

@@ -7,6 +7,7 @@
 pub(crate) mod driver;
 pub(crate) mod kernels;
 pub(crate) mod memory;
+mod standin;
 pub(crate) mod stream;
 
 /// The raw driver API (cudarc's bindings, loaded at run time), for handles strata does not wrap.
@@ -17,4 +18,5 @@ pub use driver::{
 };
 pub use kernels::{REDUCE_SOURCE, kernel_suffix};
 pub use memory::{DeviceBuffer, DeviceRange, FreeHook, on_device_free, read_device};
+pub use standin::{StandinStats, standin_stats};
 pub use stream::{Event, Stream};

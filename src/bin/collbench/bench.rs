@@ -225,6 +225,7 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
         }
     }
     if rank == 0 {
+        super::device::print_standin(&rows);
         println!(
             "# Out of bounds values : {total_wrong} {}",
             if total_wrong == 0 { "OK" } else { "FAILED" }
@@ -236,6 +237,15 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
         used.truncate(8);
         if !used.is_empty() {
             println!("# Connections of rank 0: {}", used.join(", "));
+        }
+        if on_gpu {
+            let mut paths: Vec<String> = (1..n)
+                .filter_map(|p| comm.device_path_to(p).map(|t| format!("rank {p} {t}")))
+                .collect();
+            paths.truncate(8);
+            if !paths.is_empty() {
+                println!("# Device paths of rank 0: {}", paths.join(", "));
+            }
         }
         println!("#");
         if let Some(path) = &args.json {
@@ -402,6 +412,9 @@ pub(super) fn bench_row(
         comm.algorithm_for(collective, count * es)
     };
     let mut results = [Measure::default(); 2];
+    let mut standin_per_call = None;
+    let ipc_exchange =
+        args.device == "cuda" && collective != Collective::Send && comm.uses_gpu_ipc();
     let modes: &[bool] = if args.no_in_place {
         &[false]
     } else {
@@ -409,8 +422,11 @@ pub(super) fn bench_row(
     };
     for (k, &in_place) in modes.iter().enumerate() {
         if args.device == "cuda" {
-            let (us, wrong) =
+            let (us, wrong, per_call) =
                 super::device::time_on_device(args, comm, spec, in_place, in_bytes, out_bytes)?;
+            if !in_place && rank == 0 {
+                standin_per_call = per_call;
+            }
             results[k] = aggregate(comm, collective, size, us, wrong)?;
             continue;
         }
@@ -450,8 +466,14 @@ pub(super) fn bench_row(
             "none".into()
         },
         root: if collective.rooted() { root as i64 } else { -1 },
-        algorithm: algorithm.name(),
-        predicted_us: (rank == 0 && collective != Collective::Send)
+        // Device buffers on the IPC path run strata's IPC exchange, not the host schedule the
+        // tuner chose: name what ran, and predict nothing the model does not price.
+        algorithm: if ipc_exchange {
+            "ipc_exchange".into()
+        } else {
+            algorithm.name()
+        },
+        predicted_us: (rank == 0 && collective != Collective::Send && !ipc_exchange)
             .then(|| comm.predict(collective, algorithm, count * es).ok())
             .flatten()
             .map(|s| s * 1e6),
@@ -462,6 +484,7 @@ pub(super) fn bench_row(
         memory_traffic_per_byte: (args.memory && collective != Collective::Send)
             .then(|| super::memory::traffic_per_byte(comm, collective, algorithm, count, es))
             .flatten(),
+        standin_per_call,
     })
 }
 

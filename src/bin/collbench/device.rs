@@ -74,7 +74,59 @@ fn enqueue_once(
     }
 }
 
-/// Times `spec` on device buffers: (microseconds per call, wrong elements on this rank).
+/// What one call did on the CUDA driver stand-in, averaged over the timed calls of a row.
+#[derive(Serialize, Clone, Copy, Debug, Default)]
+pub(super) struct PerCall {
+    /// Payload bytes copied between host and device memory, either way.
+    pub host_bytes: f64,
+    /// Payload bytes copied between device allocations.
+    pub device_bytes: f64,
+    /// Host threads waiting on the GPU (stream, event or context synchronisation).
+    pub host_waits: f64,
+    /// Host functions streams ran.
+    pub host_functions: f64,
+}
+
+impl PerCall {
+    fn of(stats: &strata::gpu::StandinStats, calls: usize) -> Self {
+        let per = |x: u64| x as f64 / calls.max(1) as f64;
+        Self {
+            host_bytes: per(stats.host_bytes()),
+            device_bytes: per(stats.device_to_device),
+            host_waits: per(stats.host_waits),
+            host_functions: per(stats.host_functions),
+        }
+    }
+}
+
+/// Prints the stand-in's per-call counts of rank 0 (logic-level), one line a row.
+pub(super) fn print_standin(rows: &[Row]) {
+    let measured: Vec<(&Row, &PerCall)> = rows
+        .iter()
+        .filter_map(|r| Some((r, r.standin_per_call.as_ref()?)))
+        .collect();
+    if measured.is_empty() {
+        return;
+    }
+    println!(
+        "# CUDA driver stand-in, rank 0, per out-of-place call (logic-level: what moved and who \
+         waited, never GPU speed; the timed calls' counts, so the one synchronise after them is \
+         shared among them)"
+    );
+    println!(
+        "#  {:>10} {:>8} {:>14} {:>14} {:>11} {:>9}",
+        "size", "type", "host bytes", "device bytes", "host waits", "host fns"
+    );
+    for (r, c) in measured {
+        println!(
+            "#  {:>10} {:>8} {:>14.0} {:>14.0} {:>11.2} {:>9.2}",
+            r.size_bytes, r.dtype, c.host_bytes, c.device_bytes, c.host_waits, c.host_functions
+        );
+    }
+}
+
+/// Times `spec` on device buffers: (microseconds per call, wrong elements on this rank, and on
+/// the driver stand-in what one timed call did).
 pub(super) fn time_on_device(
     args: &Args,
     comm: &Communicator,
@@ -82,7 +134,7 @@ pub(super) fn time_on_device(
     in_place: bool,
     in_bytes: usize,
     out_bytes: usize,
-) -> Result<(f64, u64), String> {
+) -> Result<(f64, u64, Option<PerCall>), String> {
     let err = |e: strata::Error| e.to_string();
     let device = local_device(comm)?;
     let stream = Stream::new(device).map_err(err)?;
@@ -100,12 +152,16 @@ pub(super) fn time_on_device(
         Event::new(true).map_err(err)?,
         Event::new(true).map_err(err)?,
     );
+    let before = strata::gpu::standin_stats();
     start.record(&stream).map_err(err)?;
     for _ in 0..args.iters {
         once().map_err(err)?;
     }
     end.record(&stream).map_err(err)?;
     end.synchronize().map_err(err)?;
+    let per_call = before
+        .zip(strata::gpu::standin_stats())
+        .map(|(b, a)| PerCall::of(&a.since(&b), args.iters));
     if let Some(e) = comm.async_error() {
         return Err(e.to_string());
     }
@@ -116,5 +172,5 @@ pub(super) fn time_on_device(
             .map_err(err)?
             .wrong as u64;
     }
-    Ok((us, wrong))
+    Ok((us, wrong, per_call))
 }

@@ -165,6 +165,10 @@ struct Row {
     /// buffers, from cache and in the ring's slots.
     #[serde(skip_serializing_if = "Option::is_none")]
     memory_traffic_per_byte: Option<memory::Traffic>,
+    /// With --device cuda on the CUDA driver stand-in: what rank 0's out-of-place calls did
+    /// per call (logic-level, never GPU speed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    standin_per_call: Option<device::PerCall>,
 }
 
 #[derive(Serialize)]

@@ -304,6 +304,15 @@ impl Communicator {
         self.inner.gpu.get().is_some_and(StreamQueue::has_ipc)
     }
 
+    /// How device data reaches `peer` once the communicator is bound to a GPU: `ipc` (GPU to
+    /// GPU through CUDA IPC) or `staged` (through pinned host memory and the host transports);
+    /// `None` for this rank itself, a rank out of range, or before binding.
+    pub fn device_path_to(&self, peer: usize) -> Option<&'static str> {
+        let q = self.inner.gpu.get()?;
+        (peer < self.size() && peer != self.rank())
+            .then(|| if q.has_ipc() { "ipc" } else { "staged" })
+    }
+
     /// Before a call from any thread but the progress thread: waits for the stream-ordered
     /// calls enqueued so far, so that every rank runs its calls in the order it made them.
     /// Costs one load on a communicator that never used device buffers.

@@ -1,8 +1,8 @@
 //! Modules and kernel launches: a module is PTX text whose `.entry` names the stand-in looks
 //! up in its host versions of strata's kernels (`src/gpu/kernels/*.cu` compiled as C).
 
-use crate::memory::device_view;
-use crate::{code, current, put, ready, status, stream};
+use crate::memory::{device_view, is_host};
+use crate::{code, current, put, ready, stats, status, stream};
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_uint, c_void};
 use std::sync::{Mutex, OnceLock};
@@ -149,6 +149,21 @@ pub unsafe extern "C" fn cuLaunchKernel(
         // SAFETY: as many parameters as the kernel's signature has.
         let p: Vec<u64> = (0..count).map(|i| unsafe { param(params, i) }).collect();
         let (kind, fn_) = (e.kind, e.fn_ as usize);
+        // Operands in device-mapped host memory: what the kernel reads from and writes to
+        // host memory (parameter 0 is the output; the others it reads).
+        let elems = if kind == 1 { p[2] } else { p[3] } * size as u64;
+        let operands: &[usize] = match kind {
+            0 => &[0, 1, 2],
+            1 => &[0],
+            _ => &[0, 1],
+        };
+        let written = if is_host(p[0]) { elems } else { 0 };
+        let read = operands[1..].iter().filter(|&&i| is_host(p[i])).count() as u64 * elems
+            + if kind == 1 { written } else { 0 };
+        let count_traffic = move || {
+            stats::add(stats::DEVICE_TO_HOST, written);
+            stats::add(stats::HOST_TO_DEVICE, read);
+        };
         let op: Box<dyn FnOnce() + Send> = match kind {
             0 => {
                 let n = p[3] as usize;
@@ -187,6 +202,12 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 })
             }
         };
-        stream::enqueue(s, op)
+        stream::enqueue(
+            s,
+            Box::new(move || {
+                count_traffic();
+                op()
+            }),
+        )
     }))
 }

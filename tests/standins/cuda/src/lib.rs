@@ -27,12 +27,16 @@
 //!   (`/proc/<pid>/fd/<n>`); modules are PTX whose `.entry` names must be strata's kernels,
 //!   and a launch runs their host versions (the same source compiled as C) on the stream.
 //!
+//! * it counts what tests must assert and cannot see (`stats`): payload bytes that crossed
+//!   host memory, host functions run, host waits on the GPU; `strataStandinStats` reads them.
+//!
 //! `STRATA_STANDIN_GPUS` sets how many devices it shows (default 1).
 
 #![allow(clippy::missing_safety_doc)] // the driver API's own contracts apply
 
 mod kernels;
 mod memory;
+mod stats;
 mod stream;
 
 use std::cell::Cell;
@@ -244,6 +248,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut c_int) -> i32 {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> i32 {
+    stats::add(stats::HOST_WAITS, 1);
     status(current().map(stream::synchronize_device))
 }
 

@@ -1,7 +1,7 @@
 //! Device allocations in their own no-access address range, pinned host memory, copies and
 //! pointer attributes.
 
-use crate::{code, current, put, ready, status, stream};
+use crate::{code, current, put, ready, stats, status, stream};
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Mutex;
@@ -71,14 +71,43 @@ pub(crate) fn device_view(ptr: u64, len: usize) -> Result<*mut u8, i32> {
 
 /// Device memory only (the device side of a copy).
 fn device_only(ptr: u64, len: usize) -> Result<*mut u8, i32> {
+    device_side(ptr, len).map(|(p, _)| p)
+}
+
+/// The device side of a copy, and whether it is in fact (pinned) host memory.
+fn device_side(ptr: u64, len: usize) -> Result<(*mut u8, bool), i32> {
     let t = table();
     match t.find(ptr, len) {
         // SAFETY: within the allocation.
         Some((start, a)) => match a.kind {
-            Kind::Device { alias, .. } => Ok(unsafe { alias.add((ptr - start) as usize) }),
-            Kind::Host { .. } => Ok(ptr as *mut u8),
+            Kind::Device { alias, .. } => Ok((unsafe { alias.add((ptr - start) as usize) }, false)),
+            Kind::Host { .. } => Ok((ptr as *mut u8, true)),
         },
         None => Err(code::INVALID_VALUE),
+    }
+}
+
+/// Whether the device address `ptr` is in fact (device-mapped) host memory.
+pub(crate) fn is_host(ptr: u64) -> bool {
+    matches!(
+        table().find(ptr, 1),
+        Some((
+            _,
+            Alloc {
+                kind: Kind::Host { .. },
+                ..
+            }
+        ))
+    )
+}
+
+/// The counters a copy adds its bytes to, by which of its sides are host memory.
+fn traffic(dst_host: bool, src_host: bool) -> &'static [usize] {
+    match (dst_host, src_host) {
+        (false, false) => &[stats::DEVICE_TO_DEVICE],
+        (false, true) => &[stats::HOST_TO_DEVICE],
+        (true, false) => &[stats::DEVICE_TO_HOST],
+        (true, true) => &[stats::HOST_TO_DEVICE, stats::DEVICE_TO_HOST],
     }
 }
 
@@ -335,15 +364,27 @@ pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attr: c_int, p
     }))
 }
 
-/// A copy of `len` bytes between resolved views, on `stream` (0 for synchronous).
-fn copy(dst: *mut u8, src: *const u8, len: usize, s: usize, sync: bool) -> Result<(), i32> {
+/// A copy of `len` bytes between resolved views, on `stream` (0 for synchronous), counted in
+/// `counters` when it runs.
+fn copy(
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+    s: usize,
+    sync: bool,
+    counters: &'static [usize],
+) -> Result<(), i32> {
     let (d, r) = (dst as usize, src as usize);
     let op = move || {
+        for &c in counters {
+            stats::add(c, len as u64);
+        }
         // SAFETY: both views cover `len` bytes (resolved above); device views are the
         // driver's aliases, host views the caller's memory, which it keeps valid.
         unsafe { std::ptr::copy(r as *const u8, d as *mut u8, len) }
     };
     if sync {
+        stats::add(stats::HOST_WAITS, 1);
         stream::synchronize_all();
         op();
         Ok(())
@@ -354,46 +395,74 @@ fn copy(dst: *mut u8, src: *const u8, len: usize, s: usize, sync: bool) -> Resul
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, len: usize, s: usize) -> i32 {
-    status(
-        current().and_then(|_| copy(device_only(dst, len)?, host_only(src, len)?, len, s, false)),
-    )
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, len: usize, s: usize) -> i32 {
-    status(
-        current().and_then(|_| copy(host_only(dst, len)?, device_only(src, len)?, len, s, false)),
-    )
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, len: usize, s: usize) -> i32 {
     status(current().and_then(|_| {
         copy(
             device_only(dst, len)?,
-            device_only(src, len)?,
+            host_only(src, len)?,
             len,
             s,
             false,
+            &[stats::HOST_TO_DEVICE],
         )
     }))
 }
 
 #[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, len: usize, s: usize) -> i32 {
+    status(current().and_then(|_| {
+        copy(
+            host_only(dst, len)?,
+            device_only(src, len)?,
+            len,
+            s,
+            false,
+            &[stats::DEVICE_TO_HOST],
+        )
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, len: usize, s: usize) -> i32 {
+    status(current().and_then(|_| {
+        let ((d, dh), (r, rh)) = (device_side(dst, len)?, device_side(src, len)?);
+        copy(d, r, len, s, false, traffic(dh, rh))
+    }))
+}
+
+#[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, len: usize) -> i32 {
-    status(current().and_then(|_| copy(device_only(dst, len)?, host_only(src, len)?, len, 0, true)))
+    status(current().and_then(|_| {
+        copy(
+            device_only(dst, len)?,
+            host_only(src, len)?,
+            len,
+            0,
+            true,
+            &[stats::HOST_TO_DEVICE],
+        )
+    }))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, len: usize) -> i32 {
-    status(current().and_then(|_| copy(host_only(dst, len)?, device_only(src, len)?, len, 0, true)))
+    status(current().and_then(|_| {
+        copy(
+            host_only(dst, len)?,
+            device_only(src, len)?,
+            len,
+            0,
+            true,
+            &[stats::DEVICE_TO_HOST],
+        )
+    }))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, len: usize) -> i32 {
-    status(
-        current().and_then(|_| copy(device_only(dst, len)?, device_only(src, len)?, len, 0, true)),
-    )
+    status(current().and_then(|_| {
+        let ((d, dh), (r, rh)) = (device_side(dst, len)?, device_side(src, len)?);
+        copy(d, r, len, 0, true, traffic(dh, rh))
+    }))
 }
 
 #[unsafe(no_mangle)]
@@ -414,6 +483,7 @@ pub extern "C" fn cuMemsetD8Async(dst: u64, value: u8, len: usize, s: usize) -> 
 pub extern "C" fn cuMemsetD8_v2(dst: u64, value: u8, len: usize) -> i32 {
     let r = cuMemsetD8Async(dst, value, len, 0);
     if r == code::SUCCESS {
+        stats::add(stats::HOST_WAITS, 1);
         stream::synchronize_all();
     }
     r

@@ -2,7 +2,7 @@
 //! operations.
 
 use crate::memory::device_view;
-use crate::{IN_HOST_FN, code, current, put, ready, status};
+use crate::{IN_HOST_FN, code, current, put, ready, stats, status};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -180,6 +180,7 @@ pub extern "C" fn cuStreamDestroy(handle: usize) -> i32 {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(handle: usize) -> i32 {
+    stats::add(stats::HOST_WAITS, 1);
     status(ready().and_then(|_| {
         lookup(handle)?.wait_idle();
         Ok(())
@@ -188,6 +189,7 @@ pub extern "C" fn cuStreamSynchronize(handle: usize) -> i32 {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamQuery(handle: usize) -> i32 {
+    stats::add(stats::QUERIES, 1);
     status(ready().and_then(|_| {
         let st = lookup(handle)?;
         let q = st.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -210,6 +212,7 @@ pub extern "C" fn cuLaunchHostFunc(handle: usize, f: HostFn, data: *mut c_void) 
         enqueue(
             handle,
             Box::new(move || {
+                stats::add(stats::HOST_FUNCTIONS, 1);
                 IN_HOST_FN.with(|c| c.set(true));
                 // SAFETY: the caller's function with the caller's data, as documented.
                 unsafe { f(data as *mut c_void) };
@@ -374,6 +377,7 @@ pub extern "C" fn cuEventRecordWithFlags(handle: usize, s: usize, _flags: c_uint
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(handle: usize) -> i32 {
+    stats::add(stats::QUERIES, 1);
     status(ready().and_then(|_| {
         let e = event(handle)?;
         let st = e.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -387,6 +391,7 @@ pub extern "C" fn cuEventQuery(handle: usize) -> i32 {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(handle: usize) -> i32 {
+    stats::add(stats::HOST_WAITS, 1);
     status(ready().and_then(|_| {
         let e = event(handle)?;
         let mut st = e.state.lock().unwrap_or_else(|p| p.into_inner());
