@@ -530,3 +530,142 @@ fn the_standin_counts_what_crosses_host_memory_and_who_waits() {
         "{ipc:?}"
     );
 }
+
+/// Every algorithm of every collective on device buffers, for two types and operators, in and
+/// out of place, at a size of one piece and one of several (the body of the stream-program
+/// test, beside the full type × operator matrix).
+fn device_algorithms(comm: &Communicator, rank: usize, n: usize) {
+    let device = device_of(rank);
+    let stream = Stream::new(device).unwrap();
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for collective in Collective::WITH_BUFFERS {
+        for &algorithm in strata::algorithms::algorithms_for(collective) {
+            if algorithm.check_ranks(n).is_err() {
+                continue;
+            }
+            comm.set_algorithm(collective, Some(algorithm)).unwrap();
+            for (dtype, op) in [
+                (DataType::Float32, ReduceOp::Sum),
+                (DataType::Int64, ReduceOp::Max),
+                (DataType::Bfloat16, ReduceOp::Avg),
+            ] {
+                for in_place in [false, true] {
+                    for count in [3usize, 70_001] {
+                        let spec = CallSpec {
+                            op,
+                            root: 1 % n,
+                            ..CallSpec::new(collective, dtype, count)
+                        };
+                        let what = format!(
+                            "{collective}/{algorithm} {dtype} {op} {count} in_place {in_place}"
+                        );
+                        match check::run_and_check_device(comm, spec, in_place, &stream, device) {
+                            Ok(c) if c.first.is_none() => {}
+                            Ok(c) => failures.push(format!("{what}: {:?}", c.first)),
+                            Err(e) => failures.push(format!("{what}: {e}")),
+                        }
+                        ran += 1;
+                    }
+                }
+            }
+        }
+        comm.set_algorithm(collective, None).unwrap();
+    }
+    assert!(failures.is_empty(), "rank {rank}: {}", failures.join("\n"));
+    assert!(ran > 100, "only {ran} calls");
+    println!("ALGORITHMS {ran}");
+}
+
+#[test]
+fn every_collective_algorithm_type_and_operator_as_stream_programs_at_2_3_and_4_processes() {
+    if let Some((comm, rank, n)) = worker() {
+        comm.bind_device(device_of(rank)).unwrap();
+        assert!(
+            comm.uses_stream_programs(),
+            "STRATA_GPU_PATH=stream bound without them"
+        );
+        device_matrix(&comm, rank, n);
+        device_algorithms(&comm, rank, n);
+        return;
+    }
+    let test =
+        "every_collective_algorithm_type_and_operator_as_stream_programs_at_2_3_and_4_processes";
+    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
+        eprintln!(
+            "SKIPPED {test}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
+        );
+        return;
+    }
+    for n in [2, 3, 4] {
+        let env = [("STRATA_GPU_CHUNK", "64K"), ("STRATA_GPU_PATH", "stream")];
+        let ranks = spawn(test, n, &env, Duration::from_secs(300));
+        assert_all_ok(&ranks);
+        assert!(
+            ranks.iter().all(|(_, out)| out.contains("ALGORITHMS")),
+            "{ranks:?}"
+        );
+    }
+}
+
+#[test]
+fn a_64_mib_all_reduce_as_a_stream_program_touches_no_host_memory_and_no_host_waits() {
+    if let Some((comm, rank, n)) = worker() {
+        let device = device_of(rank);
+        comm.bind_device(device).unwrap();
+        let stream = Stream::new(device).unwrap();
+        let count = 16 << 20;
+        let buf = DeviceBuffer::alloc(device, count * 4).unwrap();
+        buf.upload(&f32s(&vec![(rank + 1) as f32; count]), &stream)
+            .unwrap();
+        let done = gpu::Event::new(false).unwrap();
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, count);
+        let calls_before = comm.progress();
+        let before = gpu::standin_stats().unwrap();
+        comm.call_device(spec, None, &buf, &stream).unwrap();
+        done.record(&stream).unwrap();
+        // Polled, not waited for: nothing between enqueue and completion may wait.
+        let t = Instant::now();
+        while !done.is_complete().unwrap() {
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "the call did not finish"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let during = gpu::standin_stats().unwrap().since(&before);
+        assert_eq!(
+            comm.progress(),
+            calls_before,
+            "a host collective ran inside the call"
+        );
+        assert_eq!(during.host_bytes(), 0, "{during:?}");
+        assert_eq!(during.host_waits, 0, "{during:?}");
+        assert_eq!(during.host_functions, 0, "{during:?}");
+        assert!(during.device_to_device > 0, "{during:?}");
+        let mut out = vec![0u8; count * 4];
+        buf.download(&mut out, &stream).unwrap();
+        let want = (n * (n + 1) / 2) as f32;
+        assert!(out == f32s(&vec![want; count]), "wrong sum");
+        println!("MOVED {during:?}");
+        return;
+    }
+    let test = "a_64_mib_all_reduce_as_a_stream_program_touches_no_host_memory_and_no_host_waits";
+    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
+        eprintln!(
+            "SKIPPED {test}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
+        );
+        return;
+    }
+    let ranks = spawn(
+        test,
+        4,
+        &[("STRATA_GPU_PATH", "stream")],
+        Duration::from_secs(300),
+    );
+    assert_all_ok(&ranks);
+    assert!(
+        ranks.iter().all(|(_, out)| out.contains("MOVED")),
+        "{ranks:?}"
+    );
+}

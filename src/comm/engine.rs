@@ -225,6 +225,15 @@ impl Communicator {
         }))
     }
 
+    /// The algorithm and schedule a call of `spec` runs, derived as the host path derives
+    /// them, for the device path that compiles the same schedule into a stream program.
+    pub(super) fn derive_schedule(&self, spec: CallSpec) -> Result<(Algorithm, Arc<CachedPlan>)> {
+        let mut st = self.lock_state()?;
+        let forced = self.forced_word(spec.collective);
+        let call = self.derive_call(&mut st, spec, forced)?;
+        Ok((call.header.algorithm, call.cached.clone()))
+    }
+
     /// [`Communicator::algorithm_for`], remembering the tuner's last answer.
     fn chosen_algorithm(&self, st: &mut State, collective: Collective, bytes: usize) -> Algorithm {
         if let Some(a) = self.forced_algorithm(collective) {

@@ -113,6 +113,14 @@ impl Event {
         Ok(true)
     }
 
+    /// Makes `stream` wait, on the GPU, for the work before this event's last record.
+    pub fn make_wait(&self, stream: &Stream) -> Result<()> {
+        // SAFETY: a valid event and stream.
+        call("cuStreamWaitEvent", || unsafe {
+            sys::cuStreamWaitEvent(stream.raw(), self.raw, 0)
+        })
+    }
+
     /// Waits for the event.
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: a valid event.

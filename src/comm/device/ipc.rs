@@ -31,17 +31,21 @@ pub enum GpuPath {
     Staged,
     /// IPC, or fail at bind.
     Ipc,
+    /// Stream programs compiled from the schedules (every rank on one host), or fail at
+    /// bind.
+    Stream,
 }
 
 impl GpuPath {
-    /// From `STRATA_GPU_PATH` (`auto`, `staged`, `ipc`).
+    /// From `STRATA_GPU_PATH` (`auto`, `staged`, `ipc`, `stream`).
     pub fn from_env() -> Result<Self> {
         match std::env::var("STRATA_GPU_PATH").as_deref().map(str::trim) {
             Err(_) | Ok("") | Ok("auto") => Ok(Self::Auto),
             Ok("staged") => Ok(Self::Staged),
             Ok("ipc") => Ok(Self::Ipc),
+            Ok("stream") => Ok(Self::Stream),
             Ok(other) => Err(Error::InvalidArgument(format!(
-                "STRATA_GPU_PATH={other}: expected auto, staged or ipc"
+                "STRATA_GPU_PATH={other}: expected auto, staged, ipc or stream"
             ))),
         }
     }
@@ -76,7 +80,7 @@ impl IpcPath {
         half: usize,
         path: GpuPath,
     ) -> Result<Option<Self>> {
-        if path == GpuPath::Staged || comm.size() < 2 {
+        if matches!(path, GpuPath::Staged | GpuPath::Stream) || comm.size() < 2 {
             return Ok(None);
         }
         let host = &comm.peers()[comm.rank()].host;

@@ -5,6 +5,7 @@ use super::*;
 use crate::gpu::{self, DeviceBuffer, DeviceRange, Memory, Stream};
 
 pub(crate) mod ipc;
+mod program;
 pub(crate) mod queue;
 
 pub use ipc::GpuPath;
@@ -48,6 +49,16 @@ impl Communicator {
         let half = queue::chunk_bytes();
         if let Some(ipc) = ipc::IpcPath::build(self, device, half, path)? {
             started.set_ipc(ipc);
+        }
+        if path == GpuPath::Stream && self.size() > 1 {
+            match program::Programs::build(self, device, half)? {
+                Ok(programs) => started.set_programs(programs),
+                Err(why) => {
+                    return Err(Error::Unsupported(format!(
+                        "STRATA_GPU_PATH=stream: stream programs are unavailable: {why}"
+                    )));
+                }
+            }
         }
         // A thread that bound at the same time wins; ours is dropped.
         let q = self.inner.gpu.get_or_init(|| started);
@@ -224,6 +235,22 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         let (ib, ob) = self.call_sizes(&spec)?;
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        if ib + ob > 0 {
+            let ptrs: Vec<(u64, &str)> = [(send, "sendbuff", ib), (recv, "recvbuff", ob)]
+                .into_iter()
+                .filter(|b| b.2 > 0)
+                .map(|(ptr, what, _)| (ptr, what))
+                .collect();
+            let device = Self::device_of(&ptrs)?;
+            if let Some(programs) = self.gpu_queue(device)?.programs() {
+                return programs
+                    .enqueue(self, spec, send, recv, ib, stream)
+                    .map(|_| ());
+            }
+        }
         if matches!(
             spec.collective,
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce
@@ -309,8 +336,21 @@ impl Communicator {
     /// `None` for this rank itself, a rank out of range, or before binding.
     pub fn device_path_to(&self, peer: usize) -> Option<&'static str> {
         let q = self.inner.gpu.get()?;
-        (peer < self.size() && peer != self.rank())
-            .then(|| if q.has_ipc() { "ipc" } else { "staged" })
+        let path = if q.programs().is_some() {
+            "ipc-stream"
+        } else if q.has_ipc() {
+            "ipc"
+        } else {
+            "staged"
+        };
+        (peer < self.size() && peer != self.rank()).then_some(path)
+    }
+
+    /// Whether this communicator's collectives on device buffers run as stream programs
+    /// compiled from their schedules (`STRATA_GPU_PATH=stream`): the algorithm the tuner
+    /// chose is the one that runs.
+    pub fn uses_stream_programs(&self) -> bool {
+        self.inner.gpu.get().is_some_and(|q| q.programs().is_some())
     }
 
     /// Before a call from any thread but the progress thread: waits for the stream-ordered

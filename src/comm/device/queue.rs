@@ -135,6 +135,8 @@ pub(crate) struct StreamQueue {
     enqueue_lock: Mutex<()>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     thread_id: std::sync::OnceLock<std::thread::ThreadId>,
+    /// The stream-program path, when the communicator has it (set at bind).
+    programs: std::sync::OnceLock<super::program::Programs>,
 }
 
 /// Bytes per pipeline chunk (`STRATA_GPU_CHUNK`, default 4 MiB).
@@ -192,6 +194,7 @@ impl StreamQueue {
             next_seq: AtomicU32::new(0),
             enqueue_lock: Mutex::new(()),
             thread_id: std::sync::OnceLock::new(),
+            programs: std::sync::OnceLock::new(),
             thread: Mutex::new(None),
         };
         let _ = q.thread_id.set(thread.thread().id());
@@ -202,6 +205,16 @@ impl StreamQueue {
     /// Gives the queue the IPC path built at bind (before any call is enqueued).
     pub(crate) fn set_ipc(&self, path: super::ipc::IpcPath) {
         let _ = self.shared.ipc.set(path);
+    }
+
+    /// Gives the queue the stream-program path built at bind (before any call is enqueued).
+    pub(crate) fn set_programs(&self, programs: super::program::Programs) {
+        let _ = self.programs.set(programs);
+    }
+
+    /// The stream-program path, if the communicator has it.
+    pub(crate) fn programs(&self) -> Option<&super::program::Programs> {
+        self.programs.get()
     }
 
     /// Whether the calling thread is this queue's progress thread.

@@ -1,0 +1,785 @@
+//! Stream programs: a call on device buffers among the ranks of one host, compiled from the
+//! very schedule the host path runs and enqueued on the caller's stream in one go, so that
+//! after enqueue no host thread, host barrier or host collective takes part in it.
+//!
+//! Each rank owns one device buffer, mapped by every peer through CUDA IPC at bind: a flag
+//! area and, for each peer, a ring of [`Slots::count`] receive slots of [`Slots::bytes`] each.
+//! Data from rank `q` to rank `r` travels in pieces of at most one slot, numbered per ordered
+//! pair across the communicator's life:
+//!
+//! * the sender waits until its *credit* word for `r` (in its own memory, written by `r`)
+//!   says that piece `n − count` has been consumed, copies the piece into `r`'s slot
+//!   `n mod count` with a copy-engine copy (`cuMemcpyDtoDAsync` into the peer's mapping), and
+//!   writes `n + 1` into `r`'s *filled* word for `q` (`cuStreamWriteValue32`, remote);
+//! * the receiver waits until its *filled* word for `q` reaches `n + 1`
+//!   (`cuStreamWaitValue32`), copies the slot into place or reduces it into place with
+//!   strata's kernels, and writes `n + 1` into `q`'s credit word for `r`.
+//!
+//! The operations of one step may progress at the same time (the schedule's rule), so a step
+//! forks into lanes, one stream each: the sends to one peer, the receives from one peer, and
+//! the local work. Lanes join before the next step. Every call of the communicator starts
+//! after its previous one, whatever stream that was on. Compiled programs are cached per call
+//! shape; a call patches only the pair counters and the buffer addresses.
+
+use crate::comm::{CallSpec, Communicator};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::gpu::driver::call;
+use crate::gpu::kernels::Kernels;
+use crate::gpu::{DeviceBuffer, Event, Stream};
+use crate::reduce::{self, Combine};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use strata_algorithms::schedule::{Buf, Op, Region};
+use strata_algorithms::{Algorithm, Collective, RankSchedule};
+
+/// Receive slots per ordered pair (`STRATA_GPU_SLOTS`, default 4, 2 to 64).
+const DEFAULT_SLOTS: usize = 4;
+
+/// The geometry of the receive rings.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slots {
+    /// Slots per ordered pair.
+    pub count: usize,
+    /// Bytes per slot.
+    pub bytes: usize,
+}
+
+impl Slots {
+    /// From `STRATA_GPU_SLOTS` and the chunk size (`STRATA_GPU_CHUNK`).
+    pub fn from_env(chunk: usize) -> Result<Self> {
+        let count = match std::env::var("STRATA_GPU_SLOTS") {
+            Err(_) => DEFAULT_SLOTS,
+            Ok(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (2..=64).contains(n))
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!("STRATA_GPU_SLOTS={v}: want 2 to 64"))
+                })?,
+        };
+        // Whole 8-byte elements in every slot, whatever the type.
+        let bytes = (chunk / 8).max(1) * 8;
+        Ok(Self { count, bytes })
+    }
+}
+
+/// Where a program's operand lives: one of the call's buffers, or a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loc {
+    /// Bytes from the start of a call buffer.
+    Buffer(Buf, usize),
+}
+
+/// One instruction of a lane. Piece numbers are relative to the pair's counter at the start
+/// of the call.
+#[derive(Clone, Copy, Debug)]
+enum Instr {
+    /// Send piece `n` to `peer`: wait for its slot, copy `bytes` from `src`, signal.
+    Send {
+        peer: usize,
+        n: u64,
+        src: Loc,
+        bytes: usize,
+    },
+    /// Receive piece `n` from `peer` into `dst`, then hand the slot back.
+    Recv {
+        peer: usize,
+        n: u64,
+        dst: Loc,
+        bytes: usize,
+    },
+    /// Receive piece `n` from `peer` and store `src op piece` into `dst`.
+    RecvReduce {
+        peer: usize,
+        n: u64,
+        src: Loc,
+        dst: Loc,
+        elems: usize,
+    },
+    /// A local copy.
+    Copy { src: Loc, dst: Loc, bytes: usize },
+    /// `dst = a op b`, locally.
+    Combine {
+        dst: Loc,
+        a: Loc,
+        b: Loc,
+        elems: usize,
+    },
+    /// `region /= ranks` (avg's last step).
+    Divide { region: Loc, elems: usize },
+}
+
+/// A call compiled: steps of lanes, and how far it moves each pair's counters.
+pub(crate) struct Compiled {
+    steps: Vec<Vec<Vec<Instr>>>,
+    /// Pieces sent to each rank.
+    sent: Vec<u64>,
+    /// Pieces received from each rank.
+    received: Vec<u64>,
+    /// The algorithm whose steps these are.
+    algorithm: Algorithm,
+    scratch_bytes: usize,
+    lanes: usize,
+}
+
+/// How a call's reductions are done.
+#[derive(Clone, Copy)]
+struct Arith {
+    dtype: DataType,
+    combine: Combine,
+    divide_by: Option<usize>,
+}
+
+fn compile(
+    sched: &RankSchedule,
+    p: usize,
+    es: usize,
+    slots: Slots,
+    algorithm: Algorithm,
+    arith: Arith,
+) -> Compiled {
+    let piece_elems = (slots.bytes / es).max(1);
+    let (mut sent, mut received) = (vec![0u64; p], vec![0u64; p]);
+    let at = |r: &Region, elem: usize| Loc::Buffer(r.buf, (r.offset + elem) * es);
+    let mut steps = Vec::with_capacity(sched.steps.len());
+    let mut lanes_max = 1;
+    for step in &sched.steps {
+        // Lane 0: local work; then one lane per (peer, direction), in order of appearance.
+        let mut lanes: Vec<Vec<Instr>> = vec![Vec::new()];
+        let mut lane_of: HashMap<(usize, bool), usize> = HashMap::new();
+        let mut lane = |key: (usize, bool), lanes: &mut Vec<Vec<Instr>>| {
+            *lane_of.entry(key).or_insert_with(|| {
+                lanes.push(Vec::new());
+                lanes.len() - 1
+            })
+        };
+        for op in &step.ops {
+            match *op {
+                Op::Send { peer, src } => {
+                    let l = lane((peer, true), &mut lanes);
+                    for first in (0..src.len).step_by(piece_elems) {
+                        let len = piece_elems.min(src.len - first);
+                        lanes[l].push(Instr::Send {
+                            peer,
+                            n: sent[peer],
+                            src: at(&src, first),
+                            bytes: len * es,
+                        });
+                        sent[peer] += 1;
+                    }
+                }
+                Op::Recv { peer, dst } => {
+                    let l = lane((peer, false), &mut lanes);
+                    for first in (0..dst.len).step_by(piece_elems) {
+                        let len = piece_elems.min(dst.len - first);
+                        lanes[l].push(Instr::Recv {
+                            peer,
+                            n: received[peer],
+                            dst: at(&dst, first),
+                            bytes: len * es,
+                        });
+                        received[peer] += 1;
+                    }
+                }
+                Op::RecvReduce { peer, src, dst } => {
+                    let l = lane((peer, false), &mut lanes);
+                    for first in (0..dst.len).step_by(piece_elems) {
+                        let len = piece_elems.min(dst.len - first);
+                        lanes[l].push(Instr::RecvReduce {
+                            peer,
+                            n: received[peer],
+                            src: at(&src, first),
+                            dst: at(&dst, first),
+                            elems: len,
+                        });
+                        received[peer] += 1;
+                    }
+                }
+                Op::Copy { src, dst } => {
+                    if src != dst && src.len > 0 {
+                        lanes[0].push(Instr::Copy {
+                            src: at(&src, 0),
+                            dst: at(&dst, 0),
+                            bytes: src.len * es,
+                        });
+                    }
+                }
+                Op::Reduce { src, with, dst } => {
+                    if dst.len > 0 {
+                        lanes[0].push(Instr::Combine {
+                            dst: at(&dst, 0),
+                            a: at(&src, 0),
+                            b: at(&with, 0),
+                            elems: dst.len,
+                        });
+                    }
+                }
+                Op::Finalize { region } => {
+                    if arith.divide_by.is_some() && region.len > 0 {
+                        lanes[0].push(Instr::Divide {
+                            region: at(&region, 0),
+                            elems: region.len,
+                        });
+                    }
+                }
+            }
+        }
+        if lanes[0].is_empty() {
+            lanes.remove(0);
+        }
+        lanes_max = lanes_max.max(lanes.len());
+        steps.push(lanes);
+    }
+    Compiled {
+        steps,
+        sent,
+        received,
+        algorithm,
+        scratch_bytes: sched.scratch_elems * es,
+        lanes: lanes_max,
+    }
+}
+
+/// What a call's program needs that changes from call to call.
+struct Bases {
+    input: u64,
+    output: u64,
+    scratch: u64,
+}
+
+/// The stream-program path of one communicator, set up at bind.
+pub(crate) struct Programs {
+    device: i32,
+    kernels: Kernels,
+    slots: Slots,
+    /// This rank's flags and receive rings (the peers map it).
+    own: DeviceBuffer,
+    /// Every rank's buffer as this process addresses it (this rank's own included).
+    bases: Vec<u64>,
+    /// The peers' buffers opened here, closed on drop.
+    opened: Vec<u64>,
+    rank: usize,
+    state: Mutex<ProgramState>,
+}
+
+// SAFETY: the raw device addresses are plain numbers; the state is behind a mutex.
+unsafe impl Send for Programs {}
+// SAFETY: as above.
+unsafe impl Sync for Programs {}
+
+struct ProgramState {
+    /// Pieces sent to and received from each rank so far.
+    sent: Vec<u64>,
+    received: Vec<u64>,
+    cache: HashMap<ProgramKey, Arc<Compiled>>,
+    /// One stream per lane, made as needed.
+    lanes: Vec<Stream>,
+    /// Recorded where a step forks (one) and where each lane joins.
+    fork: Event,
+    joins: Vec<Event>,
+    /// Recorded at the end of every call: the next one starts after it.
+    last: Event,
+    scratch: Option<DeviceBuffer>,
+    /// The scaled input of a PreMulSum, the private copy of an in-place all-to-all.
+    staging: Option<DeviceBuffer>,
+}
+
+/// What a compiled program depends on besides the communicator.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct ProgramKey {
+    collective: u8,
+    dtype: &'static str,
+    count: usize,
+    root: usize,
+    algorithm: u8,
+    combine: u8,
+    divide: bool,
+}
+
+/// Offsets in a rank's program buffer.
+struct Layout {
+    p: usize,
+    slots: Slots,
+}
+
+impl Layout {
+    /// Where rank `q`'s *filled* word lives in a rank's buffer (written by `q`).
+    fn filled(&self, q: usize) -> u64 {
+        4 * q as u64
+    }
+    /// Where rank `q`'s *credit* word lives in a rank's buffer (written by `q`).
+    fn credit(&self, q: usize) -> u64 {
+        4 * (self.p + q) as u64
+    }
+    fn rings(&self) -> u64 {
+        (8 * self.p as u64).next_multiple_of(4096)
+    }
+    /// Slot `i` of the ring that receives from rank `q`.
+    fn slot(&self, q: usize, i: usize) -> u64 {
+        self.rings() + ((q * self.slots.count + i) * self.slots.bytes) as u64
+    }
+    fn bytes(&self) -> usize {
+        self.rings() as usize + self.p * self.slots.count * self.slots.bytes
+    }
+}
+
+/// The combine kernel's operator for a call, and whether it ends with a division.
+fn arith_of(spec: &CallSpec, p: usize) -> Arith {
+    let (combine, divide_by) = match spec.op {
+        _ if !spec.collective.reduces() => (Combine::Sum, None),
+        ReduceOp::Avg => (Combine::Sum, Some(p)),
+        op => (reduce::combine_of(op), None),
+    };
+    Arith {
+        dtype: spec.dtype,
+        combine,
+        divide_by,
+    }
+}
+
+impl Programs {
+    /// Sets the path up on every rank (a collective over the host transports, at bind), or
+    /// says why it cannot be: `Ok(None)` with the reason when another rank could not.
+    pub(crate) fn build(
+        comm: &Communicator,
+        device: i32,
+        chunk: usize,
+    ) -> Result<std::result::Result<Self, String>> {
+        let (p, rank) = (comm.size(), comm.rank());
+        let host = &comm.peers()[rank].host;
+        if !comm.peers().iter().all(|h| &h.host == host) {
+            return Ok(Err("not every rank is on this host".into()));
+        }
+        let slots = Slots::from_env(chunk)?;
+        let layout = Layout { p, slots };
+        const HANDLE: usize = 64;
+        let local = (|| -> Result<(Kernels, DeviceBuffer, [u8; HANDLE], ProgramState)> {
+            let kernels = Kernels::load(device)?;
+            let own = DeviceBuffer::alloc(device, layout.bytes())?;
+            // SAFETY: the flag area of a fresh allocation of at least that many bytes.
+            call("cuMemsetD8", || unsafe {
+                sys::cuMemsetD8_v2(own.ptr(), 0, layout.rings() as usize)
+            })?;
+            let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+            // SAFETY: the start of an allocation; a valid out-pointer.
+            call("cuIpcGetMemHandle", || unsafe {
+                sys::cuIpcGetMemHandle(&mut h, own.ptr())
+            })?;
+            let mut bytes = [0u8; HANDLE];
+            for (b, c) in bytes.iter_mut().zip(h.reserved) {
+                *b = c as u8;
+            }
+            let state = ProgramState {
+                sent: vec![0; p],
+                received: vec![0; p],
+                cache: HashMap::new(),
+                lanes: Vec::new(),
+                fork: Event::new(false)?,
+                joins: Vec::new(),
+                last: Event::new(false)?,
+                scratch: None,
+                staging: None,
+            };
+            Ok((kernels, own, bytes, state))
+        })();
+        let mut mine = vec![0u8; HANDLE + 1];
+        if let Ok((_, _, h, _)) = &local {
+            mine[..HANDLE].copy_from_slice(h);
+            mine[HANDLE] = 1;
+        }
+        let mut all = vec![0u8; (HANDLE + 1) * p];
+        let spec = CallSpec::new(Collective::AllGather, DataType::Uint8, HANDLE + 1);
+        comm.call_bytes(spec, Some(&mine), &mut all)?;
+        let (kernels, own, _, state) = match local {
+            Ok(l) if all.chunks(HANDLE + 1).all(|c| c[HANDLE] == 1) => l,
+            Ok(_) => return Ok(Err("another rank could not set it up".into())),
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        let mut bases = vec![0u64; p];
+        let mut opened = Vec::new();
+        let mut failure = None;
+        for (q, c) in all.chunks(HANDLE + 1).enumerate() {
+            if q == rank {
+                bases[q] = own.ptr();
+                continue;
+            }
+            let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+            for (d, s) in h.reserved.iter_mut().zip(&c[..HANDLE]) {
+                *d = *s as _;
+            }
+            let mut ptr = 0u64;
+            let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+            // SAFETY: a handle another rank exported; a valid out-pointer.
+            match call("cuIpcOpenMemHandle", || unsafe {
+                sys::cuIpcOpenMemHandle_v2(&mut ptr, h, lazy)
+            }) {
+                Ok(()) => {
+                    bases[q] = ptr;
+                    opened.push(ptr);
+                }
+                Err(e) => {
+                    failure = Some(format!("opening rank {q}'s buffer: {e}"));
+                    break;
+                }
+            }
+        }
+        let built = Self {
+            device,
+            kernels,
+            slots,
+            own,
+            bases,
+            opened,
+            rank,
+            state: Mutex::new(state),
+        };
+        let mut ok = [u8::from(failure.is_none())];
+        let min = CallSpec {
+            op: ReduceOp::Min,
+            ..CallSpec::new(Collective::AllReduce, DataType::Uint8, 1)
+        };
+        comm.call_bytes(min, None, &mut ok)?;
+        match (ok[0], failure) {
+            (1, _) => Ok(Ok(built)),
+            (_, why) => Ok(Err(
+                why.unwrap_or_else(|| "another rank could not map it".into())
+            )),
+        }
+    }
+
+    /// Enqueues `spec` from device address `send` to `recv` on `stream` as a stream program;
+    /// returns the algorithm whose steps it runs.
+    pub(crate) fn enqueue(
+        &self,
+        comm: &Communicator,
+        spec: CallSpec,
+        send: u64,
+        recv: u64,
+        in_bytes: usize,
+        stream: &Stream,
+    ) -> Result<Algorithm> {
+        let p = comm.size();
+        let es = spec.dtype.size();
+        let (algorithm, plan) = comm.derive_schedule(spec)?;
+        let arith = arith_of(&spec, p);
+        let key = ProgramKey {
+            collective: spec.collective.code(),
+            dtype: spec.dtype.name(),
+            count: spec.count,
+            root: spec.root,
+            algorithm: algorithm.code(),
+            combine: arith.combine as u8,
+            divide: arith.divide_by.is_some(),
+        };
+        let mut guard = self
+            .state
+            .lock()
+            .map_err(|_| Error::Transport("device program state poisoned".into()))?;
+        let st = &mut *guard;
+        let compiled = match st.cache.get(&key) {
+            Some(c) => c.clone(),
+            None => {
+                let c = Arc::new(compile(&plan.sched, p, es, self.slots, algorithm, arith));
+                if st.cache.len() >= 64 {
+                    st.cache.clear();
+                }
+                st.cache.insert(key, c.clone());
+                c
+            }
+        };
+        drop(plan);
+        crate::gpu::driver::set_device(self.device)?;
+        // Every call of the communicator starts after its previous one.
+        wait_event(stream, &st.last)?;
+        let mut input = send;
+        let premul = match spec.op {
+            ReduceOp::PreMulSum(s) if spec.collective.reduces() => Some(s),
+            _ => None,
+        };
+        let private_copy = spec.collective == Collective::AllToAll && in_bytes > 0 && send == recv;
+        if premul.is_some() || private_copy {
+            let staging = grow(&mut st.staging, self.device, in_bytes)?;
+            match premul {
+                Some(s) => self
+                    .kernels
+                    .scale(&s, staging, send, in_bytes / es, stream.raw())?,
+                None => copy(staging, send, in_bytes, stream.raw())?,
+            }
+            input = staging;
+        }
+        let scratch = if compiled.scratch_bytes > 0 {
+            grow(&mut st.scratch, self.device, compiled.scratch_bytes)?
+        } else {
+            0
+        };
+        let bases = Bases {
+            input,
+            output: recv,
+            scratch,
+        };
+        while st.lanes.len() < compiled.lanes {
+            st.lanes.push(Stream::new(self.device)?);
+            st.joins.push(Event::new(false)?);
+        }
+        for step in &compiled.steps {
+            if let [only] = step.as_slice() {
+                self.issue(only, &bases, st, arith, stream)?;
+                continue;
+            }
+            st.fork.record(stream)?;
+            for (i, lane) in step.iter().enumerate() {
+                let s = &st.lanes[i];
+                wait_event(s, &st.fork)?;
+                self.issue(lane, &bases, st, arith, s)?;
+                st.joins[i].record(s)?;
+            }
+            for join in &st.joins[..step.len()] {
+                wait_event(stream, join)?;
+            }
+        }
+        st.last.record(stream)?;
+        for q in 0..p {
+            st.sent[q] += compiled.sent[q];
+            st.received[q] += compiled.received[q];
+        }
+        Ok(compiled.algorithm)
+    }
+
+    /// Enqueues one lane's instructions on `s`.
+    fn issue(
+        &self,
+        lane: &[Instr],
+        bases: &Bases,
+        st: &ProgramState,
+        arith: Arith,
+        s: &Stream,
+    ) -> Result<()> {
+        let layout = Layout {
+            p: self.bases.len(),
+            slots: self.slots,
+        };
+        let (me, k) = (self.rank, self.slots.count as u64);
+        let own = self.own.ptr();
+        let addr = |l: Loc| match l {
+            Loc::Buffer(Buf::Input, off) => bases.input + off as u64,
+            Loc::Buffer(Buf::Output, off) => bases.output + off as u64,
+            Loc::Buffer(Buf::Scratch, off) => bases.scratch + off as u64,
+        };
+        let raw = s.raw();
+        for instr in lane {
+            match *instr {
+                Instr::Send {
+                    peer,
+                    n,
+                    src,
+                    bytes,
+                } => {
+                    let n = st.sent[peer] + n;
+                    if n >= k {
+                        // The peer has consumed piece n − k: its slot is free.
+                        wait_value(raw, own + layout.credit(peer), n + 1 - k)?;
+                    }
+                    let slot = self.bases[peer] + layout.slot(me, (n % k) as usize);
+                    copy(slot, addr(src), bytes, raw)?;
+                    write_value(raw, self.bases[peer] + layout.filled(me), n + 1)?;
+                }
+                Instr::Recv {
+                    peer,
+                    n,
+                    dst,
+                    bytes,
+                } => {
+                    let n = st.received[peer] + n;
+                    wait_value(raw, own + layout.filled(peer), n + 1)?;
+                    copy(
+                        addr(dst),
+                        own + layout.slot(peer, (n % k) as usize),
+                        bytes,
+                        raw,
+                    )?;
+                    write_value(raw, self.bases[peer] + layout.credit(me), n + 1)?;
+                }
+                Instr::RecvReduce {
+                    peer,
+                    n,
+                    src,
+                    dst,
+                    elems,
+                } => {
+                    let n = st.received[peer] + n;
+                    wait_value(raw, own + layout.filled(peer), n + 1)?;
+                    let slot = own + layout.slot(peer, (n % k) as usize);
+                    self.kernels.combine(
+                        arith.dtype,
+                        arith.combine,
+                        addr(dst),
+                        addr(src),
+                        slot,
+                        elems,
+                        raw,
+                    )?;
+                    write_value(raw, self.bases[peer] + layout.credit(me), n + 1)?;
+                }
+                Instr::Copy { src, dst, bytes } => copy(addr(dst), addr(src), bytes, raw)?,
+                Instr::Combine { dst, a, b, elems } => self.kernels.combine(
+                    arith.dtype,
+                    arith.combine,
+                    addr(dst),
+                    addr(a),
+                    addr(b),
+                    elems,
+                    raw,
+                )?,
+                Instr::Divide { region, elems } => {
+                    if let Some(by) = arith.divide_by {
+                        self.kernels
+                            .divide(arith.dtype, addr(region), by, elems, raw)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Programs {
+    fn drop(&mut self) {
+        let _ = crate::gpu::driver::set_device(self.device);
+        for &ptr in &self.opened {
+            // SAFETY: mappings made by cuIpcOpenMemHandle.
+            let _ = call("cuIpcCloseMemHandle", || unsafe {
+                sys::cuIpcCloseMemHandle(ptr)
+            });
+        }
+    }
+}
+
+/// A device buffer of at least `bytes`, grown (doubling) as calls need; its address.
+fn grow(buf: &mut Option<DeviceBuffer>, device: i32, bytes: usize) -> Result<u64> {
+    if buf.as_ref().is_none_or(|b| b.len() < bytes) {
+        let want = bytes.max(buf.as_ref().map_or(0, |b| 2 * b.len()));
+        // Freeing the old one first would wait for its last user, as allocating does.
+        *buf = None;
+        *buf = Some(DeviceBuffer::alloc(device, want)?);
+    }
+    Ok(buf.as_ref().map_or(0, DeviceBuffer::ptr))
+}
+
+fn copy(dst: u64, src: u64, bytes: usize, s: sys::CUstream) -> Result<()> {
+    if bytes == 0 || dst == src {
+        return Ok(());
+    }
+    // SAFETY: both ranges lie in device memory (the call's buffers, which the caller vouches
+    // for, or this communicator's rings and scratch) for the length of the stream's work.
+    call("cuMemcpyDtoDAsync", || unsafe {
+        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, s)
+    })
+}
+
+fn wait_value(s: sys::CUstream, addr: u64, value: u64) -> Result<()> {
+    let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+    // SAFETY: `addr` is a flag word of this communicator's program buffer, alive while the
+    // communicator is.
+    call("cuStreamWaitValue32", || unsafe {
+        sys::cuStreamWaitValue32_v2(s, addr, value as u32, geq)
+    })
+}
+
+fn write_value(s: sys::CUstream, addr: u64, value: u64) -> Result<()> {
+    // SAFETY: as in `wait_value`, a flag word of a rank's program buffer mapped here.
+    call("cuStreamWriteValue32", || unsafe {
+        sys::cuStreamWriteValue32_v2(s, addr, value as u32, 0)
+    })
+}
+
+fn wait_event(s: &Stream, e: &Event) -> Result<()> {
+    e.make_wait(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_algorithms::Plan;
+
+    /// Every send piece has a receive piece of the same size, numbered alike on both sides,
+    /// for every algorithm of every collective at 2 to 5 ranks.
+    #[test]
+    fn pieces_pair_up_across_ranks() {
+        let slots = Slots {
+            count: 2,
+            bytes: 24,
+        };
+        let arith = Arith {
+            dtype: DataType::Float32,
+            combine: Combine::Sum,
+            divide_by: None,
+        };
+        let collectives = [
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::Broadcast,
+            Collective::Reduce,
+            Collective::AllToAll,
+            Collective::Gather,
+            Collective::Scatter,
+        ];
+        let mut checked = 0;
+        for p in 2..=5 {
+            for c in collectives {
+                for &a in strata_algorithms::algorithms_for(c) {
+                    let progs: Option<Vec<Compiled>> = (0..p)
+                        .map(|rank| {
+                            let plan = Plan {
+                                collective: c,
+                                algorithm: a,
+                                nranks: p,
+                                rank,
+                                count: 37,
+                                root: 1 % p,
+                                chunk_elems: 5,
+                            };
+                            let s = strata_algorithms::plan(&plan).ok()?;
+                            Some(compile(&s, p, 4, slots, a, arith))
+                        })
+                        .collect();
+                    let Some(progs) = progs else { continue };
+                    let pieces = |r: usize, send: bool, q: usize| -> Vec<usize> {
+                        progs[r]
+                            .steps
+                            .iter()
+                            .flatten()
+                            .flatten()
+                            .filter_map(|i| match *i {
+                                Instr::Send { peer, bytes, .. } if send && peer == q => Some(bytes),
+                                Instr::Recv { peer, bytes, .. } if !send && peer == q => {
+                                    Some(bytes)
+                                }
+                                Instr::RecvReduce { peer, elems, .. } if !send && peer == q => {
+                                    Some(elems * 4)
+                                }
+                                _ => None,
+                            })
+                            .collect()
+                    };
+                    for r in 0..p {
+                        for q in (0..p).filter(|&q| q != r) {
+                            assert_eq!(
+                                pieces(r, true, q),
+                                pieces(q, false, r),
+                                "{c}/{a} p={p}: {r} -> {q}"
+                            );
+                            assert_eq!(progs[r].sent[q], progs[q].received[r]);
+                            assert!(pieces(r, true, q).iter().all(|&b| b <= 24));
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 60, "only {checked} plans compiled");
+    }
+}
