@@ -190,7 +190,7 @@ fn f32s(v: &[f32]) -> Vec<u8> {
 }
 
 /// Every collective × type × operator, in and out of place, on device buffers: the body of
-/// the two matrix tests (host-staged, and through CUDA IPC).
+/// the two matrix tests (host-staged, and stream programs over CUDA IPC).
 fn device_matrix(comm: &Communicator, rank: usize, n: usize) {
     let device = device_of(rank);
     let stream = Stream::new(device).unwrap();
@@ -226,27 +226,6 @@ fn device_matrix(comm: &Communicator, rank: usize, n: usize) {
     }
     assert!(failures.is_empty(), "rank {rank}: {}", failures.join("\n"));
     comm.wait_device_idle(Duration::from_secs(10)).unwrap();
-}
-
-#[test]
-fn every_collective_type_and_operator_through_cuda_ipc_and_gpu_kernels_at_2_3_and_4_processes() {
-    if let Some((comm, rank, n)) = worker() {
-        comm.bind_device(device_of(rank)).unwrap();
-        assert!(comm.uses_gpu_ipc(), "STRATA_GPU_PATH=ipc bound without IPC");
-        device_matrix(&comm, rank, n);
-        return;
-    }
-    let test = "every_collective_type_and_operator_through_cuda_ipc_and_gpu_kernels_at_2_3_and_4_processes";
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {test}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
-        return;
-    }
-    for n in [2, 3, 4] {
-        let env = [("STRATA_GPU_CHUNK", "64K"), ("STRATA_GPU_PATH", "ipc")];
-        assert_all_ok(&spawn(test, n, &env, Duration::from_secs(300)));
-    }
 }
 
 #[test]
@@ -354,6 +333,8 @@ fn abort_while_calls_wait_on_a_stream_releases_the_stream_and_says_why() {
         let device = device_of(rank);
         let stream = Stream::new(device).unwrap();
         let buf = DeviceBuffer::alloc(device, 4096).unwrap();
+        buf.upload(&f32s(&[(rank + 1) as f32; 1024]), &stream)
+            .unwrap();
         comm.bind_device(device).unwrap();
         let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 1024);
         if rank == 0 {
@@ -375,6 +356,14 @@ fn abort_while_calls_wait_on_a_stream_releases_the_stream_and_says_why() {
             "the stream was held {:?}",
             t.elapsed()
         );
+        if rank == 1 && comm.uses_gpu_ipc() && comm.async_error().is_none() {
+            // Rank 0's released programs still ran their transfers once the gate opened (the
+            // abort is local, as NCCL's is): then rank 1's one call completed, and correctly.
+            let mut out = vec![0u8; 4096];
+            buf.download(&mut out, &stream).unwrap();
+            assert_eq!(out, f32s(&[3.0; 1024]), "completed with a wrong result");
+            return;
+        }
         let e = comm.async_error().expect("an async error after the abort");
         eprintln!("rank {rank}: {e}");
         if rank == 0 {
@@ -582,7 +571,7 @@ fn every_collective_algorithm_type_and_operator_as_stream_programs_at_2_3_and_4_
     if let Some((comm, rank, n)) = worker() {
         comm.bind_device(device_of(rank)).unwrap();
         assert!(
-            comm.uses_stream_programs(),
+            comm.uses_gpu_ipc(),
             "STRATA_GPU_PATH=stream bound without them"
         );
         device_matrix(&comm, rank, n);

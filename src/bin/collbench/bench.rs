@@ -122,7 +122,7 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
             env!("CARGO_PKG_VERSION"),
             if on_gpu {
                 let path = if comm.uses_gpu_ipc() {
-                    "collectives through CUDA IPC"
+                    "stream programs over CUDA IPC"
                 } else {
                     "host-staged"
                 };
@@ -413,8 +413,6 @@ pub(super) fn bench_row(
     };
     let mut results = [Measure::default(); 2];
     let mut standin_per_call = None;
-    let ipc_exchange =
-        args.device == "cuda" && collective != Collective::Send && comm.uses_gpu_ipc();
     let modes: &[bool] = if args.no_in_place {
         &[false]
     } else {
@@ -466,14 +464,8 @@ pub(super) fn bench_row(
             "none".into()
         },
         root: if collective.rooted() { root as i64 } else { -1 },
-        // Device buffers on the IPC path run strata's IPC exchange, not the host schedule the
-        // tuner chose: name what ran, and predict nothing the model does not price.
-        algorithm: if ipc_exchange {
-            "ipc_exchange".into()
-        } else {
-            algorithm.name()
-        },
-        predicted_us: (rank == 0 && collective != Collective::Send && !ipc_exchange)
+        algorithm: algorithm.name(),
+        predicted_us: (rank == 0 && collective != Collective::Send)
             .then(|| comm.predict(collective, algorithm, count * es).ok())
             .flatten()
             .map(|s| s * 1e6),

@@ -4,13 +4,36 @@
 use super::*;
 use crate::gpu::{self, DeviceBuffer, DeviceRange, Memory, Stream};
 
-pub(crate) mod ipc;
 mod program;
 pub(crate) mod queue;
-
-pub use ipc::GpuPath;
 pub use queue::{DeviceWork, Staged};
 pub(crate) use queue::{Elementwise, JobKind, StreamQueue};
+
+/// Which data path a communicator's GPU calls take (`STRATA_GPU_PATH`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuPath {
+    /// Stream programs over CUDA IPC when every rank is on one host and the kernels load,
+    /// else host-staged (said once, with the reason).
+    Auto,
+    /// Always through pinned host memory.
+    Staged,
+    /// Stream programs over CUDA IPC, or fail at bind (`stream`, or its old name `ipc`).
+    Stream,
+}
+
+impl GpuPath {
+    /// From `STRATA_GPU_PATH` (`auto`, `staged`, `stream`; `ipc` is the old name of `stream`).
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("STRATA_GPU_PATH").as_deref().map(str::trim) {
+            Err(_) | Ok("") | Ok("auto") => Ok(Self::Auto),
+            Ok("staged") => Ok(Self::Staged),
+            Ok("stream" | "ipc") => Ok(Self::Stream),
+            Ok(other) => Err(Error::InvalidArgument(format!(
+                "STRATA_GPU_PATH={other}: expected auto, staged, ipc or stream"
+            ))),
+        }
+    }
+}
 
 impl Communicator {
     /// The communicator behind a progress thread's weak reference, while it lives.
@@ -46,17 +69,20 @@ impl Communicator {
         // the queue.
         let path = GpuPath::from_env()?;
         let started = StreamQueue::start(Arc::downgrade(&self.inner), device)?;
-        let half = queue::chunk_bytes();
-        if let Some(ipc) = ipc::IpcPath::build(self, device, half, path)? {
-            started.set_ipc(ipc);
-        }
-        if path == GpuPath::Stream && self.size() > 1 {
-            match program::Programs::build(self, device, half)? {
+        if path != GpuPath::Staged && self.size() > 1 {
+            match program::Programs::build(self, device, queue::chunk_bytes())? {
                 Ok(programs) => started.set_programs(programs),
-                Err(why) => {
+                Err(why) if path == GpuPath::Stream => {
                     return Err(Error::Unsupported(format!(
                         "STRATA_GPU_PATH=stream: stream programs are unavailable: {why}"
                     )));
+                }
+                Err(why) => {
+                    if self.rank() == 0 {
+                        tracing::info!(
+                            "device buffers go through host memory (staged) to every peer: {why}"
+                        );
+                    }
                 }
             }
         }
@@ -314,43 +340,29 @@ impl Communicator {
         });
         let ptrs: Vec<(u64, &str)> = ranges.iter().map(|r| (r.ptr, "a buffer")).collect();
         let device = Self::device_of(&ptrs)?;
-        let call = Elementwise {
-            spec,
-            send,
-            recv,
-            reads: ib > 0,
-            writes: ob > 0,
-        };
         self.gpu_queue(device)?
-            .enqueue(&[stream.raw()], JobKind::Collective { call, ranges, work })
+            .enqueue(&[stream.raw()], JobKind::Staged(ranges, work))
     }
 
     /// Whether this communicator's collectives on device buffers go GPU to GPU through CUDA
-    /// IPC (bound, one host, kernels loaded), rather than through host memory.
+    /// IPC, as stream programs compiled from their schedules (bound, one host, kernels
+    /// loaded), rather than through host memory.
     pub fn uses_gpu_ipc(&self) -> bool {
-        self.inner.gpu.get().is_some_and(StreamQueue::has_ipc)
+        self.inner.gpu.get().is_some_and(|q| q.programs().is_some())
     }
 
     /// How device data reaches `peer` once the communicator is bound to a GPU: `ipc` (GPU to
-    /// GPU through CUDA IPC) or `staged` (through pinned host memory and the host transports);
-    /// `None` for this rank itself, a rank out of range, or before binding.
+    /// GPU through CUDA IPC, in stream programs) or `staged` (through pinned host memory and
+    /// the host transports); `None` for this rank itself, a rank out of range, or before
+    /// binding.
     pub fn device_path_to(&self, peer: usize) -> Option<&'static str> {
         let q = self.inner.gpu.get()?;
         let path = if q.programs().is_some() {
-            "ipc-stream"
-        } else if q.has_ipc() {
             "ipc"
         } else {
             "staged"
         };
         (peer < self.size() && peer != self.rank()).then_some(path)
-    }
-
-    /// Whether this communicator's collectives on device buffers run as stream programs
-    /// compiled from their schedules (`STRATA_GPU_PATH=stream`): the algorithm the tuner
-    /// chose is the one that runs.
-    pub fn uses_stream_programs(&self) -> bool {
-        self.inner.gpu.get().is_some_and(|q| q.programs().is_some())
     }
 
     /// Before a call from any thread but the progress thread: waits for the stream-ordered

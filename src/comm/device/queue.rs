@@ -70,18 +70,8 @@ pub(crate) struct Elementwise {
 pub(crate) enum JobKind {
     /// Stage every range through host memory, run `work` on the host copies, copy back.
     Staged(Vec<DeviceRange>, DeviceWork),
-    /// A pipelined elementwise collective (through IPC when the communicator has it).
+    /// A pipelined elementwise collective, staged chunk by chunk.
     Elementwise(Elementwise),
-    /// Any other collective: through IPC when the communicator has it, else staged whole
-    /// (the ranges and work given).
-    Collective {
-        /// The call, with device addresses of input and output.
-        call: Elementwise,
-        /// The staged fallback's ranges.
-        ranges: Vec<DeviceRange>,
-        /// The staged fallback.
-        work: DeviceWork,
-    },
 }
 
 /// Set by the host function when the stream reaches the call.
@@ -114,8 +104,6 @@ struct Shared {
     /// Whether streams wait with `cuStreamWaitValue32` (else a holding host function).
     memops: AtomicBool,
     device: i32,
-    /// The IPC all-reduce path, when the communicator built one at bind.
-    ipc: std::sync::OnceLock<super::ipc::IpcPath>,
 }
 
 // SAFETY: the flag is written through atomics only; the rest is synchronised.
@@ -178,7 +166,6 @@ impl StreamQueue {
             flag_dev,
             memops: AtomicBool::new(true),
             device,
-            ipc: std::sync::OnceLock::new(),
         });
         // Everything the progress thread needs from the driver's allocators is made here: an
         // allocation or free of pinned or device memory synchronises with every stream, and
@@ -202,11 +189,6 @@ impl StreamQueue {
         Ok(q)
     }
 
-    /// Gives the queue the IPC path built at bind (before any call is enqueued).
-    pub(crate) fn set_ipc(&self, path: super::ipc::IpcPath) {
-        let _ = self.shared.ipc.set(path);
-    }
-
     /// Gives the queue the stream-program path built at bind (before any call is enqueued).
     pub(crate) fn set_programs(&self, programs: super::program::Programs) {
         let _ = self.programs.set(programs);
@@ -220,11 +202,6 @@ impl StreamQueue {
     /// Whether the calling thread is this queue's progress thread.
     pub(crate) fn is_progress_thread(&self) -> bool {
         self.thread_id.get() == Some(&std::thread::current().id())
-    }
-
-    /// Whether collectives go through CUDA IPC and GPU kernels.
-    pub(crate) fn has_ipc(&self) -> bool {
-        self.shared.ipc.get().is_some()
     }
 
     /// The device this queue's staging and copies use.
@@ -445,10 +422,9 @@ fn progress(comm: std::sync::Weak<crate::comm::Inner>, shared: Arc<Shared>, stag
             ))),
             (Some(_), Err(e)) => Err(e.clone()),
             (Some(c), Ok(stage)) => {
-                let ipc = shared.ipc.get();
                 // A panic in a call must not leave its streams waiting forever.
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    wait_ready(&c, &job.ready).and_then(|_| run(&c, stage, ipc, job.kind))
+                    wait_ready(&c, &job.ready).and_then(|_| run(&c, stage, job.kind))
                 }))
                 .unwrap_or_else(|_| {
                     Err(Error::Transport(
@@ -489,23 +465,13 @@ fn wait_ready(comm: &Communicator, ready: &[Arc<Ready>]) -> Result<()> {
 }
 
 /// Runs one job on the host copies of its buffers.
-fn run(
-    comm: &Communicator,
-    stage: &mut Stage,
-    ipc: Option<&super::ipc::IpcPath>,
-    kind: JobKind,
-) -> Result<()> {
+fn run(comm: &Communicator, stage: &mut Stage, kind: JobKind) -> Result<()> {
     if let Some(e) = comm.async_error() {
         return Err(e);
     }
-    match (kind, ipc) {
-        (JobKind::Elementwise(e), Some(ipc)) | (JobKind::Collective { call: e, .. }, Some(ipc)) => {
-            ipc.run(comm, e.spec, e.send, e.recv, &stage.copy)
-        }
-        (JobKind::Staged(ranges, work), _) | (JobKind::Collective { ranges, work, .. }, None) => {
-            run_staged(comm, stage, ranges, work)
-        }
-        (JobKind::Elementwise(e), None) => run_elementwise(comm, stage, e),
+    match kind {
+        JobKind::Staged(ranges, work) => run_staged(comm, stage, ranges, work),
+        JobKind::Elementwise(e) => run_elementwise(comm, stage, e),
     }
 }
 

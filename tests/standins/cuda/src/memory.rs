@@ -161,9 +161,12 @@ fn map_device(fd: i32, len: usize, device: i32, ipc: bool) -> Result<u64, i32> {
 }
 
 /// Undoes `map_device` for the allocation at `ptr`, which must be device memory allocated
-/// here (`ipc` false) or opened from a handle (`ipc` true). Waits for every stream first.
-fn unmap_device(ptr: u64, ipc: bool) -> Result<(), i32> {
-    stream::synchronize_all();
+/// here (`ipc` false) or opened from a handle (`ipc` true). Waits for every stream first when
+/// `sync` (everything but a stream-ordered free, which a stream runs).
+fn unmap_device(ptr: u64, ipc: bool, sync: bool) -> Result<(), i32> {
+    if sync {
+        stream::synchronize_all();
+    }
     let mut t = table();
     match t.allocs.get(&ptr) {
         Some(Alloc {
@@ -185,6 +188,25 @@ fn unmap_device(ptr: u64, ipc: bool) -> Result<(), i32> {
     Ok(())
 }
 
+/// A new device allocation of `len` bytes on `device`; its address.
+fn alloc_device(len: usize, device: i32) -> Result<u64, i32> {
+    if len == 0 {
+        return Err(code::INVALID_VALUE);
+    }
+    let size = (len as u64).next_multiple_of(GRANULE);
+    // SAFETY: plain system calls on a fresh file.
+    let fd = unsafe { libc::memfd_create(c"strata-standin-device".as_ptr(), libc::MFD_CLOEXEC) };
+    // SAFETY: as above.
+    if fd < 0 || unsafe { libc::ftruncate(fd, size as i64) } != 0 {
+        if fd >= 0 {
+            // SAFETY: the file made above.
+            unsafe { libc::close(fd) };
+        }
+        return Err(code::OUT_OF_MEMORY);
+    }
+    map_device(fd, len, device, false)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(out: *mut u64, len: usize) -> i32 {
     status(current().and_then(|device| {
@@ -193,19 +215,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(out: *mut u64, len: usize) -> i32 {
         }
         // An allocation synchronises with every stream, as the driver's does.
         stream::synchronize_all();
-        let size = (len as u64).next_multiple_of(GRANULE);
-        // SAFETY: plain system calls on a fresh file.
-        let fd =
-            unsafe { libc::memfd_create(c"strata-standin-device".as_ptr(), libc::MFD_CLOEXEC) };
-        // SAFETY: as above.
-        if fd < 0 || unsafe { libc::ftruncate(fd, size as i64) } != 0 {
-            if fd >= 0 {
-                // SAFETY: the file made above.
-                unsafe { libc::close(fd) };
-            }
-            return Err(code::OUT_OF_MEMORY);
-        }
-        let addr = map_device(fd, len, device, false)?;
+        let addr = alloc_device(len, device)?;
         // SAFETY: out-parameter.
         unsafe { put(out, addr) }
     }))
@@ -214,7 +224,42 @@ pub unsafe extern "C" fn cuMemAlloc_v2(out: *mut u64, len: usize) -> i32 {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(ptr: u64) -> i32 {
     // As cudaFree does, the device finishes the work that may still use it (unmap_device).
-    status(current().and_then(|_| unmap_device(ptr, false)))
+    status(current().and_then(|_| unmap_device(ptr, false, true)))
+}
+
+/// Stream-ordered allocation: no synchronisation with any stream (the point of it); the
+/// memory is usable by work enqueued on `s` after this call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(out: *mut u64, len: usize, s: usize) -> i32 {
+    status(current().and_then(|device| {
+        if out.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        stream::check(s)?;
+        let addr = alloc_device(len, device)?;
+        // SAFETY: out-parameter.
+        unsafe { put(out, addr) }
+    }))
+}
+
+/// Stream-ordered free: the memory goes when `s` reaches this point, without waiting now.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync(ptr: u64, s: usize) -> i32 {
+    status(current().and_then(|_| {
+        match table().allocs.get(&ptr) {
+            Some(Alloc {
+                kind: Kind::Device { ipc: false, .. },
+                ..
+            }) => {}
+            _ => return Err(code::INVALID_VALUE),
+        }
+        stream::enqueue(
+            s,
+            Box::new(move || {
+                let _ = unmap_device(ptr, false, false);
+            }),
+        )
+    }))
 }
 
 const HOSTALLOC_DEVICEMAP: c_uint = 2;
@@ -554,5 +599,5 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(out: *mut u64, h: IpcHandle, _fla
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuIpcCloseMemHandle(ptr: u64) -> i32 {
-    status(current().and_then(|_| unmap_device(ptr, true)))
+    status(current().and_then(|_| unmap_device(ptr, true, true)))
 }

@@ -98,6 +98,11 @@ fn lookup(handle: usize) -> Result<Arc<StreamState>, i32> {
         .ok_or(code::INVALID_HANDLE)
 }
 
+/// Whether `handle` names a stream (or the current device's default stream).
+pub(crate) fn check(handle: usize) -> Result<(), i32> {
+    lookup(handle).map(|_| ())
+}
+
 /// Puts `op` on stream `handle`.
 pub(crate) fn enqueue(handle: usize, op: Op) -> Result<(), i32> {
     let st = lookup(handle)?;

@@ -28,11 +28,17 @@ use crate::gpu::driver::call;
 use crate::gpu::kernels::Kernels;
 use crate::gpu::{DeviceBuffer, Event, Stream};
 use crate::reduce::{self, Combine};
+
+mod compile;
+mod watch;
+
+use compile::{Arith, Compiled, Instr, Loc, compile};
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use strata_algorithms::schedule::{Buf, Op, Region};
-use strata_algorithms::{Algorithm, Collective, RankSchedule};
+use strata_algorithms::schedule::Buf;
+use strata_algorithms::{Algorithm, Collective};
+use watch::{InFlight, Watch};
 
 /// Receive slots per ordered pair (`STRATA_GPU_SLOTS`, default 4, 2 to 64).
 const DEFAULT_SLOTS: usize = 4;
@@ -66,183 +72,6 @@ impl Slots {
     }
 }
 
-/// Where a program's operand lives: one of the call's buffers, or a slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Loc {
-    /// Bytes from the start of a call buffer.
-    Buffer(Buf, usize),
-}
-
-/// One instruction of a lane. Piece numbers are relative to the pair's counter at the start
-/// of the call.
-#[derive(Clone, Copy, Debug)]
-enum Instr {
-    /// Send piece `n` to `peer`: wait for its slot, copy `bytes` from `src`, signal.
-    Send {
-        peer: usize,
-        n: u64,
-        src: Loc,
-        bytes: usize,
-    },
-    /// Receive piece `n` from `peer` into `dst`, then hand the slot back.
-    Recv {
-        peer: usize,
-        n: u64,
-        dst: Loc,
-        bytes: usize,
-    },
-    /// Receive piece `n` from `peer` and store `src op piece` into `dst`.
-    RecvReduce {
-        peer: usize,
-        n: u64,
-        src: Loc,
-        dst: Loc,
-        elems: usize,
-    },
-    /// A local copy.
-    Copy { src: Loc, dst: Loc, bytes: usize },
-    /// `dst = a op b`, locally.
-    Combine {
-        dst: Loc,
-        a: Loc,
-        b: Loc,
-        elems: usize,
-    },
-    /// `region /= ranks` (avg's last step).
-    Divide { region: Loc, elems: usize },
-}
-
-/// A call compiled: steps of lanes, and how far it moves each pair's counters.
-pub(crate) struct Compiled {
-    steps: Vec<Vec<Vec<Instr>>>,
-    /// Pieces sent to each rank.
-    sent: Vec<u64>,
-    /// Pieces received from each rank.
-    received: Vec<u64>,
-    /// The algorithm whose steps these are.
-    algorithm: Algorithm,
-    scratch_bytes: usize,
-    lanes: usize,
-}
-
-/// How a call's reductions are done.
-#[derive(Clone, Copy)]
-struct Arith {
-    dtype: DataType,
-    combine: Combine,
-    divide_by: Option<usize>,
-}
-
-fn compile(
-    sched: &RankSchedule,
-    p: usize,
-    es: usize,
-    slots: Slots,
-    algorithm: Algorithm,
-    arith: Arith,
-) -> Compiled {
-    let piece_elems = (slots.bytes / es).max(1);
-    let (mut sent, mut received) = (vec![0u64; p], vec![0u64; p]);
-    let at = |r: &Region, elem: usize| Loc::Buffer(r.buf, (r.offset + elem) * es);
-    let mut steps = Vec::with_capacity(sched.steps.len());
-    let mut lanes_max = 1;
-    for step in &sched.steps {
-        // Lane 0: local work; then one lane per (peer, direction), in order of appearance.
-        let mut lanes: Vec<Vec<Instr>> = vec![Vec::new()];
-        let mut lane_of: HashMap<(usize, bool), usize> = HashMap::new();
-        let mut lane = |key: (usize, bool), lanes: &mut Vec<Vec<Instr>>| {
-            *lane_of.entry(key).or_insert_with(|| {
-                lanes.push(Vec::new());
-                lanes.len() - 1
-            })
-        };
-        for op in &step.ops {
-            match *op {
-                Op::Send { peer, src } => {
-                    let l = lane((peer, true), &mut lanes);
-                    for first in (0..src.len).step_by(piece_elems) {
-                        let len = piece_elems.min(src.len - first);
-                        lanes[l].push(Instr::Send {
-                            peer,
-                            n: sent[peer],
-                            src: at(&src, first),
-                            bytes: len * es,
-                        });
-                        sent[peer] += 1;
-                    }
-                }
-                Op::Recv { peer, dst } => {
-                    let l = lane((peer, false), &mut lanes);
-                    for first in (0..dst.len).step_by(piece_elems) {
-                        let len = piece_elems.min(dst.len - first);
-                        lanes[l].push(Instr::Recv {
-                            peer,
-                            n: received[peer],
-                            dst: at(&dst, first),
-                            bytes: len * es,
-                        });
-                        received[peer] += 1;
-                    }
-                }
-                Op::RecvReduce { peer, src, dst } => {
-                    let l = lane((peer, false), &mut lanes);
-                    for first in (0..dst.len).step_by(piece_elems) {
-                        let len = piece_elems.min(dst.len - first);
-                        lanes[l].push(Instr::RecvReduce {
-                            peer,
-                            n: received[peer],
-                            src: at(&src, first),
-                            dst: at(&dst, first),
-                            elems: len,
-                        });
-                        received[peer] += 1;
-                    }
-                }
-                Op::Copy { src, dst } => {
-                    if src != dst && src.len > 0 {
-                        lanes[0].push(Instr::Copy {
-                            src: at(&src, 0),
-                            dst: at(&dst, 0),
-                            bytes: src.len * es,
-                        });
-                    }
-                }
-                Op::Reduce { src, with, dst } => {
-                    if dst.len > 0 {
-                        lanes[0].push(Instr::Combine {
-                            dst: at(&dst, 0),
-                            a: at(&src, 0),
-                            b: at(&with, 0),
-                            elems: dst.len,
-                        });
-                    }
-                }
-                Op::Finalize { region } => {
-                    if arith.divide_by.is_some() && region.len > 0 {
-                        lanes[0].push(Instr::Divide {
-                            region: at(&region, 0),
-                            elems: region.len,
-                        });
-                    }
-                }
-            }
-        }
-        if lanes[0].is_empty() {
-            lanes.remove(0);
-        }
-        lanes_max = lanes_max.max(lanes.len());
-        steps.push(lanes);
-    }
-    Compiled {
-        steps,
-        sent,
-        received,
-        algorithm,
-        scratch_bytes: sched.scratch_elems * es,
-        lanes: lanes_max,
-    }
-}
-
 /// What a call's program needs that changes from call to call.
 struct Bases {
     input: u64,
@@ -263,6 +92,9 @@ pub(crate) struct Programs {
     opened: Vec<u64>,
     rank: usize,
     state: Mutex<ProgramState>,
+    /// Calls in flight, and the monitor that releases them after a fault or a timeout.
+    watch: Arc<Watch>,
+    monitor: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 // SAFETY: the raw device addresses are plain numbers; the state is behind a mutex.
@@ -282,9 +114,6 @@ struct ProgramState {
     joins: Vec<Event>,
     /// Recorded at the end of every call: the next one starts after it.
     last: Event,
-    scratch: Option<DeviceBuffer>,
-    /// The scaled input of a PreMulSum, the private copy of an in-place all-to-all.
-    staging: Option<DeviceBuffer>,
 }
 
 /// What a compiled program depends on besides the communicator.
@@ -380,8 +209,6 @@ impl Programs {
                 fork: Event::new(false)?,
                 joins: Vec::new(),
                 last: Event::new(false)?,
-                scratch: None,
-                staging: None,
             };
             Ok((kernels, own, bytes, state))
         })();
@@ -426,7 +253,8 @@ impl Programs {
                 }
             }
         }
-        let built = Self {
+        let watch = Watch::new(comm.inner.health.clone(), own.ptr(), p, device);
+        let mut built = Self {
             device,
             kernels,
             slots,
@@ -435,7 +263,15 @@ impl Programs {
             opened,
             rank,
             state: Mutex::new(state),
+            watch,
+            monitor: Mutex::new(None),
         };
+        if failure.is_none() {
+            match built.watch.start() {
+                Ok(m) => built.monitor = Mutex::new(Some(m)),
+                Err(e) => failure = Some(e.to_string()),
+            }
+        }
         let mut ok = [u8::from(failure.is_none())];
         let min = CallSpec {
             op: ReduceOp::Min,
@@ -494,14 +330,20 @@ impl Programs {
         crate::gpu::driver::set_device(self.device)?;
         // Every call of the communicator starts after its previous one.
         wait_event(stream, &st.last)?;
+        let start = self.watch.event()?;
+        start.record(stream)?;
         let mut input = send;
         let premul = match spec.op {
             ReduceOp::PreMulSum(s) if spec.collective.reduces() => Some(s),
             _ => None,
         };
         let private_copy = spec.collective == Collective::AllToAll && in_bytes > 0 && send == recv;
+        // Scratch and staging are allocated in stream order: an ordinary allocation would
+        // wait for every stream, this one's earlier work (and perhaps peers) included.
+        let mut temporaries = Vec::new();
         if premul.is_some() || private_copy {
-            let staging = grow(&mut st.staging, self.device, in_bytes)?;
+            let staging = alloc_on(stream, in_bytes)?;
+            temporaries.push(staging);
             match premul {
                 Some(s) => self
                     .kernels
@@ -511,7 +353,9 @@ impl Programs {
             input = staging;
         }
         let scratch = if compiled.scratch_bytes > 0 {
-            grow(&mut st.scratch, self.device, compiled.scratch_bytes)?
+            let scratch = alloc_on(stream, compiled.scratch_bytes)?;
+            temporaries.push(scratch);
+            scratch
         } else {
             0
         };
@@ -540,11 +384,32 @@ impl Programs {
                 wait_event(stream, join)?;
             }
         }
+        for t in temporaries {
+            free_on(stream, t)?;
+        }
+        let end = self.watch.event()?;
+        end.record(stream)?;
         st.last.record(stream)?;
         for q in 0..p {
             st.sent[q] += compiled.sent[q];
             st.received[q] += compiled.received[q];
         }
+        let what = format!(
+            "{} ({} {}, {} elements, {}) on device buffers",
+            spec.collective,
+            spec.dtype,
+            spec.op,
+            spec.count,
+            compiled.algorithm.name()
+        );
+        let call = InFlight {
+            start,
+            end,
+            started: None,
+            timeout: comm.timeout(),
+            what,
+        };
+        self.watch.track(call, &st.sent, &st.received);
         Ok(compiled.algorithm)
     }
 
@@ -647,6 +512,10 @@ impl Programs {
 
 impl Drop for Programs {
     fn drop(&mut self) {
+        self.watch.stop();
+        if let Some(m) = self.monitor.get_mut().ok().and_then(Option::take) {
+            let _ = m.join();
+        }
         let _ = crate::gpu::driver::set_device(self.device);
         for &ptr in &self.opened {
             // SAFETY: mappings made by cuIpcOpenMemHandle.
@@ -657,15 +526,23 @@ impl Drop for Programs {
     }
 }
 
-/// A device buffer of at least `bytes`, grown (doubling) as calls need; its address.
-fn grow(buf: &mut Option<DeviceBuffer>, device: i32, bytes: usize) -> Result<u64> {
-    if buf.as_ref().is_none_or(|b| b.len() < bytes) {
-        let want = bytes.max(buf.as_ref().map_or(0, |b| 2 * b.len()));
-        // Freeing the old one first would wait for its last user, as allocating does.
-        *buf = None;
-        *buf = Some(DeviceBuffer::alloc(device, want)?);
-    }
-    Ok(buf.as_ref().map_or(0, DeviceBuffer::ptr))
+/// `bytes` of device memory, allocated in `stream`'s order (`cuMemAllocAsync`).
+fn alloc_on(stream: &Stream, bytes: usize) -> Result<u64> {
+    let mut ptr = 0u64;
+    // SAFETY: a valid out-pointer and a live stream.
+    call("cuMemAllocAsync", || unsafe {
+        sys::cuMemAllocAsync(&mut ptr, bytes.max(1), stream.raw())
+    })?;
+    Ok(ptr)
+}
+
+/// Frees memory from [`alloc_on`] when `stream` reaches this point.
+fn free_on(stream: &Stream, ptr: u64) -> Result<()> {
+    // SAFETY: allocated by cuMemAllocAsync; the work enqueued before on this stream is the
+    // last to use it.
+    call("cuMemFreeAsync", || unsafe {
+        sys::cuMemFreeAsync(ptr, stream.raw())
+    })
 }
 
 fn copy(dst: u64, src: u64, bytes: usize, s: sys::CUstream) -> Result<()> {
@@ -697,89 +574,4 @@ fn write_value(s: sys::CUstream, addr: u64, value: u64) -> Result<()> {
 
 fn wait_event(s: &Stream, e: &Event) -> Result<()> {
     e.make_wait(s)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use strata_algorithms::Plan;
-
-    /// Every send piece has a receive piece of the same size, numbered alike on both sides,
-    /// for every algorithm of every collective at 2 to 5 ranks.
-    #[test]
-    fn pieces_pair_up_across_ranks() {
-        let slots = Slots {
-            count: 2,
-            bytes: 24,
-        };
-        let arith = Arith {
-            dtype: DataType::Float32,
-            combine: Combine::Sum,
-            divide_by: None,
-        };
-        let collectives = [
-            Collective::AllReduce,
-            Collective::AllGather,
-            Collective::ReduceScatter,
-            Collective::Broadcast,
-            Collective::Reduce,
-            Collective::AllToAll,
-            Collective::Gather,
-            Collective::Scatter,
-        ];
-        let mut checked = 0;
-        for p in 2..=5 {
-            for c in collectives {
-                for &a in strata_algorithms::algorithms_for(c) {
-                    let progs: Option<Vec<Compiled>> = (0..p)
-                        .map(|rank| {
-                            let plan = Plan {
-                                collective: c,
-                                algorithm: a,
-                                nranks: p,
-                                rank,
-                                count: 37,
-                                root: 1 % p,
-                                chunk_elems: 5,
-                            };
-                            let s = strata_algorithms::plan(&plan).ok()?;
-                            Some(compile(&s, p, 4, slots, a, arith))
-                        })
-                        .collect();
-                    let Some(progs) = progs else { continue };
-                    let pieces = |r: usize, send: bool, q: usize| -> Vec<usize> {
-                        progs[r]
-                            .steps
-                            .iter()
-                            .flatten()
-                            .flatten()
-                            .filter_map(|i| match *i {
-                                Instr::Send { peer, bytes, .. } if send && peer == q => Some(bytes),
-                                Instr::Recv { peer, bytes, .. } if !send && peer == q => {
-                                    Some(bytes)
-                                }
-                                Instr::RecvReduce { peer, elems, .. } if !send && peer == q => {
-                                    Some(elems * 4)
-                                }
-                                _ => None,
-                            })
-                            .collect()
-                    };
-                    for r in 0..p {
-                        for q in (0..p).filter(|&q| q != r) {
-                            assert_eq!(
-                                pieces(r, true, q),
-                                pieces(q, false, r),
-                                "{c}/{a} p={p}: {r} -> {q}"
-                            );
-                            assert_eq!(progs[r].sent[q], progs[q].received[r]);
-                            assert!(pieces(r, true, q).iter().all(|&b| b <= 24));
-                        }
-                    }
-                    checked += 1;
-                }
-            }
-        }
-        assert!(checked > 60, "only {checked} plans compiled");
-    }
 }

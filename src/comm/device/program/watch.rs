@@ -1,0 +1,232 @@
+//! Watching the stream programs in flight. A call the stream has reached that has not finished
+//! within the communicator's timeout, or any call in flight when the communicator is aborted
+//! or fails (a dead peer, a timeout elsewhere), makes the monitor release every word this
+//! rank's streams wait on, so they drain (with undefined results, as after NCCL's abort) and
+//! `async_error` says why. The monitor polls events (`cuEventQuery`) every few milliseconds;
+//! it never waits on the GPU while the calls are healthy.
+
+use crate::error::{Error, Result};
+use crate::gpu::driver::{call, set_device};
+use crate::gpu::memory::PinnedBuffer;
+use crate::gpu::{Event, Stream};
+use crate::watchdog::Health;
+use cudarc::driver::sys;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often the monitor looks while calls are in flight.
+const TICK: Duration = Duration::from_millis(10);
+
+/// One call in flight: events recorded where it starts and ends on its stream.
+pub(super) struct InFlight {
+    pub start: Event,
+    pub end: Event,
+    /// When the monitor first saw the stream reach the call.
+    pub started: Option<Instant>,
+    pub timeout: Duration,
+    /// The call, for the error: `all_reduce (float sum, 1024 elements, ring) on device buffers`.
+    pub what: String,
+}
+
+/// What the monitor and the enqueueing threads share.
+pub(super) struct Watch {
+    pending: Mutex<VecDeque<InFlight>>,
+    /// Events of finished calls, for the next ones.
+    spare: Mutex<Vec<Event>>,
+    cv: Condvar,
+    stop: AtomicBool,
+    health: Arc<Health>,
+    /// Values that satisfy every wait enqueued so far: the *filled* words of ranks 0..p, then
+    /// their *credit* words, as this rank's flag area holds them.
+    release_to: Mutex<Vec<u32>>,
+    /// This rank's flag area, and the device.
+    flags: u64,
+    device: i32,
+}
+
+impl Watch {
+    /// Watches calls on `device` whose flag area (2 × `p` words) is at `flags`.
+    pub fn new(health: Arc<Health>, flags: u64, p: usize, device: i32) -> Arc<Self> {
+        Arc::new(Self {
+            pending: Mutex::default(),
+            spare: Mutex::default(),
+            cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+            health,
+            release_to: Mutex::new(vec![0; 2 * p]),
+            flags,
+            device,
+        })
+    }
+
+    /// An event for a new call (recycled when one is free).
+    pub fn event(&self) -> Result<Event> {
+        match self.spare.lock().ok().and_then(|mut s| s.pop()) {
+            Some(e) => Ok(e),
+            None => Event::new(false),
+        }
+    }
+
+    /// A call was enqueued; after it, the counters stand at `sent` and `received` pieces.
+    pub fn track(&self, call: InFlight, sent: &[u64], received: &[u64]) {
+        if let Ok(mut r) = self.release_to.lock() {
+            let p = sent.len();
+            for q in 0..p {
+                r[q] = received[q] as u32;
+                r[p + q] = sent[q] as u32;
+            }
+        }
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.push_back(call);
+        }
+        self.cv.notify_all();
+    }
+
+    /// Starts the monitor thread; it ends when [`Watch::stop`] is called.
+    pub fn start(self: &Arc<Self>) -> Result<std::thread::JoinHandle<()>> {
+        let watch = self.clone();
+        let release = Release::new(watch.device, watch.release_to_len())?;
+        std::thread::Builder::new()
+            .name("strata-gpu-watch".into())
+            .spawn(move || watch.run(release))
+            .map_err(|e| Error::io("spawning the GPU call monitor", e))
+    }
+
+    /// Stops the monitor thread.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.cv.notify_all();
+    }
+
+    fn release_to_len(&self) -> usize {
+        self.release_to.lock().map_or(0, |r| r.len())
+    }
+
+    fn run(&self, release: Release) {
+        let _ = set_device(self.device);
+        let mut last_release: Option<Instant> = None;
+        while !self.stop.load(Ordering::Acquire) {
+            let Ok(mut pending) = self.pending.lock() else {
+                return;
+            };
+            // Retire the calls that finished, in order.
+            while pending
+                .front()
+                .is_some_and(|c| c.end.is_complete().unwrap_or(true))
+            {
+                if let Some(done) = pending.pop_front()
+                    && let Ok(mut spare) = self.spare.lock()
+                {
+                    spare.extend([done.start, done.end]);
+                }
+            }
+            if pending.is_empty() {
+                last_release = None;
+                let _ = self.cv.wait_timeout(pending, Duration::from_millis(200));
+                continue;
+            }
+            let now = Instant::now();
+            for c in pending.iter_mut() {
+                if c.started.is_none() {
+                    if !c.start.is_complete().unwrap_or(true) {
+                        break;
+                    }
+                    c.started = Some(now);
+                }
+            }
+            let overdue = pending
+                .iter()
+                .find(|c| c.started.is_some_and(|s| now.duration_since(s) > c.timeout))
+                .map(|c| (c.what.clone(), c.timeout));
+            drop(pending);
+            if let Some((what, timeout)) = overdue
+                && !self.health.interrupt.load(Ordering::Acquire)
+            {
+                let waiting_on = self.lagging(&release);
+                let e = Error::Timeout {
+                    op: what,
+                    seq: 0,
+                    waiting_on,
+                    after_s: timeout.as_secs_f64(),
+                    diagnosis: None,
+                };
+                if self.health.record_fault(&e) {
+                    tracing::warn!("{e}");
+                }
+            }
+            // A failed or aborted communicator: let its streams drain, and keep them free of
+            // the late writes of peers that are still running.
+            if self.health.interrupt.load(Ordering::Acquire)
+                && last_release.is_none_or(|t| t.elapsed() >= TICK)
+            {
+                if let Ok(values) = self.release_to.lock().map(|v| v.clone()) {
+                    tracing::debug!(?values, "releasing the stream programs in flight");
+                    release.write(self.flags, &values);
+                }
+                last_release = Some(Instant::now());
+            }
+            std::thread::sleep(TICK);
+        }
+    }
+
+    /// The ranks whose data this rank still expects (its *filled* words behind what the calls
+    /// enqueued so far need), read from the device after a timeout.
+    fn lagging(&self, release: &Release) -> Vec<usize> {
+        let want = self
+            .release_to
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default();
+        let p = want.len() / 2;
+        match release.read(self.flags, 2 * p) {
+            Ok(have) => (0..p)
+                .filter(|&q| (have[q].wrapping_sub(want[q]) as i32) < 0)
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+/// The monitor's own stream and pinned words, for writing and reading the flag area.
+struct Release {
+    stream: Stream,
+    pinned: PinnedBuffer,
+}
+
+impl Release {
+    fn new(device: i32, words: usize) -> Result<Self> {
+        set_device(device)?;
+        Ok(Self {
+            stream: Stream::new(device)?,
+            pinned: PinnedBuffer::new(4 * words.max(1))?,
+        })
+    }
+
+    /// Writes `values` over the flag area at `flags`, on the monitor's stream (no waiting).
+    fn write(&self, flags: u64, values: &[u32]) {
+        let n = values.len().min(self.pinned.len() / 4);
+        // SAFETY: the pinned buffer holds at least `n` words; only this thread writes it.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.pinned.as_ptr().cast(), n) };
+        // SAFETY: the flag area is `n` words of this communicator's program buffer, alive
+        // while the monitor runs; the source is pinned memory of that size.
+        let _ = call("cuMemcpyHtoDAsync", || unsafe {
+            sys::cuMemcpyHtoDAsync_v2(flags, self.pinned.as_ptr().cast(), 4 * n, self.stream.raw())
+        });
+    }
+
+    /// Reads `words` words of the flag area (after a fault: this waits for the copy).
+    fn read(&self, flags: u64, words: usize) -> Result<Vec<u32>> {
+        let n = words.min(self.pinned.len() / 4);
+        // SAFETY: as in `write`, the other way.
+        call("cuMemcpyDtoHAsync", || unsafe {
+            sys::cuMemcpyDtoHAsync_v2(self.pinned.as_ptr().cast(), flags, 4 * n, self.stream.raw())
+        })?;
+        self.stream.synchronize()?;
+        let mut out = vec![0u32; n];
+        // SAFETY: `n` words just copied into the pinned buffer.
+        unsafe { std::ptr::copy_nonoverlapping(self.pinned.as_ptr().cast(), out.as_mut_ptr(), n) };
+        Ok(out)
+    }
+}
