@@ -658,3 +658,80 @@ fn a_64_mib_all_reduce_as_a_stream_program_touches_no_host_memory_and_no_host_wa
         "{ranks:?}"
     );
 }
+
+#[test]
+fn sends_and_receives_on_device_buffers_progress_together_in_one_stream_program() {
+    if let Some((comm, rank, n)) = worker() {
+        let device = device_of(rank);
+        comm.bind_device(device).unwrap();
+        assert!(comm.uses_gpu_ipc());
+        let stream = Stream::new(device).unwrap();
+        let count = 70_001; // several slots of 64 KiB, and a partial one
+        let bytes = count * 4;
+        let value = |from: usize, to: usize| (from * 10 + to) as f32;
+        let sends: Vec<DeviceBuffer> = (0..n)
+            .map(|to| {
+                let b = DeviceBuffer::alloc(device, bytes).unwrap();
+                b.upload(&f32s(&vec![value(rank, to); count]), &stream)
+                    .unwrap();
+                b
+            })
+            .collect();
+        let recvs: Vec<DeviceBuffer> = (0..n)
+            .map(|_| DeviceBuffer::alloc(device, bytes).unwrap())
+            .collect();
+        // Every rank sends to every rank (itself included) and receives from every rank in
+        // one batch: only concurrent progress gets through this with four slots a pair.
+        let mut batch = Vec::new();
+        for q in 0..n {
+            batch.push(strata::DeviceTransfer {
+                peer: q,
+                ptr: sends[q].ptr(),
+                bytes,
+                send: true,
+            });
+            batch.push(strata::DeviceTransfer {
+                peer: q,
+                ptr: recvs[q].ptr(),
+                bytes,
+                send: false,
+            });
+        }
+        let before = gpu::standin_stats().unwrap();
+        comm.enqueue_transfers(&batch, &stream).unwrap();
+        let moved = counted_since(&before, &stream);
+        assert_eq!(moved.host_bytes(), 0, "{moved:?}");
+        for (q, r) in recvs.iter().enumerate() {
+            let mut out = vec![0u8; bytes];
+            r.download(&mut out, &stream).unwrap();
+            assert!(out == f32s(&vec![value(q, rank); count]), "from rank {q}");
+        }
+        // Bad input is refused before anything is enqueued.
+        let bad = [strata::DeviceTransfer {
+            peer: n,
+            ptr: sends[0].ptr(),
+            bytes: 4,
+            send: true,
+        }];
+        assert!(comm.enqueue_transfers(&bad, &stream).is_err());
+        assert!(comm.async_error().is_none());
+        println!("EXCHANGED");
+        return;
+    }
+    let name = "sends_and_receives_on_device_buffers_progress_together_in_one_stream_program";
+    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
+        eprintln!(
+            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
+        );
+        return;
+    }
+    for n in [2, 3, 4] {
+        let env = [("STRATA_GPU_CHUNK", "64K"), ("STRATA_GPU_PATH", "stream")];
+        let ranks = spawn(name, n, &env, Duration::from_secs(120));
+        assert_all_ok(&ranks);
+        assert!(
+            ranks.iter().all(|(_, out)| out.contains("EXCHANGED")),
+            "{ranks:?}"
+        );
+    }
+}

@@ -278,35 +278,52 @@ pub(crate) fn enqueue_device(
         .iter()
         .map(|&s| unsafe { Stream::borrowed(s as *mut _) })
         .collect();
-    if let [Call::Coll(c)] = calls.as_slice() {
-        let deferred = c
-            .user_op
+    let deferred = |c: &Coll| {
+        c.user_op
             .and_then(|i| ops.get(i).copied().flatten())
-            .is_some_and(|o| matches!(o, UserOp::Deferred(..)));
-        if !deferred && streams.len() == 1 {
-            // One collective: strata's own path (pipelined, or through CUDA IPC on one host).
-            check_coll(c, rank, p).map_err(Error::InvalidArgument)?;
-            let spec = CallSpec {
-                op: resolve_op(c, &ops)?,
-                ..c.spec
-            };
-            let (ib, ob) = buffer_bytes(&spec, rank, p).map_err(Error::InvalidArgument)?;
-            let (send, recv) = (c.send as u64, c.recv as u64);
-            if ib > 0
-                && ob > 0
-                && !nccl_in_place(&spec, rank, send, recv)
-                && send < recv + ob as u64
-                && recv < send + ib as u64
-            {
-                return Err(Error::InvalidArgument(format!(
-                    "{}: sendbuff and recvbuff overlap without following NCCL's in-place layout",
-                    spec.collective
-                )));
+            .is_some_and(|o| matches!(o, UserOp::Deferred(..)))
+    };
+    if let [Call::Coll(c)] = calls.as_slice()
+        && !deferred(c)
+        && streams.len() == 1
+    {
+        // One collective: strata's own path (stream programs on one host, else pipelined).
+        let (spec, send, recv) = device_coll(c, &ops, rank, p)?;
+        return comm.enqueue_call(spec, send, recv, &streams[0]);
+    }
+    if comm.uses_gpu_ipc()
+        && streams.len() == 1
+        && calls.iter().all(|call| match call {
+            Call::Coll(c) => !deferred(c),
+            Call::P2p { ptr, count, .. } => *count == 0 || device::any_device(&[*ptr]),
+        })
+    {
+        // A group on one stream, every rank on this host: its collectives in order as stream
+        // programs, then its sends and receives as one batch that progresses all at once.
+        let mut colls = Vec::new();
+        let mut transfers = Vec::new();
+        for call in &calls {
+            match *call {
+                Call::Coll(ref c) => colls.push(device_coll(c, &ops, rank, p)?),
+                Call::P2p {
+                    send,
+                    peer,
+                    dtype,
+                    count,
+                    ptr,
+                    ..
+                } => transfers.push(strata::DeviceTransfer {
+                    peer,
+                    ptr: ptr as u64,
+                    bytes: count.saturating_mul(dtype.size()),
+                    send,
+                }),
             }
-            // Where this rank reads no input, its sendbuff may be anything: use recvbuff.
-            let send = if ib == 0 { recv } else { send };
-            return comm.enqueue_call(spec, send, recv, &streams[0]);
         }
+        for (spec, send, recv) in colls {
+            comm.enqueue_call(spec, send, recv, &streams[0])?;
+        }
+        return comm.enqueue_transfers(&transfers, &streams[0]);
     }
     let mut ranges = Vec::new();
     for call in &calls {
@@ -367,6 +384,37 @@ pub(crate) fn enqueue_device(
             run_group(comm, &ops, calls)
         }),
     )
+}
+
+/// A collective on device memory checked as NCCL would: its spec with the operator resolved,
+/// and its send and receive addresses (the receive buffer standing in for a send buffer this
+/// rank does not read).
+fn device_coll(
+    c: &Coll,
+    ops: &[Option<UserOp>],
+    rank: usize,
+    p: usize,
+) -> strata::Result<(CallSpec, u64, u64)> {
+    check_coll(c, rank, p).map_err(Error::InvalidArgument)?;
+    let spec = CallSpec {
+        op: resolve_op(c, ops)?,
+        ..c.spec
+    };
+    let (ib, ob) = buffer_bytes(&spec, rank, p).map_err(Error::InvalidArgument)?;
+    let (send, recv) = (c.send as u64, c.recv as u64);
+    if ib > 0
+        && ob > 0
+        && !nccl_in_place(&spec, rank, send, recv)
+        && send < recv + ob as u64
+        && recv < send + ib as u64
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{}: sendbuff and recvbuff overlap without following NCCL's in-place layout",
+            spec.collective
+        )));
+    }
+    // Where this rank reads no input, its sendbuff may be anything: use recvbuff.
+    Ok((spec, if ib == 0 { recv } else { send }, recv))
 }
 
 /// The cost model's estimate of `calls` on `comm`, in microseconds.

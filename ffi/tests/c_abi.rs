@@ -368,10 +368,11 @@ fn gpu_buffers_on_streams_every_collective_at_2_3_and_4_processes_on_the_cuda_st
             ],
         );
     }
-    // All-reduce GPU to GPU through CUDA IPC and the kernels, which NVRTC compiles at init.
+    // GPU to GPU: every collective and the send/receive group as stream programs over CUDA
+    // IPC, with the kernels NVRTC compiles at bind.
     let Some(nvrtc) = std::env::var_os("STRATA_NVRTC_DIR") else {
         common::skip(
-            "gpu_buffers_on_streams (IPC part)",
+            "gpu_buffers_on_streams (stream-program part)",
             "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set",
         );
         return;
@@ -384,7 +385,7 @@ fn gpu_buffers_on_streams_every_collective_at_2_3_and_4_processes_on_the_cuda_st
             &[
                 ("LD_LIBRARY_PATH", Path::new(&with_nvrtc)),
                 ("STRATA_GPU_CHUNK", Path::new("4K")),
-                ("STRATA_GPU_PATH", Path::new("ipc")),
+                ("STRATA_GPU_PATH", Path::new("stream")),
             ],
         );
     }

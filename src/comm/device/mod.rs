@@ -6,6 +6,8 @@ use crate::gpu::{self, DeviceBuffer, DeviceRange, Memory, Stream};
 
 mod program;
 pub(crate) mod queue;
+
+pub use program::DeviceTransfer;
 pub use queue::{DeviceWork, Staged};
 pub(crate) use queue::{Elementwise, JobKind, StreamQueue};
 
@@ -342,6 +344,51 @@ impl Communicator {
         let device = Self::device_of(&ptrs)?;
         self.gpu_queue(device)?
             .enqueue(&[stream.raw()], JobKind::Staged(ranges, work))
+    }
+
+    /// Enqueues point-to-point transfers on device memory on `stream` as one batch (a group's
+    /// sends and receives, all of which may progress at once; a rank may send to itself), GPU
+    /// to GPU in a stream program, and returns at once. Each transfer must meet one of the
+    /// same size from its peer, in the same order. `Unsupported` when the communicator has no
+    /// stream programs (not every rank on one host): [`Communicator::enqueue_device`] stages
+    /// through host memory instead.
+    pub fn enqueue_transfers(&self, transfers: &[DeviceTransfer], stream: &Stream) -> Result<()> {
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        if let Some(t) = transfers.iter().find(|t| t.peer >= self.size()) {
+            return Err(Error::InvalidArgument(format!(
+                "peer {} is out of range for {} ranks",
+                t.peer,
+                self.size()
+            )));
+        }
+        let ptrs: Vec<(u64, &str)> = transfers
+            .iter()
+            .filter(|t| t.bytes > 0)
+            .map(|t| {
+                (
+                    t.ptr,
+                    if t.send {
+                        "a send buffer"
+                    } else {
+                        "a receive buffer"
+                    },
+                )
+            })
+            .collect();
+        if ptrs.is_empty() {
+            return Ok(());
+        }
+        let device = Self::device_of(&ptrs)?;
+        match self.gpu_queue(device)?.programs() {
+            Some(programs) => programs.enqueue_transfers(self, transfers, stream),
+            None => Err(Error::Unsupported(
+                "point-to-point transfers in a stream program need every rank on one host \
+                 (and the kernels); stage them with enqueue_device"
+                    .into(),
+            )),
+        }
     }
 
     /// Whether this communicator's collectives on device buffers go GPU to GPU through CUDA

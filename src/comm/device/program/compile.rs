@@ -14,6 +14,8 @@ use strata_algorithms::{Algorithm, RankSchedule};
 pub(super) enum Loc {
     /// Bytes from the start of a call buffer.
     Buffer(Buf, usize),
+    /// A device address (a point-to-point transfer's buffer).
+    Addr(u64),
 }
 
 /// One instruction of a lane. Piece numbers are relative to the pair's counter at the start
@@ -66,6 +68,60 @@ pub(super) struct Compiled {
     pub algorithm: Algorithm,
     pub scratch_bytes: usize,
     pub lanes: usize,
+}
+
+/// A batch of point-to-point transfers compiled as one step: every transfer of the batch
+/// may progress at once (a group's sends and receives), the sends to one peer in order on
+/// one lane and the receives from one peer on another. `transfers` are (peer, device
+/// address, bytes, is a send).
+pub(super) fn compile_transfers(
+    transfers: &[(usize, u64, usize, bool)],
+    p: usize,
+    slots: Slots,
+) -> Compiled {
+    let (mut sent, mut received) = (vec![0u64; p], vec![0u64; p]);
+    let mut lanes: Vec<Vec<Instr>> = Vec::new();
+    let mut lane_of: HashMap<(usize, bool), usize> = HashMap::new();
+    for &(peer, ptr, bytes, send) in transfers {
+        let l = *lane_of.entry((peer, send)).or_insert_with(|| {
+            lanes.push(Vec::new());
+            lanes.len() - 1
+        });
+        for first in (0..bytes).step_by(slots.bytes.max(1)) {
+            let len = slots.bytes.min(bytes - first);
+            let at = Loc::Addr(ptr + first as u64);
+            if send {
+                lanes[l].push(Instr::Send {
+                    peer,
+                    n: sent[peer],
+                    src: at,
+                    bytes: len,
+                });
+                sent[peer] += 1;
+            } else {
+                lanes[l].push(Instr::Recv {
+                    peer,
+                    n: received[peer],
+                    dst: at,
+                    bytes: len,
+                });
+                received[peer] += 1;
+            }
+        }
+    }
+    let count = lanes.len().max(1);
+    Compiled {
+        steps: if lanes.is_empty() {
+            Vec::new()
+        } else {
+            vec![lanes]
+        },
+        sent,
+        received,
+        algorithm: Algorithm::Direct,
+        scratch_bytes: 0,
+        lanes: count,
+    }
 }
 
 /// How a call's reductions are done.

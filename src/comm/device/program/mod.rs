@@ -32,7 +32,7 @@ use crate::reduce::{self, Combine};
 mod compile;
 mod watch;
 
-use compile::{Arith, Compiled, Instr, Loc, compile};
+use compile::{Arith, Compiled, Instr, Loc, compile, compile_transfers};
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,6 +42,19 @@ use watch::{InFlight, Watch};
 
 /// Receive slots per ordered pair (`STRATA_GPU_SLOTS`, default 4, 2 to 64).
 const DEFAULT_SLOTS: usize = 4;
+
+/// One transfer of a point-to-point batch on device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceTransfer {
+    /// The other rank.
+    pub peer: usize,
+    /// The buffer's device address.
+    pub ptr: u64,
+    /// Bytes.
+    pub bytes: usize,
+    /// A send (else a receive).
+    pub send: bool,
+}
 
 /// The geometry of the receive rings.
 #[derive(Clone, Copy, Debug)]
@@ -364,20 +377,114 @@ impl Programs {
             output: recv,
             scratch,
         };
+        let what = format!(
+            "{} ({} {}, {} elements, {}) on device buffers",
+            spec.collective,
+            spec.dtype,
+            spec.op,
+            spec.count,
+            compiled.algorithm.name()
+        );
+        self.run(
+            comm,
+            st,
+            &compiled,
+            &bases,
+            arith,
+            stream,
+            start,
+            temporaries,
+            what,
+        )?;
+        Ok(compiled.algorithm)
+    }
+
+    /// Enqueues a batch of point-to-point transfers on device memory on `stream`, all of
+    /// which may progress at once (a group's sends and receives); each must match a transfer
+    /// of the same size the peer makes to this rank, in the same order.
+    pub(crate) fn enqueue_transfers(
+        &self,
+        comm: &Communicator,
+        transfers: &[DeviceTransfer],
+        stream: &Stream,
+    ) -> Result<()> {
+        let p = comm.size();
+        let list: Vec<(usize, u64, usize, bool)> = transfers
+            .iter()
+            .filter(|t| t.bytes > 0)
+            .map(|t| (t.peer, t.ptr, t.bytes, t.send))
+            .collect();
+        if list.is_empty() {
+            return Ok(());
+        }
+        let compiled = compile_transfers(&list, p, self.slots);
+        let mut guard = self
+            .state
+            .lock()
+            .map_err(|_| Error::Transport("device program state poisoned".into()))?;
+        let st = &mut *guard;
+        crate::gpu::driver::set_device(self.device)?;
+        wait_event(stream, &st.last)?;
+        let start = self.watch.event()?;
+        start.record(stream)?;
+        let bases = Bases {
+            input: 0,
+            output: 0,
+            scratch: 0,
+        };
+        let arith = Arith {
+            dtype: DataType::Uint8,
+            combine: Combine::Sum,
+            divide_by: None,
+        };
+        let what = format!(
+            "{} point-to-point transfers ({} bytes) on device buffers",
+            list.len(),
+            list.iter().map(|t| t.2).sum::<usize>()
+        );
+        self.run(
+            comm,
+            st,
+            &compiled,
+            &bases,
+            arith,
+            stream,
+            start,
+            Vec::new(),
+            what,
+        )
+    }
+
+    /// Enqueues `compiled`'s steps on `stream` (forking each step of several lanes onto the
+    /// lane streams and joining them back), frees `temporaries` after it, moves the pair
+    /// counters on and hands the call to the monitor.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        comm: &Communicator,
+        st: &mut ProgramState,
+        compiled: &Compiled,
+        bases: &Bases,
+        arith: Arith,
+        stream: &Stream,
+        start: Event,
+        temporaries: Vec<u64>,
+        what: String,
+    ) -> Result<()> {
         while st.lanes.len() < compiled.lanes {
             st.lanes.push(Stream::new(self.device)?);
             st.joins.push(Event::new(false)?);
         }
         for step in &compiled.steps {
             if let [only] = step.as_slice() {
-                self.issue(only, &bases, st, arith, stream)?;
+                self.issue(only, bases, st, arith, stream)?;
                 continue;
             }
             st.fork.record(stream)?;
             for (i, lane) in step.iter().enumerate() {
                 let s = &st.lanes[i];
                 wait_event(s, &st.fork)?;
-                self.issue(lane, &bases, st, arith, s)?;
+                self.issue(lane, bases, st, arith, s)?;
                 st.joins[i].record(s)?;
             }
             for join in &st.joins[..step.len()] {
@@ -390,18 +497,10 @@ impl Programs {
         let end = self.watch.event()?;
         end.record(stream)?;
         st.last.record(stream)?;
-        for q in 0..p {
+        for q in 0..st.sent.len() {
             st.sent[q] += compiled.sent[q];
             st.received[q] += compiled.received[q];
         }
-        let what = format!(
-            "{} ({} {}, {} elements, {}) on device buffers",
-            spec.collective,
-            spec.dtype,
-            spec.op,
-            spec.count,
-            compiled.algorithm.name()
-        );
         let call = InFlight {
             start,
             end,
@@ -410,7 +509,7 @@ impl Programs {
             what,
         };
         self.watch.track(call, &st.sent, &st.received);
-        Ok(compiled.algorithm)
+        Ok(())
     }
 
     /// Enqueues one lane's instructions on `s`.
@@ -432,6 +531,7 @@ impl Programs {
             Loc::Buffer(Buf::Input, off) => bases.input + off as u64,
             Loc::Buffer(Buf::Output, off) => bases.output + off as u64,
             Loc::Buffer(Buf::Scratch, off) => bases.scratch + off as u64,
+            Loc::Addr(a) => a,
         };
         let raw = s.raw();
         for instr in lane {
