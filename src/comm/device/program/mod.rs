@@ -205,6 +205,13 @@ impl Programs {
             call("cuMemsetD8", || unsafe {
                 sys::cuMemsetD8_v2(own.ptr(), 0, layout.rings() as usize)
             })?;
+            // Stream memory operations carry the whole protocol: a driver without them (or
+            // with them switched off) cannot run it.
+            let probe = Stream::new(device)?;
+            wait_value(probe.raw(), own.ptr(), 0)
+                .and_then(|_| write_value(probe.raw(), own.ptr(), 0))
+                .and_then(|_| probe.synchronize())
+                .map_err(|e| Error::Unsupported(format!("no stream memory operations ({e})")))?;
             let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
             // SAFETY: the start of an allocation; a valid out-pointer.
             call("cuIpcGetMemHandle", || unsafe {
