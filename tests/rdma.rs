@@ -215,6 +215,75 @@ fn a_dma_buf_registers_once_and_is_found_in_the_cache() {
     assert!(ok && text.contains("DMABUF_OK"), "{text}");
 }
 
+#[test]
+fn gpu_memory_exported_as_a_dma_buf_registers_with_the_nic_and_is_dropped_when_freed() {
+    if is_worker() {
+        use std::os::fd::AsRawFd;
+        use strata::gpu::{DeviceBuffer, Stream};
+        let cfg = strata::rdma::RdmaConfig::from_env().unwrap();
+        let len = 1 << 20;
+        let buf = DeviceBuffer::alloc(0, len).unwrap();
+        let stream = Stream::new(0).unwrap();
+        let pattern: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        buf.upload(&pattern, &stream).unwrap();
+        let fd = buf.export_dmabuf().unwrap_or_else(|e| panic!("{e}"));
+        // Offset 0 of the dma-buf is the buffer's first byte.
+        // SAFETY: a read-only shared mapping of `len` bytes of the exported descriptor,
+        // unmapped below.
+        let seen = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            let v = std::slice::from_raw_parts(p as *const u8, len).to_vec();
+            libc::munmap(p, len);
+            v
+        };
+        assert!(seen == pattern, "the dma-buf is not the buffer's memory");
+        let iova = buf.ptr();
+        let a = strata::rdma::DmabufRegion::register(&cfg, fd.as_raw_fd(), 0, len, iova)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let again =
+            strata::rdma::DmabufRegion::register(&cfg, fd.as_raw_fd(), 0, len, iova).unwrap();
+        assert_eq!(
+            again.rkey(),
+            a.rkey(),
+            "a second registration is a cache hit"
+        );
+        drop(again);
+        // Freeing the device memory drops the cached registration (gpu::on_device_free), so
+        // the same range registers anew, with a new key.
+        drop(buf);
+        let after =
+            strata::rdma::DmabufRegion::register(&cfg, fd.as_raw_fd(), 0, len, iova).unwrap();
+        assert_ne!(
+            after.rkey(),
+            a.rkey(),
+            "a freed buffer's registration was reused"
+        );
+        println!("GPU_DMABUF_OK");
+        return;
+    }
+    if skip_on_real_devices(
+        "gpu_memory_exported_as_a_dma_buf_registers_with_the_nic_and_is_dropped_when_freed",
+        "registers the CUDA stand-in's memory file, which only the verbs stand-in takes",
+    ) {
+        return;
+    }
+    let cuda = standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin");
+    let path = std::env::join_paths([cuda, ibverbs_standin_dir()]).unwrap();
+    let (ok, text) = run_alone(
+        "gpu_memory_exported_as_a_dma_buf_registers_with_the_nic_and_is_dropped_when_freed",
+        &[("LD_LIBRARY_PATH", path.to_str().unwrap())],
+    );
+    assert!(ok && text.contains("GPU_DMABUF_OK"), "{text}");
+}
+
 /// Runs test `name` of this binary as one worker process with `env` (and no inherited
 /// `LD_LIBRARY_PATH` unless `env` sets one): its success and its stdout then stderr.
 fn run_alone(name: &str, env: &[(&str, &str)]) -> (bool, String) {

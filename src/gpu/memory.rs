@@ -121,6 +121,34 @@ impl DeviceBuffer {
         stream.synchronize()
     }
 
+    /// Exports the buffer as a dma-buf (`cuMemGetHandleForAddressRange`), for a NIC to
+    /// register (GPUDirect RDMA, see `strata::rdma::DmabufRegion`): the whole buffer, its
+    /// length rounded up to the host page, offset 0 at [`DeviceBuffer::ptr`].
+    pub fn export_dmabuf(&self) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        let size = self.len.max(1).next_multiple_of(4096);
+        let mut fd: std::ffi::c_int = -1;
+        set_device(self.device)?;
+        // SAFETY: a device allocation of at least `size` bytes (allocations are granule
+        // aligned); a valid out-pointer for the descriptor.
+        call("cuMemGetHandleForAddressRange", || unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                self.ptr,
+                size,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(Error::Transport(
+                "cuMemGetHandleForAddressRange gave no descriptor".into(),
+            ));
+        }
+        // SAFETY: a fresh descriptor the driver handed to this caller.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
     fn fits(&self, n: usize) -> Result<()> {
         if n > self.len {
             return Err(Error::InvalidArgument(format!(

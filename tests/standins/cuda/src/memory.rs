@@ -534,6 +534,59 @@ pub extern "C" fn cuMemsetD8_v2(dst: u64, value: u8, len: usize) -> i32 {
     r
 }
 
+/// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
+const DMA_BUF_FD: c_int = 1;
+/// The host page size the range must be aligned to.
+const PAGE: u64 = 4096;
+
+/// Exports device memory as a dma-buf for a NIC to register (`ibv_reg_dmabuf_mr`). The
+/// driver's rules: page-aligned address and size, inside one allocation of this process, type
+/// `DMA_BUF_FD`, flags 0 or `CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE`. Offset 0 of the
+/// dma-buf is `dptr`. Here the dma-buf is the allocation's memory file, so the stand-in
+/// exports only ranges that start an allocation (anything else is `CUDA_ERROR_NOT_SUPPORTED`,
+/// never a dma-buf whose offsets would silently name other memory).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetHandleForAddressRange(
+    handle: *mut c_void,
+    dptr: u64,
+    size: usize,
+    handle_type: c_int,
+    flags: u64,
+) -> i32 {
+    const NOT_SUPPORTED: i32 = 801;
+    status(current().and_then(|_| {
+        if handle.is_null() || handle_type != DMA_BUF_FD || flags > 1 || size == 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        if !dptr.is_multiple_of(PAGE) || !(size as u64).is_multiple_of(PAGE) {
+            return Err(code::INVALID_VALUE);
+        }
+        let t = table();
+        let (start, a) = t
+            .allocs
+            .range(..=dptr)
+            .next_back()
+            .ok_or(code::INVALID_VALUE)?;
+        let room = (a.len as u64).next_multiple_of(GRANULE);
+        let Kind::Device { fd, ipc: false, .. } = a.kind else {
+            return Err(code::INVALID_VALUE);
+        };
+        if dptr + size as u64 > start + room {
+            return Err(code::INVALID_VALUE);
+        }
+        if dptr != *start {
+            return Err(NOT_SUPPORTED);
+        }
+        // SAFETY: the allocation's own memory file, duplicated for the caller to own.
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(code::OUT_OF_MEMORY);
+        }
+        // SAFETY: non-NULL (checked); the driver's out-parameter is an int.
+        unsafe { put(handle as *mut c_int, dup) }
+    }))
+}
+
 /// What a `CUipcMemHandle` (64 bytes) carries here: the exporting process, its memory file and
 /// the allocation's size and device.
 #[repr(C)]
