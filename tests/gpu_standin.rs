@@ -735,3 +735,50 @@ fn sends_and_receives_on_device_buffers_progress_together_in_one_stream_program(
         );
     }
 }
+
+#[test]
+fn a_stream_program_waiting_on_a_rank_that_never_calls_times_out_naming_it() {
+    if let Some((comm, rank, _n)) = worker() {
+        let device = device_of(rank);
+        comm.bind_device(device).unwrap();
+        assert!(comm.uses_gpu_ipc());
+        let stream = Stream::new(device).unwrap();
+        let buf = DeviceBuffer::alloc(device, 1 << 16).unwrap();
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 1 << 14);
+        if rank != 2 {
+            comm.call_device(spec, None, &buf, &stream).unwrap();
+            let t = Instant::now();
+            // The stream is released after the timeout (2 s here), not held forever.
+            stream.synchronize().unwrap();
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "held {:?}",
+                t.elapsed()
+            );
+            let e = comm.async_error().expect("a timeout");
+            let text = e.to_string();
+            assert!(text.contains("timed out"), "rank {rank}: {text}");
+            println!("TIMED_OUT {text}");
+        } else {
+            // Rank 2 never makes the call; it stays until the others are done.
+            std::thread::sleep(Duration::from_secs(6));
+        }
+        return;
+    }
+    let name = "a_stream_program_waiting_on_a_rank_that_never_calls_times_out_naming_it";
+    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
+        eprintln!(
+            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
+        );
+        return;
+    }
+    let env = [("STRATA_GPU_PATH", "stream"), ("STRATA_TIMEOUT", "2")];
+    let ranks = spawn(name, 3, &env, Duration::from_secs(60));
+    assert_all_ok(&ranks);
+    // The ranks that called name rank 2, the one whose data never came (one of them may
+    // instead hear of the other's timeout first, which names it too).
+    for (r, (_, out)) in ranks.iter().enumerate().filter(|(r, _)| *r != 2) {
+        assert!(out.contains("TIMED_OUT"), "rank {r}: {out}");
+        assert!(out.contains("rank 2"), "rank {r}: {out}");
+    }
+}
