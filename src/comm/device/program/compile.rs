@@ -87,26 +87,34 @@ pub(super) fn compile_transfers(
             lanes.push(Vec::new());
             lanes.len() - 1
         });
-        for first in (0..bytes).step_by(slots.bytes.max(1)) {
-            let len = slots.bytes.min(bytes - first);
-            let at = Loc::Addr(ptr + first as u64);
-            if send {
-                lanes[l].push(Instr::Send {
+        let at = |first: usize| Loc::Addr(ptr + first as u64);
+        if send {
+            push_pieces(
+                &mut lanes[l],
+                &mut sent[peer],
+                bytes,
+                slots.bytes,
+                |first, len, n| Instr::Send {
                     peer,
-                    n: sent[peer],
-                    src: at,
+                    n,
+                    src: at(first),
                     bytes: len,
-                });
-                sent[peer] += 1;
-            } else {
-                lanes[l].push(Instr::Recv {
+                },
+            );
+        } else {
+            let counter = &mut received[peer];
+            push_pieces(
+                &mut lanes[l],
+                counter,
+                bytes,
+                slots.bytes,
+                |first, len, n| Instr::Recv {
                     peer,
-                    n: received[peer],
-                    dst: at,
+                    n,
+                    dst: at(first),
                     bytes: len,
-                });
-                received[peer] += 1;
-            }
+                },
+            );
         }
     }
     let count = lanes.len().max(1);
@@ -121,6 +129,22 @@ pub(super) fn compile_transfers(
         algorithm: Algorithm::Direct,
         scratch_bytes: 0,
         lanes: count,
+    }
+}
+
+/// Cuts a transfer of `len` units into pieces of at most `piece`, each numbered from the pair's
+/// `counter` on, and appends `make(first unit, units, piece number)` for each to `lane`.
+fn push_pieces(
+    lane: &mut Vec<Instr>,
+    counter: &mut u64,
+    len: usize,
+    piece: usize,
+    make: impl Fn(usize, usize, u64) -> Instr,
+) {
+    let piece = piece.max(1);
+    for first in (0..len).step_by(piece) {
+        lane.push(make(first, piece.min(len - first), *counter));
+        *counter += 1;
     }
 }
 
@@ -159,43 +183,52 @@ pub(super) fn compile(
             match *op {
                 Op::Send { peer, src } => {
                     let l = lane((peer, true), &mut lanes);
-                    for first in (0..src.len).step_by(piece_elems) {
-                        let len = piece_elems.min(src.len - first);
-                        lanes[l].push(Instr::Send {
+                    let counter = &mut sent[peer];
+                    push_pieces(
+                        &mut lanes[l],
+                        counter,
+                        src.len,
+                        piece_elems,
+                        |first, len, n| Instr::Send {
                             peer,
-                            n: sent[peer],
+                            n,
                             src: at(&src, first),
                             bytes: len * es,
-                        });
-                        sent[peer] += 1;
-                    }
+                        },
+                    );
                 }
                 Op::Recv { peer, dst } => {
                     let l = lane((peer, false), &mut lanes);
-                    for first in (0..dst.len).step_by(piece_elems) {
-                        let len = piece_elems.min(dst.len - first);
-                        lanes[l].push(Instr::Recv {
+                    let counter = &mut received[peer];
+                    push_pieces(
+                        &mut lanes[l],
+                        counter,
+                        dst.len,
+                        piece_elems,
+                        |first, len, n| Instr::Recv {
                             peer,
-                            n: received[peer],
+                            n,
                             dst: at(&dst, first),
                             bytes: len * es,
-                        });
-                        received[peer] += 1;
-                    }
+                        },
+                    );
                 }
                 Op::RecvReduce { peer, src, dst } => {
                     let l = lane((peer, false), &mut lanes);
-                    for first in (0..dst.len).step_by(piece_elems) {
-                        let len = piece_elems.min(dst.len - first);
-                        lanes[l].push(Instr::RecvReduce {
+                    let counter = &mut received[peer];
+                    push_pieces(
+                        &mut lanes[l],
+                        counter,
+                        dst.len,
+                        piece_elems,
+                        |first, len, n| Instr::RecvReduce {
                             peer,
-                            n: received[peer],
+                            n,
                             src: at(&src, first),
                             dst: at(&dst, first),
                             elems: len,
-                        });
-                        received[peer] += 1;
-                    }
+                        },
+                    );
                 }
                 Op::Copy { src, dst } => {
                     if src != dst && src.len > 0 {
