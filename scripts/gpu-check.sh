@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU path on a machine with NVIDIA GPUs (no stand-in): the GPU tests on the real driver,
-# collbench --device cuda, and strata against NVIDIA's NCCL (the nvidia-nccl-cu12 wheel) with
+# The GPU path on a machine with NVIDIA GPUs (no stand-in): the GPU tests on the real driver
+# (stream programs over CUDA IPC among the GPUs of the machine, host-staged, abort, timeouts),
+# collbench --device cuda for every collective and algorithm, and strata against NVIDIA's NCCL
+# (the nvidia-nccl-cu12 wheel) with
 # one C program (benches/gpu_allreduce.c) run against each library, interleaved over three
 # rounds, medians reported; on 1 GPU and on every GPU of the machine.
 #
@@ -68,6 +70,14 @@ for b in sorted(nv):
     print(f"{b:>12} {tn:>10.1f} {ts:>10.1f} {bn:>11.2f} {bs:>13.2f} {bs / bn if bn else float('nan'):>6.2f}")
 PY
   rm -rf "$out"
-  echo "== collbench --device cuda, $np GPU(s)"
-  target/release/collbench --np "$np" --device cuda -b 8 -e "$max" -f 4 -n 20 -w 5
+  echo "== collbench --device cuda, $np GPU(s): every collective (stream programs on one host)"
+  for op in all_reduce all_gather reduce_scatter broadcast reduce all_to_all; do
+    target/release/collbench --np "$np" --device cuda --op "$op" -b 8 -e "$max" -f 4 -n 20 -w 5
+  done
+  if [ "$np" -gt 1 ]; then
+    echo "== collbench --device cuda, $np GPU(s): every all-reduce algorithm, every type, checked"
+    target/release/collbench --np "$np" --device cuda --algo all -d all -b 8 -e 64M -f 64 -n 5 -w 2 -c 1
+    echo "== the same all-reduce host-staged, for comparison"
+    STRATA_GPU_PATH=staged target/release/collbench --np "$np" --device cuda -b 1M -e "$max" -f 4 -n 20 -w 5
+  fi
 done
