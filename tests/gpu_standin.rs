@@ -770,6 +770,10 @@ fn a_stream_program_waiting_on_a_rank_that_never_calls_times_out_naming_it() {
             let e = comm.async_error().expect("a timeout");
             let text = e.to_string();
             assert!(text.contains("timed out"), "rank {rank}: {text}");
+            assert!(
+                matches!(&e, strata::Error::Timeout { waiting_on, .. } if waiting_on == &[2]),
+                "rank {rank}: {e:?}"
+            );
             println!("TIMED_OUT {text}");
         } else {
             // Rank 2 never makes the call; it stays until the others are done.
@@ -787,10 +791,15 @@ fn a_stream_program_waiting_on_a_rank_that_never_calls_times_out_naming_it() {
     let env = [("STRATA_GPU_PATH", "stream"), ("STRATA_TIMEOUT", "2")];
     let ranks = spawn(name, 3, &env, Duration::from_secs(60));
     assert_all_ok(&ranks);
-    // The ranks that called name rank 2, the one whose data never came (one of them may
-    // instead hear of the other's timeout first, which names it too).
+    // Both ranks that called name rank 2, the one holding them up, though rank 1 waits on
+    // rank 0 (ring order), not on rank 2: the diagnosis follows the waits across the host's
+    // flag areas. (A rank may hear of the other's timeout first; it names rank 2 too.)
     for (r, (_, out)) in ranks.iter().enumerate().filter(|(r, _)| *r != 2) {
-        assert!(out.contains("TIMED_OUT"), "rank {r}: {out}");
-        assert!(out.contains("rank 2"), "rank {r}: {out}");
+        let line = out
+            .lines()
+            .find(|l| l.contains("TIMED_OUT"))
+            .unwrap_or_else(|| panic!("rank {r}: {out}"));
+        assert!(line.contains("rank 0 waits on rank 2"), "rank {r}: {line}");
+        assert!(line.contains("rank 2 waits on no one"), "rank {r}: {line}");
     }
 }

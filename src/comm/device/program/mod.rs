@@ -30,10 +30,12 @@ use crate::gpu::{DeviceBuffer, Event, Stream};
 use crate::reduce::{self, Combine};
 
 mod compile;
+mod layout;
 mod watch;
 
 use compile::{Arith, Compiled, Instr, Loc, compile, compile_transfers};
 use cudarc::driver::sys;
+use layout::Layout;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use strata_algorithms::schedule::Buf;
@@ -141,33 +143,6 @@ struct ProgramKey {
     divide: bool,
 }
 
-/// Offsets in a rank's program buffer.
-struct Layout {
-    p: usize,
-    slots: Slots,
-}
-
-impl Layout {
-    /// Where rank `q`'s *filled* word lives in a rank's buffer (written by `q`).
-    fn filled(&self, q: usize) -> u64 {
-        4 * q as u64
-    }
-    /// Where rank `q`'s *credit* word lives in a rank's buffer (written by `q`).
-    fn credit(&self, q: usize) -> u64 {
-        4 * (self.p + q) as u64
-    }
-    fn rings(&self) -> u64 {
-        (8 * self.p as u64).next_multiple_of(4096)
-    }
-    /// Slot `i` of the ring that receives from rank `q`.
-    fn slot(&self, q: usize, i: usize) -> u64 {
-        self.rings() + ((q * self.slots.count + i) * self.slots.bytes) as u64
-    }
-    fn bytes(&self) -> usize {
-        self.rings() as usize + self.p * self.slots.count * self.slots.bytes
-    }
-}
-
 /// The combine kernel's operator for a call, and whether it ends with a division.
 fn arith_of(spec: &CallSpec, p: usize) -> Arith {
     let (combine, divide_by) = match spec.op {
@@ -273,7 +248,13 @@ impl Programs {
                 }
             }
         }
-        let watch = Watch::new(comm.inner.health.clone(), own.ptr(), p, device);
+        let watch = Watch::new(
+            comm.inner.health.clone(),
+            bases.clone(),
+            rank,
+            slots,
+            device,
+        );
         let mut built = Self {
             device,
             kernels,
@@ -481,6 +462,23 @@ impl Programs {
         while st.lanes.len() < compiled.lanes {
             st.lanes.push(Stream::new(self.device)?);
             st.joins.push(Event::new(false)?);
+        }
+        // What this call will wait for, published for the monitors' diagnosis.
+        let layout = Layout {
+            p: self.bases.len(),
+            slots: self.slots,
+        };
+        let own = self.own.ptr();
+        let k = self.slots.count as u64;
+        for q in 0..st.sent.len() {
+            if compiled.received[q] > 0 {
+                let want = st.received[q] + compiled.received[q];
+                write_value(stream.raw(), own + layout.expect_filled(q), want)?;
+            }
+            if compiled.sent[q] > 0 {
+                let want = (st.sent[q] + compiled.sent[q]).saturating_sub(k);
+                write_value(stream.raw(), own + layout.expect_credit(q), want)?;
+            }
         }
         for step in &compiled.steps {
             if let [only] = step.as_slice() {

@@ -5,7 +5,9 @@
 //! `async_error` says why. The monitor polls events (`cuEventQuery`) every few milliseconds;
 //! it never waits on the GPU while the calls are healthy.
 
-use crate::error::{Error, Result};
+use super::Slots;
+use super::layout::Layout;
+use crate::error::{Error, RankList, Result};
 use crate::gpu::driver::{call, set_device};
 use crate::gpu::memory::PinnedBuffer;
 use crate::gpu::{Event, Stream};
@@ -41,14 +43,25 @@ pub(super) struct Watch {
     /// Values that satisfy every wait enqueued so far: the *filled* words of ranks 0..p, then
     /// their *credit* words, as this rank's flag area holds them.
     release_to: Mutex<Vec<u32>>,
-    /// This rank's flag area, and the device.
-    flags: u64,
+    /// Every rank's program buffer as this process maps it (this rank's own included): the
+    /// flag areas the diagnosis reads.
+    bases: Vec<u64>,
+    me: usize,
+    slots: Slots,
     device: i32,
 }
 
 impl Watch {
-    /// Watches calls on `device` whose flag area (2 × `p` words) is at `flags`.
-    pub fn new(health: Arc<Health>, flags: u64, p: usize, device: i32) -> Arc<Self> {
+    /// Watches the calls of rank `me` on `device`; `bases` are every rank's program buffer
+    /// as this process maps it.
+    pub fn new(
+        health: Arc<Health>,
+        bases: Vec<u64>,
+        me: usize,
+        slots: Slots,
+        device: i32,
+    ) -> Arc<Self> {
+        let p = bases.len();
         Arc::new(Self {
             pending: Mutex::default(),
             spare: Mutex::default(),
@@ -56,7 +69,9 @@ impl Watch {
             stop: AtomicBool::new(false),
             health,
             release_to: Mutex::new(vec![0; 2 * p]),
-            flags,
+            bases,
+            me,
+            slots,
             device,
         })
     }
@@ -87,7 +102,7 @@ impl Watch {
     /// Starts the monitor thread; it ends when [`Watch::stop`] is called.
     pub fn start(self: &Arc<Self>) -> Result<std::thread::JoinHandle<()>> {
         let watch = self.clone();
-        let release = Release::new(watch.device, watch.release_to_len())?;
+        let release = Release::new(watch.device, watch.layout().flag_words())?;
         std::thread::Builder::new()
             .name("strata-gpu-watch".into())
             .spawn(move || watch.run(release))
@@ -100,8 +115,11 @@ impl Watch {
         self.cv.notify_all();
     }
 
-    fn release_to_len(&self) -> usize {
-        self.release_to.lock().map_or(0, |r| r.len())
+    fn layout(&self) -> Layout {
+        Layout {
+            p: self.bases.len(),
+            slots: self.slots,
+        }
     }
 
     fn run(&self, release: Release) {
@@ -144,13 +162,13 @@ impl Watch {
             if let Some((what, timeout)) = overdue
                 && !self.health.interrupt.load(Ordering::Acquire)
             {
-                let waiting_on = self.lagging(&release);
+                let (waiting_on, diagnosis) = self.diagnose(&release);
                 let e = Error::Timeout {
                     op: what,
                     seq: 0,
                     waiting_on,
                     after_s: timeout.as_secs_f64(),
-                    diagnosis: None,
+                    diagnosis,
                 };
                 if self.health.record_fault(&e) {
                     tracing::warn!("{e}");
@@ -163,7 +181,7 @@ impl Watch {
             {
                 if let Ok(values) = self.release_to.lock().map(|v| v.clone()) {
                     tracing::debug!(?values, "releasing the stream programs in flight");
-                    release.write(self.flags, &values);
+                    release.write(self.bases[self.me], &values);
                 }
                 last_release = Some(Instant::now());
             }
@@ -171,21 +189,56 @@ impl Watch {
         }
     }
 
-    /// The ranks whose data this rank still expects (its *filled* words behind what the calls
-    /// enqueued so far need), read from the device after a timeout.
-    fn lagging(&self, release: &Release) -> Vec<usize> {
-        let want = self
-            .release_to
-            .lock()
-            .map(|v| v.clone())
-            .unwrap_or_default();
-        let p = want.len() / 2;
-        match release.read(self.flags, 2 * p) {
-            Ok(have) => (0..p)
-                .filter(|&q| (have[q].wrapping_sub(want[q]) as i32) < 0)
-                .collect(),
-            Err(_) => Vec::new(),
+    /// After a timeout: who waits on whom among the ranks of this host, read from every
+    /// rank's flag area (each rank's stream publishes what its current call waits for as the
+    /// call starts). Follows the waits from this rank to the ranks that wait on no one — the
+    /// ones holding the others up (not in the call, or stuck outside strata) — and names
+    /// them; where the waits go round in a circle, names the ranks this one waits on.
+    fn diagnose(&self, release: &Release) -> (Vec<usize>, Option<String>) {
+        let layout = self.layout();
+        let p = self.bases.len();
+        let mut waits: Vec<Vec<usize>> = Vec::with_capacity(p);
+        for &base in &self.bases {
+            let Ok(w) = release.read(base, layout.flag_words()) else {
+                return (Vec::new(), None);
+            };
+            let behind = |have: u32, want: u32| (have.wrapping_sub(want) as i32) < 0;
+            waits.push(
+                (0..p)
+                    .filter(|&x| behind(w[x], w[2 * p + x]) || behind(w[p + x], w[3 * p + x]))
+                    .collect(),
+            );
         }
+        let mut seen = vec![false; p];
+        let mut chain = Vec::new();
+        let mut todo: Vec<usize> = waits[self.me].clone();
+        let mut culprits = Vec::new();
+        while let Some(q) = todo.pop() {
+            if std::mem::replace(&mut seen[q], true) {
+                continue;
+            }
+            if waits[q].is_empty() {
+                culprits.push(q);
+            } else {
+                chain.push(format!("rank {q} waits on {}", RankList(&waits[q])));
+                todo.extend(&waits[q]);
+            }
+        }
+        culprits.sort_unstable();
+        if culprits.is_empty() {
+            return (waits[self.me].clone(), None);
+        }
+        let mut text = format!("rank {} waits on {}", self.me, RankList(&waits[self.me]));
+        for c in chain {
+            text.push_str("; ");
+            text.push_str(&c);
+        }
+        text.push_str(&format!(
+            "; {} {} on no one in this call (not in it, or held up outside strata)",
+            RankList(&culprits),
+            if culprits.len() == 1 { "waits" } else { "wait" }
+        ));
+        (culprits, Some(text))
     }
 }
 

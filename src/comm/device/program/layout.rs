@@ -1,0 +1,45 @@
+//! Where things live in a rank's program buffer: the flag area (the words peers write and
+//! the expectations this rank's stream publishes), then a ring of receive slots per rank.
+
+use super::Slots;
+
+/// Offsets in a rank's program buffer.
+pub(super) struct Layout {
+    pub p: usize,
+    pub slots: Slots,
+}
+
+impl Layout {
+    /// Where rank `q`'s *filled* word lives in a rank's buffer (written by `q`).
+    pub fn filled(&self, q: usize) -> u64 {
+        4 * q as u64
+    }
+    /// Where rank `q`'s *credit* word lives in a rank's buffer (written by `q`).
+    pub fn credit(&self, q: usize) -> u64 {
+        4 * (self.p + q) as u64
+    }
+    /// Where a rank's stream writes, as a call starts, the *filled* value its last wait for
+    /// rank `q`'s data in that call wants (so that any rank of the host can tell, after a
+    /// timeout, who waits on whom).
+    pub fn expect_filled(&self, q: usize) -> u64 {
+        4 * (2 * self.p + q) as u64
+    }
+    /// Likewise, the *credit* value its last wait for a free slot at rank `q` wants.
+    pub fn expect_credit(&self, q: usize) -> u64 {
+        4 * (3 * self.p + q) as u64
+    }
+    /// 32-bit words of the flag area: filled, credit, expect_filled, expect_credit.
+    pub fn flag_words(&self) -> usize {
+        4 * self.p
+    }
+    pub fn rings(&self) -> u64 {
+        (4 * self.flag_words() as u64).next_multiple_of(4096)
+    }
+    /// Slot `i` of the ring that receives from rank `q`.
+    pub fn slot(&self, q: usize, i: usize) -> u64 {
+        self.rings() + ((q * self.slots.count + i) * self.slots.bytes) as u64
+    }
+    pub fn bytes(&self) -> usize {
+        self.rings() as usize + self.p * self.slots.count * self.slots.bytes
+    }
+}
