@@ -294,7 +294,15 @@ pub(crate) fn enqueue_device(
     if comm.uses_gpu_ipc()
         && streams.len() == 1
         && calls.iter().all(|call| match call {
-            Call::Coll(c) => !deferred(c),
+            // Every buffer the call touches is device memory (a group may mix in host ones,
+            // which only the staged path serves).
+            Call::Coll(c) => {
+                !deferred(c)
+                    && buffer_bytes(&c.spec, rank, p).is_ok_and(|(ib, ob)| {
+                        (ib == 0 || device::any_device(&[c.send]))
+                            && (ob == 0 || device::any_device(&[c.recv]))
+                    })
+            }
             Call::P2p { ptr, count, .. } => *count == 0 || device::any_device(&[*ptr]),
         })
     {
