@@ -2,7 +2,7 @@
 //! grouped by peer and direction (every operation of a step may progress at once), transfers
 //! cut into pieces of one slot, numbered per ordered pair.
 
-use super::Slots;
+use super::{DeviceTransfer, Slots};
 use crate::dtype::DataType;
 use crate::reduce::Combine;
 use std::collections::HashMap;
@@ -72,17 +72,18 @@ pub(super) struct Compiled {
 
 /// A batch of point-to-point transfers compiled as one step: every transfer of the batch
 /// may progress at once (a group's sends and receives), the sends to one peer in order on
-/// one lane and the receives from one peer on another. `transfers` are (peer, device
-/// address, bytes, is a send).
-pub(super) fn compile_transfers(
-    transfers: &[(usize, u64, usize, bool)],
-    p: usize,
-    slots: Slots,
-) -> Compiled {
+/// one lane and the receives from one peer on another. Empty transfers are left out.
+pub(super) fn compile_transfers(transfers: &[DeviceTransfer], p: usize, slots: Slots) -> Compiled {
     let (mut sent, mut received) = (vec![0u64; p], vec![0u64; p]);
     let mut lanes: Vec<Vec<Instr>> = Vec::new();
     let mut lane_of: HashMap<(usize, bool), usize> = HashMap::new();
-    for &(peer, ptr, bytes, send) in transfers {
+    for &DeviceTransfer {
+        peer,
+        ptr,
+        bytes,
+        send,
+    } in transfers.iter().filter(|t| t.bytes > 0)
+    {
         let l = *lane_of.entry((peer, send)).or_insert_with(|| {
             lanes.push(Vec::new());
             lanes.len() - 1
@@ -294,19 +295,9 @@ mod tests {
             combine: Combine::Sum,
             divide_by: None,
         };
-        let collectives = [
-            Collective::AllReduce,
-            Collective::AllGather,
-            Collective::ReduceScatter,
-            Collective::Broadcast,
-            Collective::Reduce,
-            Collective::AllToAll,
-            Collective::Gather,
-            Collective::Scatter,
-        ];
         let mut checked = 0;
         for p in 2..=5 {
-            for c in collectives {
+            for c in Collective::WITH_BUFFERS {
                 for &a in strata_algorithms::algorithms_for(c) {
                     let progs: Option<Vec<Compiled>> = (0..p)
                         .map(|rank| {

@@ -4,6 +4,7 @@
 use super::Slots;
 
 /// Offsets in a rank's program buffer.
+#[derive(Clone, Copy)]
 pub(super) struct Layout {
     pub p: usize,
     pub slots: Slots,

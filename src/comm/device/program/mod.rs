@@ -40,7 +40,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use strata_algorithms::schedule::Buf;
 use strata_algorithms::{Algorithm, Collective};
-use watch::{InFlight, Watch};
+use watch::{CallName, InFlight, Watch};
 
 /// Receive slots per ordered pair (`STRATA_GPU_SLOTS`, default 4, 2 to 64).
 const DEFAULT_SLOTS: usize = 4;
@@ -98,7 +98,8 @@ struct Bases {
 pub(crate) struct Programs {
     device: i32,
     kernels: Kernels,
-    slots: Slots,
+    /// Where flags and slots live in every rank's program buffer.
+    layout: Layout,
     /// This rank's flags and receive rings (the peers map it).
     own: DeviceBuffer,
     /// Every rank's buffer as this process addresses it (this rank's own included).
@@ -252,13 +253,13 @@ impl Programs {
             comm.inner.health.clone(),
             bases.clone(),
             rank,
-            slots,
+            layout,
             device,
         );
         let mut built = Self {
             device,
             kernels,
-            slots,
+            layout,
             own,
             bases,
             opened,
@@ -319,7 +320,14 @@ impl Programs {
         let compiled = match st.cache.get(&key) {
             Some(c) => c.clone(),
             None => {
-                let c = Arc::new(compile(&plan.sched, p, es, self.slots, algorithm, arith));
+                let c = Arc::new(compile(
+                    &plan.sched,
+                    p,
+                    es,
+                    self.layout.slots,
+                    algorithm,
+                    arith,
+                ));
                 if st.cache.len() >= 64 {
                     st.cache.clear();
                 }
@@ -328,11 +336,7 @@ impl Programs {
             }
         };
         drop(plan);
-        crate::gpu::driver::set_device(self.device)?;
-        // Every call of the communicator starts after its previous one.
-        wait_event(stream, &st.last)?;
-        let start = self.watch.event()?;
-        start.record(stream)?;
+        let start = self.begin(st, stream)?;
         let mut input = send;
         let premul = match spec.op {
             ReduceOp::PreMulSum(s) if spec.collective.reduces() => Some(s),
@@ -365,14 +369,7 @@ impl Programs {
             output: recv,
             scratch,
         };
-        let what = format!(
-            "{} ({} {}, {} elements, {}) on device buffers",
-            spec.collective,
-            spec.dtype,
-            spec.op,
-            spec.count,
-            compiled.algorithm.name()
-        );
+        let what = CallName::Collective(spec, compiled.algorithm);
         self.run(
             comm,
             st,
@@ -396,25 +393,16 @@ impl Programs {
         transfers: &[DeviceTransfer],
         stream: &Stream,
     ) -> Result<()> {
-        let p = comm.size();
-        let list: Vec<(usize, u64, usize, bool)> = transfers
-            .iter()
-            .filter(|t| t.bytes > 0)
-            .map(|t| (t.peer, t.ptr, t.bytes, t.send))
-            .collect();
-        if list.is_empty() {
+        let compiled = compile_transfers(transfers, comm.size(), self.layout.slots);
+        if compiled.steps.is_empty() {
             return Ok(());
         }
-        let compiled = compile_transfers(&list, p, self.slots);
         let mut guard = self
             .state
             .lock()
             .map_err(|_| Error::Transport("device program state poisoned".into()))?;
         let st = &mut *guard;
-        crate::gpu::driver::set_device(self.device)?;
-        wait_event(stream, &st.last)?;
-        let start = self.watch.event()?;
-        start.record(stream)?;
+        let start = self.begin(st, stream)?;
         let bases = Bases {
             input: 0,
             output: 0,
@@ -425,11 +413,10 @@ impl Programs {
             combine: Combine::Sum,
             divide_by: None,
         };
-        let what = format!(
-            "{} point-to-point transfers ({} bytes) on device buffers",
-            list.len(),
-            list.iter().map(|t| t.2).sum::<usize>()
-        );
+        let what = CallName::Transfers {
+            count: transfers.iter().filter(|t| t.bytes > 0).count(),
+            bytes: transfers.iter().map(|t| t.bytes).sum(),
+        };
         self.run(
             comm,
             st,
@@ -441,6 +428,16 @@ impl Programs {
             Vec::new(),
             what,
         )
+    }
+
+    /// What every call enqueues first: it starts after the communicator's previous call
+    /// (whatever stream that was on), and an event marks where it starts for the monitor.
+    fn begin(&self, st: &ProgramState, stream: &Stream) -> Result<Event> {
+        crate::gpu::driver::set_device(self.device)?;
+        wait_event(stream, &st.last)?;
+        let start = self.watch.event()?;
+        start.record(stream)?;
+        Ok(start)
     }
 
     /// Enqueues `compiled`'s steps on `stream` (forking each step of several lanes onto the
@@ -457,19 +454,16 @@ impl Programs {
         stream: &Stream,
         start: Event,
         temporaries: Vec<u64>,
-        what: String,
+        what: CallName,
     ) -> Result<()> {
         while st.lanes.len() < compiled.lanes {
             st.lanes.push(Stream::new(self.device)?);
             st.joins.push(Event::new(false)?);
         }
         // What this call will wait for, published for the monitors' diagnosis.
-        let layout = Layout {
-            p: self.bases.len(),
-            slots: self.slots,
-        };
+        let layout = self.layout;
         let own = self.own.ptr();
-        let k = self.slots.count as u64;
+        let k = layout.slots.count as u64;
         for q in 0..st.sent.len() {
             if compiled.received[q] > 0 {
                 let want = st.received[q] + compiled.received[q];
@@ -526,11 +520,8 @@ impl Programs {
         arith: Arith,
         s: &Stream,
     ) -> Result<()> {
-        let layout = Layout {
-            p: self.bases.len(),
-            slots: self.slots,
-        };
-        let (me, k) = (self.rank, self.slots.count as u64);
+        let layout = self.layout;
+        let (me, k) = (self.rank, layout.slots.count as u64);
         let own = self.own.ptr();
         let addr = |l: Loc| match l {
             Loc::Buffer(Buf::Input, off) => bases.input + off as u64,

@@ -5,8 +5,8 @@
 //! `async_error` says why. The monitor polls events (`cuEventQuery`) every few milliseconds;
 //! it never waits on the GPU while the calls are healthy.
 
-use super::Slots;
 use super::layout::Layout;
+use crate::comm::CallSpec;
 use crate::error::{Error, RankList, Result};
 use crate::gpu::driver::{call, set_device};
 use crate::gpu::memory::PinnedBuffer;
@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+use strata_algorithms::Algorithm;
 
 /// How often the monitor looks while calls are in flight.
 const TICK: Duration = Duration::from_millis(10);
@@ -28,8 +29,36 @@ pub(super) struct InFlight {
     /// When the monitor first saw the stream reach the call.
     pub started: Option<Instant>,
     pub timeout: Duration,
-    /// The call, for the error: `all_reduce (float sum, 1024 elements, ring) on device buffers`.
-    pub what: String,
+    /// The call, named only if it times out.
+    pub what: CallName,
+}
+
+/// What a call in flight is, kept as data and put into words only for a timeout's error.
+#[derive(Clone, Copy)]
+pub(super) enum CallName {
+    /// A collective and the algorithm whose steps it runs.
+    Collective(CallSpec, Algorithm),
+    /// A batch of point-to-point transfers.
+    Transfers { count: usize, bytes: usize },
+}
+
+impl CallName {
+    /// `all_reduce (float sum, 1024 elements, ring) on device buffers`.
+    fn describe(&self) -> String {
+        match self {
+            CallName::Collective(spec, algorithm) => format!(
+                "{} ({} {}, {} elements, {}) on device buffers",
+                spec.collective,
+                spec.dtype,
+                spec.op,
+                spec.count,
+                algorithm.name()
+            ),
+            CallName::Transfers { count, bytes } => {
+                format!("{count} point-to-point transfers ({bytes} bytes) on device buffers")
+            }
+        }
+    }
 }
 
 /// What the monitor and the enqueueing threads share.
@@ -47,7 +76,7 @@ pub(super) struct Watch {
     /// flag areas the diagnosis reads.
     bases: Vec<u64>,
     me: usize,
-    slots: Slots,
+    layout: Layout,
     device: i32,
 }
 
@@ -58,7 +87,7 @@ impl Watch {
         health: Arc<Health>,
         bases: Vec<u64>,
         me: usize,
-        slots: Slots,
+        layout: Layout,
         device: i32,
     ) -> Arc<Self> {
         let p = bases.len();
@@ -71,7 +100,7 @@ impl Watch {
             release_to: Mutex::new(vec![0; 2 * p]),
             bases,
             me,
-            slots,
+            layout,
             device,
         })
     }
@@ -102,7 +131,7 @@ impl Watch {
     /// Starts the monitor thread; it ends when [`Watch::stop`] is called.
     pub fn start(self: &Arc<Self>) -> Result<std::thread::JoinHandle<()>> {
         let watch = self.clone();
-        let release = Release::new(watch.device, watch.layout().flag_words())?;
+        let release = Release::new(watch.device, watch.layout.flag_words())?;
         std::thread::Builder::new()
             .name("strata-gpu-watch".into())
             .spawn(move || watch.run(release))
@@ -113,13 +142,6 @@ impl Watch {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.cv.notify_all();
-    }
-
-    fn layout(&self) -> Layout {
-        Layout {
-            p: self.bases.len(),
-            slots: self.slots,
-        }
     }
 
     fn run(&self, release: Release) {
@@ -157,14 +179,14 @@ impl Watch {
             let overdue = pending
                 .iter()
                 .find(|c| c.started.is_some_and(|s| now.duration_since(s) > c.timeout))
-                .map(|c| (c.what.clone(), c.timeout));
+                .map(|c| (c.what, c.timeout));
             drop(pending);
             if let Some((what, timeout)) = overdue
                 && !self.health.interrupt.load(Ordering::Acquire)
             {
                 let (waiting_on, diagnosis) = self.diagnose(&release);
                 let e = Error::Timeout {
-                    op: what,
+                    op: what.describe(),
                     seq: 0,
                     waiting_on,
                     after_s: timeout.as_secs_f64(),
@@ -195,7 +217,7 @@ impl Watch {
     /// ones holding the others up (not in the call, or stuck outside strata) — and names
     /// them; where the waits go round in a circle, names the ranks this one waits on.
     fn diagnose(&self, release: &Release) -> (Vec<usize>, Option<String>) {
-        let layout = self.layout();
+        let layout = self.layout;
         let p = self.bases.len();
         let mut waits: Vec<Vec<usize>> = Vec::with_capacity(p);
         for &base in &self.bases {
