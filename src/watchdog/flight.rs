@@ -343,23 +343,32 @@ mod tests {
     fn a_reader_never_sees_a_torn_entry() {
         let r = std::sync::Arc::new(Recorder::default());
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::new(AtomicU64::new(0));
         let reader = {
-            let (r, stop) = (r.clone(), stop.clone());
+            let (r, stop, seen) = (r.clone(), stop.clone(), seen.clone());
             std::thread::spawn(move || {
-                let mut seen = 0;
                 while !stop.load(Ordering::Relaxed) {
                     for rec in r.records() {
                         // The header's sequence number and the entry's agree.
                         assert!(rec.op.contains(&format!("#{} ", rec.seq)), "{rec:?}");
-                        seen += 1;
+                        seen.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                seen
+                seen.load(Ordering::Relaxed)
             })
         };
-        for seq in 1..200_000 {
+        // Write at least 200,000 calls, and on until the reader has read while the writes go
+        // on (on a loaded machine it may not run at all during the first 200,000), for at
+        // most 30 s.
+        let began = std::time::Instant::now();
+        let mut seq = 1;
+        while seq < 200_000
+            || (seen.load(Ordering::Relaxed) == 0
+                && began.elapsed() < std::time::Duration::from_secs(30))
+        {
             start(&r, seq);
             r.finish(seq, None);
+            seq += 1;
         }
         stop.store(true, Ordering::Relaxed);
         assert!(reader.join().unwrap() > 0);
