@@ -3,7 +3,7 @@
 //! strata's verbs provider loads libibverbs with `dlopen`; with this library first on
 //! `LD_LIBRARY_PATH` the same code runs between processes of one machine, so everything above
 //! the NIC (queue-pair setup, the clear-to-send protocol, completions, errors) can be tested
-//! without an RDMA device. Nothing it shows is NIC speed: its "wire" is a Unix socket per
+//! without an RDMA device. Nothing it shows is NIC speed: its "wire" is a TCP connection per
 //! queue pair and each write waits for its acknowledgement.
 //!
 //! It is strict where a real NIC is:
@@ -23,7 +23,9 @@
 //! * completion channels signal only completions that arrive after `ibv_req_notify_cq`.
 //!
 //! Configuration: `STRATA_IBV_STANDIN_DEVICES` (comma-separated device names, default
-//! `standin_ib0`), `STRATA_IBV_STANDIN_LINK` (`ib`, the default, or `roce`), and
+//! `standin_ib0`), `STRATA_IBV_STANDIN_LINK` (`ib`, the default, or `roce`),
+//! `STRATA_IBV_STANDIN_ADDR` (RoCE only: each device's IPv4 address, comma-separated, which
+//! its GID carries and peers reach across network namespaces; see `wire`), and
 //! `STRATA_IBV_STANDIN_FAULT` to inject a fault into this process's NIC: `rkey:N` corrupts the
 //! remote key of its Nth RDMA write, `drop:N` stops its NIC transmitting from the Nth write on
 //! (a pulled cable: the initiator sees the retry count exceeded), `qperr:N` puts the QP of its
@@ -37,6 +39,7 @@ mod wire;
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int, c_void};
+use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use strata_ibverbs_abi::*;
@@ -85,9 +88,10 @@ pub(crate) struct Context {
     abi: ibv_context,
     pub device: usize,
     pub roce: bool,
-    /// This port's LID (unique on the machine while the context is open: it names the NIC's
-    /// socket).
+    /// This port's LID (unique in its network namespace while the context is open).
     pub lid: u16,
+    /// The address the NIC listens on (its IPv4-mapped GID).
+    pub ip: Ipv4Addr,
     pub nic: wire::Nic,
 }
 
@@ -120,27 +124,48 @@ impl Region {
 
 static NEXT_KEY: AtomicU32 = AtomicU32::new(0x1000);
 
-/// The LID a GID of this stand-in stands for (its last two bytes).
-pub(crate) fn lid_of_gid(gid: &ibv_gid) -> u16 {
-    u16::from_be_bytes([gid.raw[14], gid.raw[15]])
+/// Where the device a GID of this stand-in names listens: the IPv4 address of an
+/// IPv4-mapped GID, else the loopback address of the LID in a link-local GID's last two bytes.
+pub(crate) fn address_of_gid(gid: &ibv_gid) -> Option<Ipv4Addr> {
+    let r = &gid.raw;
+    if r[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+        return Some(Ipv4Addr::new(r[12], r[13], r[14], r[15]));
+    }
+    let lid = u16::from_be_bytes([r[14], r[15]]);
+    (r[..2] == [0xfe, 0x80] && lid != 0).then(|| wire::lid_address(lid))
 }
 
-fn gid_of(lid: u16, index: c_int) -> ibv_gid {
+/// GID `index` of a device with this LID and address: 0 link-local (the LID in its last two
+/// bytes), 1 IPv4-mapped (RoCE v2 style, `::ffff:a.b.c.d`).
+fn gid_of(lid: u16, ip: Ipv4Addr, index: c_int) -> ibv_gid {
     let mut raw = [0u8; 16];
     if index == 0 {
-        // Link-local (IB, or RoCE v1 style).
         raw[0] = 0xfe;
         raw[1] = 0x80;
         raw[8..14].copy_from_slice(b"strata");
+        raw[14..16].copy_from_slice(&lid.to_be_bytes());
     } else {
-        // IPv4-mapped (RoCE v2 style): ::ffff:198.18.x.y.
         raw[10] = 0xff;
         raw[11] = 0xff;
-        raw[12] = 198;
-        raw[13] = 18;
+        raw[12..16].copy_from_slice(&ip.octets());
     }
-    raw[14..16].copy_from_slice(&lid.to_be_bytes());
     ibv_gid { raw }
+}
+
+/// The address `STRATA_IBV_STANDIN_ADDR` gives device `index` (RoCE links only), or why it
+/// is unusable.
+fn configured_address(index: usize, roce: bool) -> Result<Option<Ipv4Addr>, c_int> {
+    let Ok(list) = std::env::var("STRATA_IBV_STANDIN_ADDR") else {
+        return Ok(None);
+    };
+    if !roce {
+        // An InfiniBand LID is routed inside its subnet only.
+        return Err(libc::EINVAL);
+    }
+    match list.split(',').map(str::trim).nth(index) {
+        Some(a) => a.parse().map(Some).map_err(|_| libc::EINVAL),
+        None => Err(libc::ENODEV),
+    }
 }
 
 // ---- the exported calls ------------------------------------------------------------------
@@ -183,9 +208,20 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         set_errno(libc::ENODEV);
         return std::ptr::null_mut();
     };
-    let Ok((lid, nic)) = wire::Nic::start() else {
-        set_errno(libc::EIO);
-        return std::ptr::null_mut();
+    let roce = devices()[device].roce;
+    let addr = match configured_address(device, roce) {
+        Ok(a) => a,
+        Err(e) => {
+            set_errno(e);
+            return std::ptr::null_mut();
+        }
+    };
+    let (lid, ip, nic) = match wire::Nic::start(addr) {
+        Ok(n) => n,
+        Err(e) => {
+            set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+            return std::ptr::null_mut();
+        }
     };
     let ops = ContextOps {
         _compat_head: [std::ptr::null_mut(); 11],
@@ -206,8 +242,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             _private: [0; 6],
         },
         device,
-        roce: devices()[device].roce,
+        roce,
         lid,
+        ip,
         nic,
     });
     Box::into_raw(ctx) as *mut ibv_context
@@ -276,7 +313,7 @@ pub unsafe extern "C" fn ibv_query_gid(
         return -1;
     }
     // SAFETY: the caller's out-parameter.
-    unsafe { *gid = gid_of(c.lid, index) };
+    unsafe { *gid = gid_of(c.lid, c.ip, index) };
     0
 }
 

@@ -30,8 +30,8 @@ pub(crate) struct QpState {
     pub port: u8,
     pub access: u32,
     pub dest_qpn: u32,
-    /// The peer NIC's LID (from the LID, or from the GID on RoCE).
-    pub dest_lid: u16,
+    /// The peer NIC's address (from its GID, or its LID).
+    pub dest: std::net::Ipv4Addr,
     pub timeout: u8,
     pub retry_cnt: u8,
     /// Posted receives, in order.
@@ -184,7 +184,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             port: 0,
             access: 0,
             dest_qpn: 0,
-            dest_lid: 0,
+            dest: std::net::Ipv4Addr::UNSPECIFIED,
             timeout: 0,
             retry_cnt: 0,
             rq: VecDeque::new(),
@@ -287,21 +287,21 @@ pub unsafe extern "C" fn ibv_modify_qp(
             }
             let ah = &a.ah_attr;
             // RoCE carries every packet in a global route header; IB needs a LID.
-            let lid = if ctx.roce {
+            let dest = if ctx.roce {
                 if ah.is_global == 0 || ah.grh.sgid_index > 1 {
                     return libc::EINVAL;
                 }
-                crate::lid_of_gid(&ah.grh.dgid)
+                crate::address_of_gid(&ah.grh.dgid)
             } else if ah.is_global != 0 {
-                crate::lid_of_gid(&ah.grh.dgid)
+                crate::address_of_gid(&ah.grh.dgid)
             } else {
-                ah.dlid
+                (ah.dlid != 0).then(|| crate::wire::lid_address(ah.dlid))
             };
-            if lid == 0 {
+            let Some(dest) = dest else {
                 return libc::EINVAL;
-            }
+            };
             st.dest_qpn = a.dest_qp_num;
-            st.dest_lid = lid;
+            st.dest = dest;
         }
         (qp_state::RTR, qp_state::RTS) | (qp_state::RTS, qp_state::RTS) => {
             if from == qp_state::RTR {
@@ -312,7 +312,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
                 st.retry_cnt = a.retry_cnt;
                 st.sender = Some(crate::wire::start_sender(
                     inner.clone(),
-                    st.dest_lid,
+                    st.dest,
                     st.dest_qpn,
                     st.timeout,
                     st.retry_cnt,

@@ -1,13 +1,18 @@
-//! The stand-in's "wire": each open device listens on an abstract Unix socket named by its
-//! LID; each RTS queue pair connects to its peer's device and sends one write at a time,
-//! waiting for the acknowledgement, which the responder sends after the data is in the
-//! target region and, for a write with immediate data, the receive has completed.
+//! The stand-in's "wire": TCP. Each open device listens on port [`PORT`] (RoCE v2's UDP port)
+//! of its own IPv4 address; each RTS queue pair connects to its peer's device and sends one
+//! write at a time, waiting for the acknowledgement, which the responder sends after the data
+//! is in the target region and, for a write with immediate data, the receive has completed.
+//!
+//! A device's address is `STRATA_IBV_STANDIN_ADDR` (one per device, comma-separated) on a RoCE
+//! link, which its IPv4-mapped GID carries, so queue pairs reach it across network namespaces
+//! as RoCE v2 packets reach a NIC across routers. An InfiniBand LID means something only
+//! inside its subnet: an IB-link device (or a RoCE one with no address given) listens on
+//! `127.77.x.y`, the LID's two bytes, reachable from its own network namespace only.
 
 use crate::qp::{Job, QpInner, WriteJob, lookup, wc};
 use crate::regions;
 use std::io::{self, Read, Write};
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, OnceLock};
@@ -17,49 +22,72 @@ use strata_ibverbs_abi::*;
 /// Bytes of a write's header on the wire.
 const HEADER: usize = 24;
 
-fn socket_name(lid: u16) -> String {
-    format!("strata-ibv-standin/lid-{lid}")
+/// The port every device listens on (RoCE v2's UDP port, here TCP).
+pub(crate) const PORT: u16 = 4791;
+
+/// Where the device with LID `lid` listens when it has no address of its own.
+pub(crate) fn lid_address(lid: u16) -> Ipv4Addr {
+    let [hi, lo] = lid.to_be_bytes();
+    Ipv4Addr::new(127, 77, hi, lo)
 }
 
 /// An open device's listening side.
 pub(crate) struct Nic {
     stop: Arc<AtomicBool>,
+    accepting: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Nic {
-    /// Binds a free LID and starts accepting connections from peers' queue pairs.
-    pub fn start() -> io::Result<(u16, Nic)> {
+    /// Binds a free LID (and, when `addr` is given, that address; else the LID's loopback
+    /// address) and starts accepting connections from peers' queue pairs. Returns the LID and
+    /// the address the device listens on.
+    pub fn start(addr: Option<Ipv4Addr>) -> io::Result<(u16, Ipv4Addr, Nic)> {
         let mut seed = [0u8; 2];
+        let mut last = io::Error::other("no free LID");
         for attempt in 0..1000u32 {
             // SAFETY: filling a local buffer.
             unsafe { libc::getrandom(seed.as_mut_ptr() as *mut libc::c_void, 2, 0) };
             let lid = (u16::from_le_bytes(seed).wrapping_add(attempt as u16) % 0xbffe) + 1;
-            let addr = SocketAddr::from_abstract_name(socket_name(lid).as_bytes())?;
-            let Ok(listener) = UnixListener::bind_addr(&addr) else {
-                continue;
+            let ip = addr.unwrap_or_else(|| lid_address(lid));
+            let listener = match TcpListener::bind(SocketAddrV4::new(ip, PORT)) {
+                Ok(l) => l,
+                // A given address is this device's alone: a second device on it is an error.
+                Err(e) if addr.is_some() => {
+                    return Err(io::Error::new(e.kind(), format!("{ip}:{PORT}: {e}")));
+                }
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
             };
             listener.set_nonblocking(true)?;
             let stop = Arc::new(AtomicBool::new(false));
             let s = stop.clone();
-            std::thread::Builder::new()
+            let accepting = std::thread::Builder::new()
                 .name(format!("ibv-standin-nic-{lid}"))
                 .spawn(move || accept_loop(listener, s))?;
-            return Ok((lid, Nic { stop }));
+            let accepting = std::sync::Mutex::new(Some(accepting));
+            return Ok((lid, ip, Nic { stop, accepting }));
         }
-        Err(io::Error::other("no free LID"))
+        Err(last)
     }
 
-    /// Stops accepting (connections already made keep working until their peers close).
+    /// Stops accepting and frees the address (connections already made keep working until
+    /// their peers close), so the device can be opened again at once.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.accepting.lock().ok().and_then(|mut a| a.take()) {
+            let _ = t.join();
+        }
     }
 }
 
-fn accept_loop(listener: UnixListener, stop: Arc<AtomicBool>) {
+fn accept_loop(listener: TcpListener, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((s, _)) => {
                 let _ = s.set_nonblocking(false);
+                let _ = s.set_nodelay(true);
                 let _ = std::thread::Builder::new()
                     .name("ibv-standin-responder".into())
                     .spawn(move || {
@@ -72,7 +100,7 @@ fn accept_loop(listener: UnixListener, stop: Arc<AtomicBool>) {
 }
 
 /// The target side of one queue pair's connection.
-fn respond(mut s: UnixStream) -> io::Result<()> {
+fn respond(mut s: TcpStream) -> io::Result<()> {
     let mut hello = [0u8; 4];
     s.read_exact(&mut hello)?;
     let Some(qp) = lookup(u32::from_le_bytes(hello)) else {
@@ -190,7 +218,7 @@ static WRITES: AtomicU64 = AtomicU64::new(0);
 /// Starts a queue pair's sender; the QP posts its writes to the returned channel.
 pub(crate) fn start_sender(
     qp: Arc<QpInner>,
-    dest_lid: u16,
+    dest: Ipv4Addr,
     dest_qpn: u32,
     timeout: u8,
     retry_cnt: u8,
@@ -202,18 +230,18 @@ pub(crate) fn start_sender(
         .then(|| Duration::from_nanos(4096u64 << timeout.min(31)) * (u32::from(retry_cnt) + 1));
     let _ = std::thread::Builder::new()
         .name(format!("ibv-standin-qp-{}", qp.qpn))
-        .spawn(move || send_loop(qp, rx, dest_lid, dest_qpn, give_up));
+        .spawn(move || send_loop(qp, rx, dest, dest_qpn, give_up));
     tx
 }
 
 fn send_loop(
     qp: Arc<QpInner>,
     rx: Receiver<Job>,
-    dest_lid: u16,
+    dest: Ipv4Addr,
     dest_qpn: u32,
     give_up: Option<Duration>,
 ) {
-    let mut conn: Option<UnixStream> = None;
+    let mut conn: Option<TcpStream> = None;
     let mut broken = false;
     while let Ok(Job::Write(job)) = rx.recv() {
         let failed = qp
@@ -243,7 +271,7 @@ fn send_loop(
                     _ => job.rkey,
                 };
                 if conn.is_none() {
-                    conn = connect(dest_lid, dest_qpn, give_up);
+                    conn = connect(dest, dest_qpn, give_up);
                 }
                 let r = conn
                     .as_mut()
@@ -274,11 +302,13 @@ fn send_loop(
 }
 
 /// Connects to the peer's device, trying until the retry budget is spent.
-fn connect(lid: u16, qpn: u32, give_up: Option<Duration>) -> Option<UnixStream> {
+fn connect(ip: Ipv4Addr, qpn: u32, give_up: Option<Duration>) -> Option<TcpStream> {
     let deadline = Instant::now() + give_up.unwrap_or(Duration::from_secs(3600));
-    let addr = SocketAddr::from_abstract_name(socket_name(lid).as_bytes()).ok()?;
+    let addr = SocketAddrV4::new(ip, PORT).into();
     loop {
-        if let Ok(mut s) = UnixStream::connect_addr(&addr) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Ok(mut s) = TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
+            s.set_nodelay(true).ok()?;
             s.write_all(&qpn.to_le_bytes()).ok()?;
             return Some(s);
         }
@@ -291,7 +321,7 @@ fn connect(lid: u16, qpn: u32, give_up: Option<Duration>) -> Option<UnixStream> 
 
 /// Sends one write and waits for its acknowledgement.
 fn transmit(
-    s: &mut UnixStream,
+    s: &mut TcpStream,
     job: &WriteJob,
     rkey: u32,
     give_up: Option<Duration>,
