@@ -6,7 +6,9 @@
 //! libibverbs stand-in first on the ranks' library path, and `STRATA_TEST_NETNS=<prefix>` runs
 //! rank r in network namespace `<prefix><r>` (an emulated host whose address ends in r + 1,
 //! in subnet `STRATA_TEST_SUBNET`) and has the ranks join through the launcher variables, rank
-//! 0 serving the rendezvous.
+//! 0 serving the rendezvous. With `STRATA_TEST_RANKS_PER_HOST=k`, rank r runs in namespace
+//! `<prefix><r / k>` as local rank `r mod k`; with `STRATA_TEST_NIC_SUBNET=<a.b.c.>`, rank r's
+//! stand-in NIC has address `<a.b.c.><101 + r>` (`STRATA_IBV_STANDIN_ADDR`).
 
 #![allow(dead_code, unused_macros)] // each test binary uses part of this
 
@@ -147,6 +149,10 @@ pub fn spawn(
         None => Some(UniqueId::new().unwrap().to_hex()),
     };
     let subnet = marker("STRATA_TEST_SUBNET").unwrap_or("198.18.2.");
+    let per_host: usize = marker("STRATA_TEST_RANKS_PER_HOST")
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(1);
+    let nic_subnet = marker("STRATA_TEST_NIC_SUBNET");
     let port = 29_000 + (std::process::id() % 900) as u16 * 2;
     let exe = std::env::current_exe().unwrap();
     let mut children: Vec<Child> = (0..ranks_started)
@@ -154,8 +160,10 @@ pub fn spawn(
             let mut c = match netns {
                 Some(prefix) => {
                     let mut c = Command::new("ip");
-                    c.args(["netns", "exec", &format!("{prefix}{r}")]).arg(&exe);
+                    c.args(["netns", "exec", &format!("{prefix}{}", r / per_host)])
+                        .arg(&exe);
                     c.env("STRATA_SOCKET_IFNAME", "eth0")
+                        .env("LOCAL_RANK", (r % per_host).to_string())
                         .env("RANK", r.to_string())
                         .env("WORLD_SIZE", n.to_string())
                         .env("MASTER_ADDR", format!("{subnet}1"))
@@ -186,6 +194,9 @@ pub fn spawn(
             }
             for (k, v) in env {
                 c.env(k, v);
+            }
+            if let Some(nic) = nic_subnet {
+                c.env("STRATA_IBV_STANDIN_ADDR", format!("{nic}{}", 101 + r));
             }
             c.spawn().unwrap()
         })

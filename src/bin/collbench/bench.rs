@@ -122,7 +122,7 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
             env!("CARGO_PKG_VERSION"),
             if on_gpu {
                 let path = if comm.uses_gpu_ipc() {
-                    "stream programs over CUDA IPC"
+                    "stream programs: CUDA IPC in a host, GPUDirect RDMA between hosts"
                 } else {
                     "host-staged"
                 };

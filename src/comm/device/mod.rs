@@ -14,12 +14,14 @@ pub(crate) use queue::{Elementwise, JobKind, StreamQueue};
 /// Which data path a communicator's GPU calls take (`STRATA_GPU_PATH`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GpuPath {
-    /// Stream programs over CUDA IPC when every rank is on one host and the kernels load,
-    /// else host-staged (said once, with the reason).
+    /// Stream programs when the kernels load and every peer is reachable GPU to GPU (CUDA
+    /// IPC on this host, GPUDirect RDMA on others), else host-staged (said once, with the
+    /// reason).
     Auto,
     /// Always through pinned host memory.
     Staged,
-    /// Stream programs over CUDA IPC, or fail at bind (`stream`, or its old name `ipc`).
+    /// Stream programs (CUDA IPC, GPUDirect RDMA), or fail at bind (`stream`, or its old
+    /// name `ipc`).
     Stream,
 }
 
@@ -384,32 +386,32 @@ impl Communicator {
         match self.gpu_queue(device)?.programs() {
             Some(programs) => programs.enqueue_transfers(self, transfers, stream),
             None => Err(Error::Unsupported(
-                "point-to-point transfers in a stream program need every rank on one host \
-                 (and the kernels); stage them with enqueue_device"
+                "point-to-point transfers in a stream program need every peer reachable GPU \
+                 to GPU (CUDA IPC or GPUDirect RDMA) and the kernels; stage them with \
+                 enqueue_device"
                     .into(),
             )),
         }
     }
 
-    /// Whether this communicator's collectives on device buffers go GPU to GPU through CUDA
-    /// IPC, as stream programs compiled from their schedules (bound, one host, kernels
-    /// loaded), rather than through host memory.
+    /// Whether this communicator's collectives on device buffers go GPU to GPU (CUDA IPC on
+    /// this host, GPUDirect RDMA to others) as stream programs compiled from their schedules,
+    /// rather than through host memory.
     pub fn uses_gpu_ipc(&self) -> bool {
         self.inner.gpu.get().is_some_and(|q| q.programs().is_some())
     }
 
-    /// How device data reaches `peer` once the communicator is bound to a GPU: `ipc` (GPU to
-    /// GPU through CUDA IPC, in stream programs) or `staged` (through pinned host memory and
-    /// the host transports); `None` for this rank itself, a rank out of range, or before
-    /// binding.
+    /// How device data reaches `peer` once the communicator is bound to a GPU, in stream
+    /// programs: `ipc` (GPU to GPU through CUDA IPC, on this host) or `gdr` (GPUDirect RDMA,
+    /// the NIC reading and writing GPU memory, to another host); else `staged` (through
+    /// pinned host memory and the host transports). `None` for this rank itself, a rank out
+    /// of range, or before binding.
     pub fn device_path_to(&self, peer: usize) -> Option<&'static str> {
         let q = self.inner.gpu.get()?;
-        let path = if q.programs().is_some() {
-            "ipc"
-        } else {
-            "staged"
-        };
-        (peer < self.size() && peer != self.rank()).then_some(path)
+        if peer >= self.size() || peer == self.rank() {
+            return None;
+        }
+        Some(q.programs().map_or("staged", |p| p.path_to(peer)))
     }
 
     /// Before a call from any thread but the progress thread: waits for the stream-ordered

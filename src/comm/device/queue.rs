@@ -244,9 +244,10 @@ impl StreamQueue {
     fn hold(&self, stream: sys::CUstream, seq: u32) -> Result<()> {
         if self.shared.memops.load(Ordering::Relaxed) {
             let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+            let flag = self.shared.flag_dev;
             // SAFETY: the flag is a live device-mapped word; `stream` is the caller's.
-            let r = std::panic::catch_unwind(|| unsafe {
-                sys::cuStreamWaitValue32_v2(stream, self.shared.flag_dev, seq, flags)
+            let r = std::panic::catch_unwind(move || unsafe {
+                sys::cuStreamWaitValue32_v2(stream, flag, seq, flags)
             });
             match r {
                 Ok(sys::CUresult::CUDA_SUCCESS) => return Ok(()),

@@ -24,7 +24,11 @@ fn caps_of(p: &PeerInfo) -> RdmaCaps {
 }
 
 /// The provider `me` and `peer` use under `cfg`, if RDMA.
-fn provider(cfg: &Config, me: &PeerInfo, peer: &PeerInfo) -> Option<ProviderKind> {
+pub(crate) fn provider_between(
+    cfg: &Config,
+    me: &PeerInfo,
+    peer: &PeerInfo,
+) -> Option<ProviderKind> {
     choose(
         cfg.transport,
         &caps_of(me),
@@ -80,11 +84,11 @@ impl Connector for Rdma {
     }
 
     fn can_connect(&self, cfg: &Config, me: &PeerInfo, peer: &PeerInfo) -> bool {
-        provider(cfg, me, peer).is_some()
+        provider_between(cfg, me, peer).is_some()
     }
 
     fn offer(&self, dial: &Dial<'_>) -> Result<Box<dyn Offer>> {
-        let kind = provider(dial.cfg, dial.me, dial.peer).ok_or_else(|| {
+        let kind = provider_between(dial.cfg, dial.me, dial.peer).ok_or_else(|| {
             Error::Unsupported(format!("no RDMA provider joins rank {}", dial.peer.rank))
         })?;
         let fabric = open(kind, &dial.cfg.rdma)

@@ -16,7 +16,7 @@ pub mod regcache;
 pub mod verbs;
 
 pub use crate::config::{HcaFilter, RdmaConfig};
-pub(crate) use connect::CONNECTOR;
+pub(crate) use connect::{CONNECTOR, provider_between};
 
 use serde::{Deserialize, Serialize};
 use std::io;

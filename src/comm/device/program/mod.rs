@@ -31,6 +31,7 @@ use crate::reduce::{self, Combine};
 
 mod compile;
 mod layout;
+mod net;
 mod watch;
 
 use compile::{Arith, Compiled, Instr, Loc, compile, compile_transfers};
@@ -100,12 +101,17 @@ pub(crate) struct Programs {
     kernels: Kernels,
     /// Where flags and slots live in every rank's program buffer.
     layout: Layout,
+    /// The GPUDirect side, when some rank is on another host (dropped before `own`, whose
+    /// registration it holds).
+    net: Option<net::Net>,
     /// This rank's flags and receive rings (the peers map it).
     own: DeviceBuffer,
     /// Every rank's buffer as this process addresses it (this rank's own included).
     bases: Vec<u64>,
     /// The peers' buffers opened here, closed on drop.
     opened: Vec<u64>,
+    /// Which ranks are on another host (reached by GPUDirect RDMA through `net`).
+    remote: Vec<bool>,
     rank: usize,
     state: Mutex<ProgramState>,
     /// Calls in flight, and the monitor that releases them after a fault or a timeout.
@@ -167,14 +173,24 @@ impl Programs {
         chunk: usize,
     ) -> Result<std::result::Result<Self, String>> {
         let (p, rank) = (comm.size(), comm.rank());
-        let host = &comm.peers()[rank].host;
-        if !comm.peers().iter().all(|h| &h.host == host) {
-            return Ok(Err("not every rank is on this host".into()));
-        }
+        let me = &comm.peers()[rank];
+        let remote: Vec<bool> = comm
+            .peers()
+            .iter()
+            .map(|h| !me.host.same_host(&h.host))
+            .collect();
+        let remote_ranks: Vec<usize> = (0..p).filter(|&q| remote[q]).collect();
         let slots = Slots::from_env(chunk)?;
         let layout = Layout { p, slots };
         const HANDLE: usize = 64;
-        let local = (|| -> Result<(Kernels, DeviceBuffer, [u8; HANDLE], ProgramState)> {
+        type Local = (
+            Kernels,
+            DeviceBuffer,
+            [u8; HANDLE],
+            ProgramState,
+            Option<net::Pending>,
+        );
+        let local = (|| -> Result<Local> {
             let kernels = Kernels::load(device)?;
             let own = DeviceBuffer::alloc(device, layout.bytes())?;
             // SAFETY: the flag area of a fresh allocation of at least that many bytes.
@@ -197,6 +213,15 @@ impl Programs {
             for (b, c) in bytes.iter_mut().zip(h.reserved) {
                 *b = c as u8;
             }
+            let pending = if remote_ranks.is_empty() {
+                None
+            } else {
+                Some(
+                    net::Net::prepare(comm, &own, layout, &remote_ranks).map_err(|e| {
+                        Error::Unsupported(format!("no GPUDirect RDMA to the other hosts: {e}"))
+                    })?,
+                )
+            };
             let state = ProgramState {
                 sent: vec![0; p],
                 received: vec![0; p],
@@ -206,27 +231,48 @@ impl Programs {
                 joins: Vec::new(),
                 last: Event::new(false)?,
             };
-            Ok((kernels, own, bytes, state))
+            Ok((kernels, own, bytes, state, pending))
         })();
         let mut mine = vec![0u8; HANDLE + 1];
-        if let Ok((_, _, h, _)) = &local {
+        if let Ok((_, _, h, _, _)) = &local {
             mine[..HANDLE].copy_from_slice(h);
             mine[HANDLE] = 1;
         }
         let mut all = vec![0u8; (HANDLE + 1) * p];
         let spec = CallSpec::new(Collective::AllGather, DataType::Uint8, HANDLE + 1);
         comm.call_bytes(spec, Some(&mine), &mut all)?;
-        let (kernels, own, _, state) = match local {
+        let (kernels, own, _, state, pending) = match local {
             Ok(l) if all.chunks(HANDLE + 1).all(|c| c[HANDLE] == 1) => l,
             Ok(_) => return Ok(Err("another rank could not set it up".into())),
-            Err(e) => return Ok(Err(e.to_string())),
+            Err(e) => {
+                // Every rank that cannot says why (rank 0 speaks for the others).
+                if rank != 0 {
+                    tracing::info!("rank {rank}: no stream programs on device buffers: {e}");
+                }
+                return Ok(Err(e.to_string()));
+            }
+        };
+        // Every rank prepared: connect the queue pairs to the other hosts.
+        let mut failure = None;
+        let net = match pending.map(|p| p.finish(comm, layout, comm.inner.health.clone())) {
+            Some(Ok(n)) => Some(n),
+            Some(Err(e)) => {
+                failure = Some(format!("GPUDirect RDMA to the other hosts: {e}"));
+                None
+            }
+            None => None,
         };
         let mut bases = vec![0u64; p];
         let mut opened = Vec::new();
-        let mut failure = None;
         for (q, c) in all.chunks(HANDLE + 1).enumerate() {
+            if failure.is_some() {
+                break;
+            }
             if q == rank {
                 bases[q] = own.ptr();
+                continue;
+            }
+            if remote[q] {
                 continue;
             }
             let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
@@ -255,6 +301,7 @@ impl Programs {
             rank,
             layout,
             device,
+            net.as_ref().map(|n| (n.words.clone(), n.busy.clone())),
         );
         let mut built = Self {
             device,
@@ -263,6 +310,8 @@ impl Programs {
             own,
             bases,
             opened,
+            remote,
+            net,
             rank,
             state: Mutex::new(state),
             watch,
@@ -500,6 +549,10 @@ impl Programs {
             st.sent[q] += compiled.sent[q];
             st.received[q] += compiled.received[q];
         }
+        if let Some(net) = &self.net {
+            // The progress thread polls without sleeping until the monitor retires the call.
+            net.busy.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         let call = InFlight {
             start,
             end,
@@ -541,11 +594,23 @@ impl Programs {
                     let n = st.sent[peer] + n;
                     if n >= k {
                         // The peer has consumed piece n − k: its slot is free.
-                        wait_value(raw, own + layout.credit(peer), n + 1 - k)?;
+                        self.await_credit(raw, peer, n + 1 - k)?;
                     }
-                    let slot = self.bases[peer] + layout.slot(me, (n % k) as usize);
-                    copy(slot, addr(src), bytes, raw)?;
-                    write_value(raw, self.bases[peer] + layout.filled(me), n + 1)?;
+                    let slot = (n % k) as usize;
+                    match self.net.as_ref().filter(|_| self.remote[peer]) {
+                        Some(net) => {
+                            // Into the outbox; the progress thread has the NIC write it into
+                            // the peer's slot.
+                            copy(net.outbox_slot(peer, slot), addr(src), bytes, raw)?;
+                            write_value(raw, net.words.length(peer, slot), bytes as u64)?;
+                            write_value(raw, net.words.ready(peer), n + 1)?;
+                        }
+                        None => {
+                            let dst = self.bases[peer] + layout.slot(me, slot);
+                            copy(dst, addr(src), bytes, raw)?;
+                            write_value(raw, self.bases[peer] + layout.filled(me), n + 1)?;
+                        }
+                    }
                 }
                 Instr::Recv {
                     peer,
@@ -554,14 +619,14 @@ impl Programs {
                     bytes,
                 } => {
                     let n = st.received[peer] + n;
-                    wait_value(raw, own + layout.filled(peer), n + 1)?;
+                    self.await_piece(raw, peer, n + 1)?;
                     copy(
                         addr(dst),
                         own + layout.slot(peer, (n % k) as usize),
                         bytes,
                         raw,
                     )?;
-                    write_value(raw, self.bases[peer] + layout.credit(me), n + 1)?;
+                    self.free_slot(raw, peer, n + 1)?;
                 }
                 Instr::RecvReduce {
                     peer,
@@ -571,7 +636,7 @@ impl Programs {
                     elems,
                 } => {
                     let n = st.received[peer] + n;
-                    wait_value(raw, own + layout.filled(peer), n + 1)?;
+                    self.await_piece(raw, peer, n + 1)?;
                     let slot = own + layout.slot(peer, (n % k) as usize);
                     self.kernels.combine(
                         arith.dtype,
@@ -582,7 +647,7 @@ impl Programs {
                         elems,
                         raw,
                     )?;
-                    write_value(raw, self.bases[peer] + layout.credit(me), n + 1)?;
+                    self.free_slot(raw, peer, n + 1)?;
                 }
                 Instr::Copy { src, dst, bytes } => copy(addr(dst), addr(src), bytes, raw)?,
                 Instr::Combine { dst, a, b, elems } => self.kernels.combine(
@@ -606,11 +671,65 @@ impl Programs {
     }
 }
 
+impl Programs {
+    /// Enqueues a wait until `peer`'s piece `filled − 1` is in this rank's slot. For a remote
+    /// peer the progress thread's host word says so; the stream then copies it into this
+    /// rank's flag area, where every rank of the host can read it after a timeout.
+    fn await_piece(&self, raw: sys::CUstream, peer: usize, filled: u64) -> Result<()> {
+        let own = self.own.ptr() + self.layout.filled(peer);
+        match self.net.as_ref().filter(|_| self.remote[peer]) {
+            Some(net) => {
+                wait_value(raw, net.words.filled(peer), filled)?;
+                write_value(raw, own, filled)
+            }
+            None => wait_value(raw, own, filled),
+        }
+    }
+
+    /// Enqueues a wait until `peer` has consumed piece `credit − 1` of this rank's (its slot
+    /// is free again), mirrored into the flag area as in [`Programs::await_piece`].
+    fn await_credit(&self, raw: sys::CUstream, peer: usize, credit: u64) -> Result<()> {
+        let own = self.own.ptr() + self.layout.credit(peer);
+        match self.net.as_ref().filter(|_| self.remote[peer]) {
+            Some(net) => {
+                wait_value(raw, net.words.credit(peer), credit)?;
+                write_value(raw, own, credit)
+            }
+            None => wait_value(raw, own, credit),
+        }
+    }
+
+    /// Enqueues handing `peer`'s slot back after piece `consumed − 1`: a write into the peer's
+    /// credit word, or for a remote peer into the host word the progress thread sends on.
+    fn free_slot(&self, raw: sys::CUstream, peer: usize, consumed: u64) -> Result<()> {
+        match self.net.as_ref().filter(|_| self.remote[peer]) {
+            Some(net) => write_value(raw, net.words.consumed(peer), consumed),
+            None => write_value(
+                raw,
+                self.bases[peer] + self.layout.credit(self.rank),
+                consumed,
+            ),
+        }
+    }
+
+    /// How device data reaches `peer`: `ipc` on this host, `gdr` on another.
+    pub(crate) fn path_to(&self, peer: usize) -> &'static str {
+        if self.remote.get(peer).copied().unwrap_or(false) {
+            "gdr"
+        } else {
+            "ipc"
+        }
+    }
+}
+
 impl Drop for Programs {
     fn drop(&mut self) {
         self.watch.stop();
         if let Some(m) = self.monitor.get_mut().ok().and_then(Option::take) {
             let _ = m.join();
+        }
+        if let Some(net) = &self.net {
+            net.stop();
         }
         let _ = crate::gpu::driver::set_device(self.device);
         for &ptr in &self.opened {

@@ -6,6 +6,7 @@
 //! it never waits on the GPU while the calls are healthy.
 
 use super::layout::Layout;
+use super::net::HostWords;
 use crate::comm::CallSpec;
 use crate::error::{Error, RankList, Result};
 use crate::gpu::driver::{call, set_device};
@@ -14,7 +15,7 @@ use crate::gpu::{Event, Stream};
 use crate::watchdog::Health;
 use cudarc::driver::sys;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use strata_algorithms::Algorithm;
@@ -72,9 +73,12 @@ pub(super) struct Watch {
     /// Values that satisfy every wait enqueued so far: the *filled* words of ranks 0..p, then
     /// their *credit* words, as this rank's flag area holds them.
     release_to: Mutex<Vec<u32>>,
-    /// Every rank's program buffer as this process maps it (this rank's own included): the
-    /// flag areas the diagnosis reads.
+    /// Every rank's program buffer as this process maps it (this rank's own included; 0 for
+    /// a rank on another host): the flag areas the diagnosis reads.
     bases: Vec<u64>,
+    /// With ranks on other hosts: the host words their waits are on, and the count of calls
+    /// in flight that keeps the GPUDirect progress thread polling.
+    net: Option<(Arc<HostWords>, Arc<AtomicU32>)>,
     me: usize,
     layout: Layout,
     device: i32,
@@ -82,13 +86,14 @@ pub(super) struct Watch {
 
 impl Watch {
     /// Watches the calls of rank `me` on `device`; `bases` are every rank's program buffer
-    /// as this process maps it.
+    /// as this process maps it (0 for ranks on other hosts, whose waits are on `net`'s words).
     pub fn new(
         health: Arc<Health>,
         bases: Vec<u64>,
         me: usize,
         layout: Layout,
         device: i32,
+        net: Option<(Arc<HostWords>, Arc<AtomicU32>)>,
     ) -> Arc<Self> {
         let p = bases.len();
         Arc::new(Self {
@@ -99,6 +104,7 @@ impl Watch {
             health,
             release_to: Mutex::new(vec![0; 2 * p]),
             bases,
+            net,
             me,
             layout,
             device,
@@ -156,10 +162,13 @@ impl Watch {
                 .front()
                 .is_some_and(|c| c.end.is_complete().unwrap_or(true))
             {
-                if let Some(done) = pending.pop_front()
-                    && let Ok(mut spare) = self.spare.lock()
-                {
-                    spare.extend([done.start, done.end]);
+                if let Some(done) = pending.pop_front() {
+                    if let Some((_, busy)) = &self.net {
+                        busy.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    if let Ok(mut spare) = self.spare.lock() {
+                        spare.extend([done.start, done.end]);
+                    }
                 }
             }
             if pending.is_empty() {
@@ -204,6 +213,9 @@ impl Watch {
                 if let Ok(values) = self.release_to.lock().map(|v| v.clone()) {
                     tracing::debug!(?values, "releasing the stream programs in flight");
                     release.write(self.bases[self.me], &values);
+                    if let Some((words, _)) = &self.net {
+                        words.release(&values);
+                    }
                 }
                 last_release = Some(Instant::now());
             }
@@ -219,47 +231,69 @@ impl Watch {
     fn diagnose(&self, release: &Release) -> (Vec<usize>, Option<String>) {
         let layout = self.layout;
         let p = self.bases.len();
-        let mut waits: Vec<Vec<usize>> = Vec::with_capacity(p);
+        // What each rank of this host waits on; None for ranks on other hosts (their flag
+        // areas are theirs: their own monitors report on them).
+        let mut waits: Vec<Option<Vec<usize>>> = Vec::with_capacity(p);
         for &base in &self.bases {
+            if base == 0 {
+                waits.push(None);
+                continue;
+            }
             let Ok(w) = release.read(base, layout.flag_words()) else {
                 return (Vec::new(), None);
             };
             let behind = |have: u32, want: u32| (have.wrapping_sub(want) as i32) < 0;
-            waits.push(
+            waits.push(Some(
                 (0..p)
                     .filter(|&x| behind(w[x], w[2 * p + x]) || behind(w[p + x], w[3 * p + x]))
                     .collect(),
-            );
+            ));
         }
+        let mine = waits[self.me].clone().unwrap_or_default();
         let mut seen = vec![false; p];
+        seen[self.me] = true;
         let mut chain = Vec::new();
-        let mut todo: Vec<usize> = waits[self.me].clone();
-        let mut culprits = Vec::new();
+        let mut todo: Vec<usize> = mine.clone();
+        let (mut culprits, mut elsewhere) = (Vec::new(), Vec::new());
         while let Some(q) = todo.pop() {
             if std::mem::replace(&mut seen[q], true) {
                 continue;
             }
-            if waits[q].is_empty() {
-                culprits.push(q);
-            } else {
-                chain.push(format!("rank {q} waits on {}", RankList(&waits[q])));
-                todo.extend(&waits[q]);
+            match &waits[q] {
+                None => elsewhere.push(q),
+                Some(w) if w.is_empty() => culprits.push(q),
+                Some(w) => {
+                    chain.push(format!("rank {q} waits on {}", RankList(w)));
+                    todo.extend(w);
+                }
             }
         }
         culprits.sort_unstable();
-        if culprits.is_empty() {
-            return (waits[self.me].clone(), None);
+        elsewhere.sort_unstable();
+        if culprits.is_empty() && elsewhere.is_empty() {
+            return (mine, None);
         }
-        let mut text = format!("rank {} waits on {}", self.me, RankList(&waits[self.me]));
+        let mut text = format!("rank {} waits on {}", self.me, RankList(&mine));
         for c in chain {
             text.push_str("; ");
             text.push_str(&c);
         }
-        text.push_str(&format!(
-            "; {} {} on no one in this call (not in it, or held up outside strata)",
-            RankList(&culprits),
-            if culprits.len() == 1 { "waits" } else { "wait" }
-        ));
+        if !culprits.is_empty() {
+            text.push_str(&format!(
+                "; {} {} on no one in this call (not in it, or held up outside strata)",
+                RankList(&culprits),
+                if culprits.len() == 1 { "waits" } else { "wait" }
+            ));
+        }
+        if !elsewhere.is_empty() {
+            text.push_str(&format!(
+                "; {} {} on another host, whose flags this host cannot read",
+                RankList(&elsewhere),
+                if elsewhere.len() == 1 { "is" } else { "are" }
+            ));
+        }
+        culprits.extend(elsewhere);
+        culprits.sort_unstable();
         (culprits, Some(text))
     }
 }

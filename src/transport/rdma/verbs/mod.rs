@@ -182,6 +182,8 @@ pub(crate) struct VerbsFabric {
     mtu: u32,
     roce: bool,
     device: String,
+    /// The NIC's PCI bus id, where sysfs shows it.
+    pci: Option<String>,
     cfg: RdmaConfig,
     cache: Arc<RegCache<usize>>,
 }
@@ -325,6 +327,7 @@ fn open_device(
         mtu: attr.active_mtu,
         roce,
         device,
+        pci: want.pci.clone(),
         cfg: cfg.clone(),
         // SAFETY: each handle is an ibv_mr this cache registered.
         cache: RegCache::new(move |mr: usize| unsafe {
@@ -358,6 +361,11 @@ unsafe impl Send for VerbsFabric {}
 unsafe impl Sync for VerbsFabric {}
 
 impl VerbsFabric {
+    /// The NIC's PCI bus id, where sysfs shows it (not on the stand-in).
+    pub(crate) fn pci_bus(&self) -> Option<&str> {
+        self.pci.as_deref()
+    }
+
     /// Registers `len` bytes at `offset` of a dma-buf (GPU memory exported by
     /// `cuMemGetHandleForAddressRange`), which requests name as `iova`.
     pub(crate) fn register_dmabuf(

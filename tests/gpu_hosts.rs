@@ -1,0 +1,490 @@
+//! Device buffers between hosts: two emulated hosts (network namespaces) of two ranks each,
+//! the CUDA driver stand-in as every rank's GPU and the libibverbs stand-in (RoCE, one
+//! address per rank's NIC) as its NIC. Ranks of one host meet through CUDA IPC, ranks of
+//! different hosts through GPUDirect RDMA: the NIC reads the sender's GPU memory and writes
+//! the receiver's, registered through dma-bufs. What these tests prove is the protocol, the
+//! data and what crosses host memory, never GPU or NIC speed.
+
+mod common;
+
+use common::{assert_all_ok, is_worker, spawn, worker};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use strata::gpu::{self, DeviceBuffer, Stream};
+use strata::{CallSpec, Collective, Communicator, DataType, DeviceTransfer, ReduceOp, check};
+
+const HOSTS: usize = 2;
+const PER_HOST: usize = 2;
+const SUBNET: &str = "198.18.6.";
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Hosts `st-g0`, `st-g1` on a bridge in `st-gsw`: host h is 198.18.6.(h+1), and rank r's NIC
+/// is 198.18.6.(101+r) on its host's interface. Removed on drop.
+struct Hosts;
+
+impl Hosts {
+    fn build() -> Result<Self, String> {
+        // SAFETY: a plain query.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root for network namespaces".into());
+        }
+        if !ip(&["-V"]) {
+            return Err("needs ip (iproute2)".into());
+        }
+        Self::teardown();
+        let ok = ip(&["netns", "add", "st-gsw"])
+            && ip(&["-n", "st-gsw", "link", "add", "br0", "type", "bridge"])
+            && ip(&["-n", "st-gsw", "link", "set", "br0", "up"])
+            && (0..HOSTS).all(|h| {
+                let (ns, a, b) = (format!("st-g{h}"), format!("st-ge{h}"), format!("st-gp{h}"));
+                let host = format!("{SUBNET}{}/24", h + 1);
+                ip(&["netns", "add", &ns])
+                    && ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])
+                    && ip(&["link", "set", &a, "netns", &ns])
+                    && ip(&["link", "set", &b, "netns", "st-gsw"])
+                    && ip(&["-n", &ns, "link", "set", &a, "name", "eth0"])
+                    && ip(&["-n", &ns, "addr", "add", &host, "dev", "eth0"])
+                    && (0..PER_HOST).all(|l| {
+                        let nic = format!("{SUBNET}{}/24", 101 + h * PER_HOST + l);
+                        ip(&["-n", &ns, "addr", "add", &nic, "dev", "eth0"])
+                    })
+                    && ip(&["-n", &ns, "link", "set", "eth0", "up"])
+                    && ip(&["-n", &ns, "link", "set", "lo", "up"])
+                    && ip(&["-n", "st-gsw", "link", "set", &b, "master", "br0", "up"])
+            });
+        if !ok {
+            Self::teardown();
+            return Err("building the namespaces failed".into());
+        }
+        Ok(Hosts)
+    }
+
+    fn teardown() {
+        for h in 0..HOSTS {
+            ip(&["netns", "del", &format!("st-g{h}")]);
+        }
+        ip(&["netns", "del", "st-gsw"]);
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        Self::teardown();
+    }
+}
+
+/// The ranks' library path: both stand-ins, then NVRTC.
+fn library_path() -> Option<String> {
+    let nvrtc = std::env::var("STRATA_NVRTC_DIR").ok()?;
+    let cuda = common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin");
+    let verbs = common::ibverbs_standin_dir();
+    Some(format!("{}:{}:{nvrtc}", cuda.display(), verbs.display()))
+}
+
+/// Runs test `name` on 2 × 2 ranks with `extra` settings; `None` (having said why) when
+/// this machine cannot.
+fn run_on_hosts(name: &str, extra: &[(&str, &str)]) -> Option<Vec<(bool, String)>> {
+    // One test at a time: they build the same namespaces.
+    static HOSTS_IN_USE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = HOSTS_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+    if std::env::var_os("STRATA_GPU_TESTS_REAL").is_some() {
+        println!("SKIPPED {name}: it needs the stand-ins' NIC between namespaces, not one GPU");
+        return None;
+    }
+    let Some(path) = library_path() else {
+        println!(
+            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
+        );
+        return None;
+    };
+    let _hosts = match Hosts::build() {
+        Ok(h) => h,
+        Err(why) => {
+            println!("SKIPPED {name}: {why}");
+            return None;
+        }
+    };
+    let mut env: Vec<(&str, &str)> = vec![
+        ("STRATA_TEST_NETNS", "st-g"),
+        ("STRATA_TEST_SUBNET", SUBNET),
+        ("STRATA_TEST_RANKS_PER_HOST", "2"),
+        ("STRATA_TEST_NIC_SUBNET", SUBNET),
+        ("STRATA_TRANSPORT", "verbs"),
+        ("STRATA_IBV_STANDIN_LINK", "roce"),
+        ("STRATA_STANDIN_GPUS", "2"),
+        ("STRATA_GPU_CHUNK", "64K"),
+        ("LD_LIBRARY_PATH", &path),
+    ];
+    env.extend_from_slice(extra);
+    Some(spawn(
+        name,
+        HOSTS * PER_HOST,
+        HOSTS * PER_HOST,
+        &env,
+        Duration::from_secs(400),
+    ))
+}
+
+/// This rank's GPU: its local rank (one process per GPU).
+fn local_device() -> i32 {
+    std::env::var("LOCAL_RANK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Checks every peer's path: `ipc` on this host, `want_remote` on the other.
+fn assert_paths(comm: &Communicator, rank: usize, n: usize, want_remote: &str) {
+    for q in (0..n).filter(|&q| q != rank) {
+        let want = if q / PER_HOST == rank / PER_HOST && want_remote != "staged" {
+            "ipc"
+        } else {
+            want_remote
+        };
+        assert_eq!(comm.device_path_to(q), Some(want), "rank {rank} to {q}");
+    }
+}
+
+/// Every algorithm of every collective (three type/operator pairs, in and out of place, one
+/// piece and several), then every collective × type × operator under the tuner's choice.
+fn device_matrix(comm: &Communicator, rank: usize, n: usize) -> usize {
+    let device = local_device();
+    let stream = Stream::new(device).unwrap();
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    let mut one = |spec: CallSpec, in_place: bool, what: String| {
+        match check::run_and_check_device(comm, spec, in_place, &stream, device) {
+            Ok(c) if c.first.is_none() => {}
+            Ok(c) => failures.push(format!("{what}: {:?}", c.first)),
+            Err(e) => failures.push(format!("{what}: {e}")),
+        }
+        ran += 1;
+    };
+    for collective in Collective::WITH_BUFFERS {
+        for &algorithm in strata::algorithms::algorithms_for(collective) {
+            if algorithm.check_ranks(n).is_err() {
+                continue;
+            }
+            comm.set_algorithm(collective, Some(algorithm)).unwrap();
+            for (dtype, op) in [
+                (DataType::Float32, ReduceOp::Sum),
+                (DataType::Int64, ReduceOp::Max),
+                (DataType::Bfloat16, ReduceOp::Avg),
+            ] {
+                for in_place in [false, true] {
+                    for count in [3usize, 40_001] {
+                        let spec = CallSpec {
+                            op,
+                            root: 1 % n,
+                            ..CallSpec::new(collective, dtype, count)
+                        };
+                        let what = format!(
+                            "{collective}/{algorithm} {dtype} {op} {count} in_place {in_place}"
+                        );
+                        one(spec, in_place, what);
+                    }
+                }
+            }
+        }
+        comm.set_algorithm(collective, None).unwrap();
+        for dtype in DataType::ALL {
+            let ops: Vec<ReduceOp> = if collective.reduces() {
+                let mut v = ReduceOp::BASIC.to_vec();
+                v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
+                v
+            } else {
+                vec![ReduceOp::Sum]
+            };
+            for op in ops {
+                for in_place in [false, true] {
+                    let spec = CallSpec {
+                        op,
+                        root: n - 1,
+                        ..CallSpec::new(collective, dtype, 1031)
+                    };
+                    one(
+                        spec,
+                        in_place,
+                        format!("{collective} {dtype} {op} in_place {in_place}"),
+                    );
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "rank {rank}: {}", failures.join("\n"));
+    ran
+}
+
+/// A ring of sends and receives on device memory in one batch: each rank sends to the next
+/// and receives from the previous, crossing hosts at two of the four links.
+fn device_ring(comm: &Communicator, rank: usize, n: usize) {
+    let device = local_device();
+    let stream = Stream::new(device).unwrap();
+    let len = 300_001usize;
+    let send = DeviceBuffer::alloc(device, len).unwrap();
+    let recv = DeviceBuffer::alloc(device, len).unwrap();
+    let mine: Vec<u8> = (0..len).map(|i| (i * 7 + rank * 13) as u8).collect();
+    send.upload(&mine, &stream).unwrap();
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    comm.enqueue_transfers(
+        &[
+            DeviceTransfer {
+                peer: next,
+                ptr: send.ptr(),
+                bytes: len,
+                send: true,
+            },
+            DeviceTransfer {
+                peer: prev,
+                ptr: recv.ptr(),
+                bytes: len,
+                send: false,
+            },
+        ],
+        &stream,
+    )
+    .unwrap();
+    let mut got = vec![0u8; len];
+    recv.download(&mut got, &stream).unwrap();
+    let want: Vec<u8> = (0..len).map(|i| (i * 7 + prev * 13) as u8).collect();
+    assert!(got == want, "rank {rank}: wrong bytes from rank {prev}");
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+/// One 64 MiB all-reduce, polled to completion; what crossed host memory meanwhile.
+fn all_reduce_64_mib(comm: &Communicator, rank: usize, n: usize) -> gpu::StandinStats {
+    let device = local_device();
+    let stream = Stream::new(device).unwrap();
+    let count = 16 << 20;
+    let buf = DeviceBuffer::alloc(device, count * 4).unwrap();
+    buf.upload(&f32s(&vec![(rank + 1) as f32; count]), &stream)
+        .unwrap();
+    let done = gpu::Event::new(false).unwrap();
+    let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, count);
+    let calls_before = comm.progress();
+    let before = gpu::standin_stats().unwrap();
+    comm.call_device(spec, None, &buf, &stream).unwrap();
+    done.record(&stream).unwrap();
+    let t = Instant::now();
+    while !done.is_complete().unwrap() {
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "the call did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let during = gpu::standin_stats().unwrap().since(&before);
+    assert_eq!(
+        comm.progress(),
+        calls_before,
+        "a host collective ran inside the call"
+    );
+    let mut out = vec![0u8; count * 4];
+    buf.download(&mut out, &stream).unwrap();
+    let want = (n * (n + 1) / 2) as f32;
+    assert!(out == f32s(&vec![want; count]), "wrong sum");
+    during
+}
+
+#[test]
+fn every_collective_algorithm_type_and_operator_on_2_hosts_of_2_gpus_over_ipc_and_gpudirect() {
+    if let Some(w) = worker() {
+        w.comm.bind_device(local_device()).unwrap();
+        assert_paths(&w.comm, w.rank, w.n, "gdr");
+        let ran = device_matrix(&w.comm, w.rank, w.n);
+        device_ring(&w.comm, w.rank, w.n);
+        w.comm.wait_device_idle(Duration::from_secs(30)).unwrap();
+        println!("MATRIX {ran}");
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let name =
+        "every_collective_algorithm_type_and_operator_on_2_hosts_of_2_gpus_over_ipc_and_gpudirect";
+    let Some(ranks) = run_on_hosts(name, &[("STRATA_GPU_PATH", "stream")]) else {
+        return;
+    };
+    assert_all_ok(&ranks);
+    assert!(
+        ranks.iter().all(|(_, out)| out.contains("MATRIX")),
+        "{ranks:?}"
+    );
+    for line in ranks[0].1.lines().filter(|l| l.contains("MATRIX")) {
+        println!("rank 0: {line}");
+    }
+}
+
+#[test]
+fn a_64_mib_all_reduce_across_hosts_moves_nothing_through_host_memory() {
+    if let Some(w) = worker() {
+        w.comm.bind_device(local_device()).unwrap();
+        assert_paths(&w.comm, w.rank, w.n, "gdr");
+        let gdr_read = std::env::var("NCCL_NET_GDR_READ").map_or(true, |v| v != "0");
+        let during = all_reduce_64_mib(&w.comm, w.rank, w.n);
+        if gdr_read {
+            assert_eq!(during.host_bytes(), 0, "{during:?}");
+            assert_eq!(during.host_waits, 0, "{during:?}");
+            assert_eq!(during.host_functions, 0, "{during:?}");
+        } else {
+            // The NIC may not read GPU memory: pieces for the other host go through a host
+            // outbox, and only those.
+            assert!(during.host_bytes() > 0, "{during:?}");
+            assert!(during.host_bytes() <= 64 << 20, "{during:?}");
+        }
+        println!("MOVED {during:?}");
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let name = "a_64_mib_all_reduce_across_hosts_moves_nothing_through_host_memory";
+    for extra in [[("NCCL_NET_GDR_READ", "1")], [("NCCL_NET_GDR_READ", "0")]] {
+        let Some(ranks) = run_on_hosts(name, &extra) else {
+            return;
+        };
+        assert_all_ok(&ranks);
+        assert!(
+            ranks.iter().all(|(_, out)| out.contains("MOVED")),
+            "{extra:?}: {ranks:?}"
+        );
+        for line in ranks[0].1.lines().filter(|l| l.contains("MOVED")) {
+            println!("{extra:?} rank 0: {line}");
+        }
+    }
+}
+
+#[test]
+fn gdr_level_loc_stages_through_host_memory_and_stays_right() {
+    if let Some(w) = worker() {
+        w.comm.bind_device(local_device()).unwrap();
+        assert_paths(&w.comm, w.rank, w.n, "staged");
+        let device = local_device();
+        let stream = Stream::new(device).unwrap();
+        for collective in [Collective::AllReduce, Collective::AllGather] {
+            let spec = CallSpec::new(collective, DataType::Float32, 5000);
+            let c = check::run_and_check_device(&w.comm, spec, false, &stream, device).unwrap();
+            assert!(c.first.is_none(), "{collective}: {:?}", c.first);
+        }
+        println!("STAGED");
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let name = "gdr_level_loc_stages_through_host_memory_and_stays_right";
+    let Some(ranks) = run_on_hosts(name, &[("NCCL_NET_GDR_LEVEL", "LOC")]) else {
+        return;
+    };
+    assert_all_ok(&ranks);
+    assert!(
+        ranks.iter().all(|(_, out)| out.contains("STAGED")),
+        "{ranks:?}"
+    );
+}
+
+#[test]
+fn a_rank_killed_on_the_other_host_is_named_and_every_stream_is_released() {
+    const VICTIM: usize = 3;
+    if let Some(w) = worker() {
+        let device = local_device();
+        w.comm.bind_device(device).unwrap();
+        let stream = Stream::new(device).unwrap();
+        let buf = DeviceBuffer::alloc(device, 1 << 20).unwrap();
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 1 << 18);
+        w.comm.call_device(spec, None, &buf, &stream).unwrap();
+        stream.synchronize().unwrap();
+        if w.rank == VICTIM {
+            // SAFETY: ends the process at once, as a crash would.
+            unsafe { libc::_exit(0) };
+        }
+        let t = Instant::now();
+        for _ in 0..4 {
+            let _ = w.comm.call_device(spec, None, &buf, &stream);
+        }
+        stream.synchronize().unwrap();
+        let e = w
+            .comm
+            .async_error()
+            .expect("an async error after the peer died");
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "took {:?}",
+            t.elapsed()
+        );
+        assert!(e.to_string().contains("rank 3"), "rank {}: {e}", w.rank);
+        println!("NAMED after {:?}: {e}", t.elapsed());
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let name = "a_rank_killed_on_the_other_host_is_named_and_every_stream_is_released";
+    let Some(ranks) = run_on_hosts(name, &[("STRATA_TIMEOUT", "5")]) else {
+        return;
+    };
+    for (r, (ok, out)) in ranks.iter().enumerate().filter(|(r, _)| *r != VICTIM) {
+        assert!(ok, "rank {r}: {out}");
+        assert!(out.contains("NAMED"), "rank {r}: {out}");
+    }
+}
+
+#[test]
+fn a_timeout_across_hosts_names_the_rank_that_never_called_or_the_host_to_ask() {
+    const ABSENT: usize = 3;
+    if let Some(w) = worker() {
+        let device = local_device();
+        w.comm.bind_device(device).unwrap();
+        let stream = Stream::new(device).unwrap();
+        let buf = DeviceBuffer::alloc(device, 1 << 16).unwrap();
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 1 << 14);
+        if w.rank != ABSENT {
+            w.comm.call_device(spec, None, &buf, &stream).unwrap();
+            stream.synchronize().unwrap();
+            let e = w.comm.async_error().expect("a timeout");
+            println!("TIMED_OUT {e}");
+        } else {
+            std::thread::sleep(Duration::from_secs(8));
+        }
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let name = "a_timeout_across_hosts_names_the_rank_that_never_called_or_the_host_to_ask";
+    let env = [("STRATA_TIMEOUT", "2"), ("STRATA_GPU_PATH", "stream")];
+    let Some(ranks) = run_on_hosts(name, &env) else {
+        return;
+    };
+    assert_all_ok(&ranks);
+    for (r, (_, out)) in ranks.iter().enumerate().filter(|(r, _)| *r != ABSENT) {
+        let line = out
+            .lines()
+            .find(|l| l.contains("TIMED_OUT"))
+            .unwrap_or_else(|| panic!("rank {r}: {out}"));
+        println!("rank {r}: {line}");
+        // The first report reaches every rank. Made on host 1, it names rank 3 as waiting
+        // on no one (its flag area is readable there); made on host 0, it names the ranks of
+        // host 1 it waits on, rank 3 among them, as on another host.
+        assert!(
+            line.contains("rank 3 waits on no one")
+                || line.contains("ranks 2-3 are on another host"),
+            "rank {r}: {line}"
+        );
+        assert!(
+            !line.contains("rank 0 waits on ranks 1-2; rank 1 waits on ranks 0,3; rank 0"),
+            "a rank repeated in the chain: {line}"
+        );
+    }
+}
