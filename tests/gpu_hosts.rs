@@ -258,6 +258,51 @@ fn device_ring(comm: &Communicator, rank: usize, n: usize) {
     assert!(got == want, "rank {rank}: wrong bytes from rank {prev}");
 }
 
+/// The flight recorder names the algorithm each device call ran, and stamps its end once the
+/// stream has passed it.
+fn device_calls_are_in_the_flight_recorder(comm: &Communicator, rank: usize, n: usize) {
+    let device = local_device();
+    let stream = Stream::new(device).unwrap();
+    let buf = DeviceBuffer::alloc(device, 4 * 4096).unwrap();
+    let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 4096);
+    let algorithms: Vec<_> = strata::algorithms::algorithms_for(Collective::AllReduce)
+        .iter()
+        .copied()
+        .filter(|a| a.check_ranks(n).is_ok())
+        .collect();
+    for &a in &algorithms {
+        comm.set_algorithm(Collective::AllReduce, Some(a)).unwrap();
+        comm.call_device(spec, None, &buf, &stream).unwrap();
+    }
+    comm.set_algorithm(Collective::AllReduce, None).unwrap();
+    stream.synchronize().unwrap();
+    let t = Instant::now();
+    let records = loop {
+        let r = comm.flight_records();
+        let device: Vec<_> = r
+            .into_iter()
+            .filter(|r| r.op.ends_with(" on device buffers"))
+            .collect();
+        let tail = device.len().saturating_sub(algorithms.len());
+        if device[tail..].iter().all(|r| r.end_us.is_some()) || t.elapsed().as_secs() > 5 {
+            break device[tail..].to_vec();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(records.len(), algorithms.len(), "rank {rank}: {records:?}");
+    for (r, a) in records.iter().zip(&algorithms) {
+        assert!(
+            r.op.starts_with("all_reduce #") && r.op.contains(&format!("; {a}) on device")),
+            "rank {rank}: {a} recorded as {}",
+            r.op
+        );
+        assert!(
+            r.end_us.is_some() && r.error.is_none(),
+            "rank {rank}: {r:?}"
+        );
+    }
+}
+
 fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_ne_bytes()).collect()
 }
@@ -304,6 +349,7 @@ fn every_collective_algorithm_type_and_operator_on_2_hosts_of_2_gpus_over_ipc_an
         assert_paths(&w.comm, w.rank, w.n, "gdr");
         let ran = device_matrix(&w.comm, w.rank, w.n);
         device_ring(&w.comm, w.rank, w.n);
+        device_calls_are_in_the_flight_recorder(&w.comm, w.rank, w.n);
         w.comm.wait_device_idle(Duration::from_secs(30)).unwrap();
         println!("MATRIX {ran}");
         return;

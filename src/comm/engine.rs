@@ -227,11 +227,22 @@ impl Communicator {
 
     /// The algorithm and schedule a call of `spec` runs, derived as the host path derives
     /// them, for the device path that compiles the same schedule into a stream program.
-    pub(super) fn derive_schedule(&self, spec: CallSpec) -> Result<(Algorithm, Arc<CachedPlan>)> {
+    /// The algorithm and schedule of a call enqueued on device buffers, which it also enters
+    /// in the flight recorder (numbered apart from host calls); returns the entry's number,
+    /// for the monitor to stamp its end.
+    pub(super) fn derive_device_call(
+        &self,
+        spec: CallSpec,
+    ) -> Result<(Algorithm, Arc<CachedPlan>, u64)> {
         let mut st = self.lock_state()?;
         let forced = self.forced_word(spec.collective);
         let call = self.derive_call(&mut st, spec, forced)?;
-        Ok((call.header.algorithm, call.cached.clone()))
+        let (algorithm, cached, mut header) =
+            (call.header.algorithm, call.cached.clone(), call.header);
+        st.device_seq += 1;
+        header.seq = st.device_seq;
+        let record = self.inner.health.device_op_started(&header.encode());
+        Ok((algorithm, cached, record))
     }
 
     /// [`Communicator::algorithm_for`], remembering the tuner's last answer.

@@ -244,6 +244,7 @@ impl Communicator {
         let state = State {
             conns: (0..size).map(|_| None).collect(),
             seq: 0,
+            device_seq: 0,
             p2p_sent: HashMap::new(),
             p2p_received: HashMap::new(),
             scratch: Vec::new(),

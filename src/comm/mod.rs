@@ -72,6 +72,9 @@ impl CallSpec {
 struct State {
     conns: Vec<Option<Connection>>,
     seq: u64,
+    /// Collectives enqueued on device buffers as stream programs (numbered apart from the
+    /// host calls, whose `seq` the ranks compare).
+    device_seq: u64,
     p2p_sent: HashMap<usize, u64>,
     p2p_received: HashMap<usize, u64>,
     scratch: Vec<u64>,

@@ -18,6 +18,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Operations the flight recorder keeps per communicator.
 const FLIGHT_RECORDS: usize = 256;
+/// Set in an entry's `number` for a call on device buffers: enqueued on a stream, it ends
+/// when the GPU reaches its end (stamped by the stream-program monitor), and it moves neither
+/// `started` nor `finished`, which follow the host calls.
+const DEVICE: u64 = 1 << 63;
 
 /// Microseconds since the Unix epoch.
 pub(super) fn now_us() -> u64 {
@@ -214,6 +218,49 @@ impl Recorder {
         }
     }
 
+    /// A call on device buffers was enqueued: recorded like [`Recorder::start`] (same single
+    /// writer rule) but marked as on the device; returns its number for
+    /// [`Recorder::finish_device`].
+    pub fn start_device(&self, encoded: &[u8; HEADER_BYTES]) -> u64 {
+        let n = self.recorded.load(Ordering::Relaxed);
+        let start = self.clock.stamp();
+        self.entry(n).write(|e| {
+            e.number.store((n + 1) | DEVICE, Ordering::Relaxed);
+            e.start.store(start, Ordering::Relaxed);
+            e.end.store(0, Ordering::Relaxed);
+            for (w, chunk) in e.header.iter().zip(encoded.chunks_exact(8)) {
+                let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+                w.store(word, Ordering::Relaxed);
+            }
+        });
+        self.recorded.store(n + 1, Ordering::Release);
+        n + 1
+    }
+
+    /// The device call numbered `number` ended (its stream passed its end), from the monitor
+    /// thread. Nothing if its entry has been reused since (256 calls later).
+    pub fn finish_device(&self, number: u64, error: Option<&Error>) {
+        let Some(i) = number.checked_sub(1) else {
+            return;
+        };
+        let entry = self.entry(i);
+        if entry.read().number != number | DEVICE
+            || self.recorded.load(Ordering::Acquire) >= i + FLIGHT_RECORDS as u64
+        {
+            return;
+        }
+        let end = self.clock.stamp().max(1);
+        entry.write(|e| e.end.store(end, Ordering::Relaxed));
+        if let Some(error) = error
+            && let Ok(mut errors) = self.errors.lock()
+        {
+            if errors.len() == FLIGHT_RECORDS {
+                errors.pop_front();
+            }
+            errors.push_back((number, error.to_string()));
+        }
+    }
+
     /// The operation [`Recorder::start`] announced ended.
     pub fn finish(&self, seq: u64, error: Option<&Error>) {
         let n = self.recorded.load(Ordering::Relaxed);
@@ -264,10 +311,15 @@ impl Recorder {
         (n.saturating_sub(FLIGHT_RECORDS as u64)..n)
             .filter_map(|i| {
                 let s = self.entry(i).read();
-                let op = s.header().filter(|_| s.number == i + 1)?;
+                let device = s.number & DEVICE != 0;
+                let op = s.header().filter(|_| s.number & !DEVICE == i + 1)?;
                 Some(FlightRecord {
-                    seq: op.call_seq(),
-                    op: op.describe(),
+                    seq: if device { 0 } else { op.call_seq() },
+                    op: if device {
+                        op.describe() + " on device buffers"
+                    } else {
+                        op.describe()
+                    },
                     start_us: micros(s.start),
                     end_us: (s.end != 0).then(|| micros(s.end)),
                     error: errors.iter().find(|e| e.0 == i + 1).map(|e| e.1.clone()),
@@ -298,6 +350,41 @@ mod tests {
     fn start(r: &Recorder, seq: u64) {
         let h = call(seq);
         r.start(h.call_seq(), &h.encode());
+    }
+
+    #[test]
+    fn device_calls_end_out_of_order_and_leave_the_host_progress_alone() {
+        let r = Recorder::default();
+        start(&r, 1);
+        r.finish(1, None);
+        let a = r.start_device(&call(1).encode());
+        let b = r.start_device(&call(2).encode());
+        // A host call while both are on their streams.
+        start(&r, 2);
+        let p = r.progress();
+        assert_eq!((p.started, p.finished), (2, 1));
+        assert!(p.current.is_some_and(|c| c.starts_with("all_reduce #2")));
+        r.finish(2, None);
+        r.finish_device(b, Some(&Error::Aborted(None)));
+        let recs = r.records();
+        assert_eq!(recs.len(), 4);
+        assert!(recs[1].op.ends_with(" on device buffers") && recs[1].end_us.is_none());
+        assert!(recs[2].op.ends_with(" on device buffers") && recs[2].error.is_some());
+        assert!(!recs[3].op.contains("device") && recs[3].end_us.is_some());
+        r.finish_device(a, None);
+        assert!(r.records()[1].end_us.is_some());
+        assert_eq!(
+            r.progress().finished,
+            2,
+            "device calls move no host counter"
+        );
+        // An entry reused since is left alone.
+        for s in 3..(3 + FLIGHT_RECORDS as u64) {
+            start(&r, s);
+            r.finish(s, None);
+        }
+        r.finish_device(b, None);
+        assert!(r.records().iter().all(|x| !x.op.contains("device")));
     }
 
     #[test]

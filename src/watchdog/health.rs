@@ -85,6 +85,17 @@ impl Health {
         self.recorder.finish(seq, error);
     }
 
+    /// A call on device buffers was enqueued (header `encoded`); its number for
+    /// [`Health::device_op_finished`]. Callers hold the state lock, as for host calls.
+    pub fn device_op_started(&self, encoded: &[u8; HEADER_BYTES]) -> u64 {
+        self.recorder.start_device(encoded)
+    }
+
+    /// The device call numbered `number` ended on its stream (any thread).
+    pub fn device_op_finished(&self, number: u64, error: Option<&Error>) {
+        self.recorder.finish_device(number, error);
+    }
+
     /// What this rank is doing now.
     pub fn progress(&self) -> Progress {
         self.recorder.progress()

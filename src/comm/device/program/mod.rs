@@ -348,9 +348,35 @@ impl Programs {
         in_bytes: usize,
         stream: &Stream,
     ) -> Result<Algorithm> {
-        let p = comm.size();
-        let es = spec.dtype.size();
-        let (algorithm, plan) = comm.derive_schedule(spec)?;
+        let (algorithm, plan, record) = comm.derive_device_call(spec)?;
+        let result = self.enqueue_derived(
+            comm,
+            spec,
+            (algorithm, plan, record),
+            send,
+            recv,
+            in_bytes,
+            stream,
+        );
+        if let Err(e) = &result {
+            comm.inner.health.device_op_finished(record, Some(e));
+        }
+        result
+    }
+
+    /// [`Programs::enqueue`] once the call is derived and recorded.
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue_derived(
+        &self,
+        comm: &Communicator,
+        spec: CallSpec,
+        (algorithm, plan, record): (Algorithm, Arc<crate::comm::CachedPlan>, u64),
+        send: u64,
+        recv: u64,
+        in_bytes: usize,
+        stream: &Stream,
+    ) -> Result<Algorithm> {
+        let (p, es) = (comm.size(), spec.dtype.size());
         let arith = arith_of(&spec, p);
         let key = ProgramKey {
             collective: spec.collective.code(),
@@ -429,6 +455,7 @@ impl Programs {
             start,
             temporaries,
             what,
+            Some(record),
         )?;
         Ok(compiled.algorithm)
     }
@@ -476,6 +503,7 @@ impl Programs {
             start,
             Vec::new(),
             what,
+            None,
         )
     }
 
@@ -504,6 +532,7 @@ impl Programs {
         start: Event,
         temporaries: Vec<u64>,
         what: CallName,
+        record: Option<u64>,
     ) -> Result<()> {
         while st.lanes.len() < compiled.lanes {
             st.lanes.push(Stream::new(self.device)?);
@@ -559,6 +588,7 @@ impl Programs {
             started: None,
             timeout: comm.timeout(),
             what,
+            record,
         };
         self.watch.track(call, &st.sent, &st.received);
         Ok(())

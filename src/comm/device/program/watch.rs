@@ -32,6 +32,8 @@ pub(super) struct InFlight {
     pub timeout: Duration,
     /// The call, named only if it times out.
     pub what: CallName,
+    /// Its flight-recorder entry, stamped when it ends.
+    pub record: Option<u64>,
 }
 
 /// What a call in flight is, kept as data and put into words only for a timeout's error.
@@ -165,6 +167,13 @@ impl Watch {
                 if let Some(done) = pending.pop_front() {
                     if let Some((_, busy)) = &self.net {
                         busy.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    if let Some(number) = done.record {
+                        // After a fault or an abort the stream was released, not completed.
+                        let released = self.health.interrupt.load(Ordering::Acquire);
+                        let fault =
+                            released.then(|| self.health.fault().unwrap_or(Error::Aborted(None)));
+                        self.health.device_op_finished(number, fault.as_ref());
                     }
                     if let Ok(mut spare) = self.spare.lock() {
                         spare.extend([done.start, done.end]);
