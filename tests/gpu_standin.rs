@@ -803,3 +803,54 @@ fn a_stream_program_waiting_on_a_rank_that_never_calls_times_out_naming_it() {
         assert!(line.contains("rank 2 waits on no one"), "rank {r}: {line}");
     }
 }
+
+#[test]
+fn mismatched_calls_on_device_buffers_are_named_not_just_timed_out() {
+    if let Some((comm, rank, _)) = worker() {
+        let device = device_of(rank);
+        comm.bind_device(device).unwrap();
+        assert!(comm.uses_gpu_ipc());
+        let stream = Stream::new(device).unwrap();
+        let buf = DeviceBuffer::alloc(device, 4 << 16).unwrap();
+        // Rank 2 asks for twice the elements.
+        let count = if rank == 2 { 1 << 15 } else { 1 << 14 };
+        comm.set_algorithm(Collective::AllReduce, Some(strata::Algorithm::Ring))
+            .unwrap();
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, count);
+        comm.call_device(spec, None, &buf, &stream).unwrap();
+        let t = Instant::now();
+        stream.synchronize().unwrap();
+        // Whoever finds it first tells the others; wait for the word to arrive.
+        while comm.async_error().is_none() && t.elapsed() < Duration::from_secs(15) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let e = comm
+            .async_error()
+            .expect("an error for the mismatched calls");
+        let text = e.to_string();
+        assert!(text.contains("mismatched calls"), "rank {rank}: {text}");
+        assert!(
+            text.contains("16384 elements") && text.contains("32768 elements"),
+            "rank {rank}: {text}"
+        );
+        println!("MISMATCH {text}");
+        return;
+    }
+    let name = "mismatched_calls_on_device_buffers_are_named_not_just_timed_out";
+    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
+        eprintln!(
+            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
+        );
+        return;
+    }
+    let env = [
+        ("STRATA_GPU_PATH", "stream"),
+        ("STRATA_TIMEOUT", "2"),
+        ("STRATA_GPU_CHUNK", "16K"),
+    ];
+    let ranks = spawn(name, 3, &env, Duration::from_secs(60));
+    assert_all_ok(&ranks);
+    for line in ranks[0].1.lines().filter(|l| l.contains("MISMATCH")) {
+        println!("rank 0: {line}");
+    }
+}

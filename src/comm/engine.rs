@@ -233,7 +233,7 @@ impl Communicator {
     pub(super) fn derive_device_call(
         &self,
         spec: CallSpec,
-    ) -> Result<(Algorithm, Arc<CachedPlan>, u64)> {
+    ) -> Result<(Algorithm, Arc<CachedPlan>, u64, [u8; HEADER_BYTES])> {
         let mut st = self.lock_state()?;
         let forced = self.forced_word(spec.collective);
         let call = self.derive_call(&mut st, spec, forced)?;
@@ -241,8 +241,9 @@ impl Communicator {
             (call.header.algorithm, call.cached.clone(), call.header);
         st.device_seq += 1;
         header.seq = st.device_seq;
-        let record = self.inner.health.device_op_started(&header.encode());
-        Ok((algorithm, cached, record))
+        let encoded = header.encode();
+        let record = self.inner.health.device_op_started(&encoded);
+        Ok((algorithm, cached, record, encoded))
     }
 
     /// [`Communicator::algorithm_for`], remembering the tuner's last answer.

@@ -1,7 +1,11 @@
-//! Where things live in a rank's program buffer: the flag area (the words peers write and
-//! the expectations this rank's stream publishes), then a ring of receive slots per rank.
+//! Where things live in a rank's program buffer: the flag area (the words peers write, the
+//! expectations this rank's stream publishes and the header of the call it is in), then a
+//! ring of receive slots per rank.
 
 use super::Slots;
+
+/// Words of a call's header in the flag area.
+pub(super) const CALL_WORDS: usize = 8;
 
 /// Offsets in a rank's program buffer.
 #[derive(Clone, Copy)]
@@ -29,9 +33,16 @@ impl Layout {
     pub fn expect_credit(&self, q: usize) -> u64 {
         4 * (3 * self.p + q) as u64
     }
-    /// 32-bit words of the flag area: filled, credit, expect_filled, expect_credit.
+    /// Where a rank's stream writes, as a call starts, the call's encoded header (eight
+    /// words; zeros for a batch of transfers), so a timeout can tell mismatched calls from
+    /// slow ones.
+    pub fn call(&self) -> u64 {
+        4 * (4 * self.p) as u64
+    }
+    /// 32-bit words of the flag area: filled, credit, expect_filled, expect_credit, and the
+    /// call's header.
     pub fn flag_words(&self) -> usize {
-        4 * self.p
+        4 * self.p + CALL_WORDS
     }
     pub fn rings(&self) -> u64 {
         (4 * self.flag_words() as u64).next_multiple_of(4096)

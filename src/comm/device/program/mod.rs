@@ -28,6 +28,7 @@ use crate::gpu::driver::call;
 use crate::gpu::kernels::Kernels;
 use crate::gpu::{DeviceBuffer, Event, Stream};
 use crate::reduce::{self, Combine};
+use crate::wire::HEADER_BYTES;
 
 mod compile;
 mod layout;
@@ -86,6 +87,16 @@ impl Slots {
         let bytes = (chunk / 8).max(1) * 8;
         Ok(Self { count, bytes })
     }
+}
+
+/// A collective derived and entered in the flight recorder, before it is compiled.
+struct Derived {
+    algorithm: Algorithm,
+    plan: Arc<crate::comm::CachedPlan>,
+    /// Its flight-recorder entry.
+    record: u64,
+    /// Its encoded header (numbered among the device calls).
+    header: [u8; HEADER_BYTES],
 }
 
 /// What a call's program needs that changes from call to call.
@@ -348,16 +359,14 @@ impl Programs {
         in_bytes: usize,
         stream: &Stream,
     ) -> Result<Algorithm> {
-        let (algorithm, plan, record) = comm.derive_device_call(spec)?;
-        let result = self.enqueue_derived(
-            comm,
-            spec,
-            (algorithm, plan, record),
-            send,
-            recv,
-            in_bytes,
-            stream,
-        );
+        let (algorithm, plan, record, header) = comm.derive_device_call(spec)?;
+        let derived = Derived {
+            algorithm,
+            plan,
+            record,
+            header,
+        };
+        let result = self.enqueue_derived(comm, spec, derived, send, recv, in_bytes, stream);
         if let Err(e) = &result {
             comm.inner.health.device_op_finished(record, Some(e));
         }
@@ -370,7 +379,12 @@ impl Programs {
         &self,
         comm: &Communicator,
         spec: CallSpec,
-        (algorithm, plan, record): (Algorithm, Arc<crate::comm::CachedPlan>, u64),
+        Derived {
+            algorithm,
+            plan,
+            record,
+            header,
+        }: Derived,
         send: u64,
         recv: u64,
         in_bytes: usize,
@@ -455,7 +469,7 @@ impl Programs {
             start,
             temporaries,
             what,
-            Some(record),
+            Some((record, header)),
         )?;
         Ok(compiled.algorithm)
     }
@@ -532,7 +546,7 @@ impl Programs {
         start: Event,
         temporaries: Vec<u64>,
         what: CallName,
-        record: Option<u64>,
+        record: Option<(u64, [u8; HEADER_BYTES])>,
     ) -> Result<()> {
         while st.lanes.len() < compiled.lanes {
             st.lanes.push(Stream::new(self.device)?);
@@ -551,6 +565,16 @@ impl Programs {
                 let want = (st.sent[q] + compiled.sent[q]).saturating_sub(k);
                 write_value(stream.raw(), own + layout.expect_credit(q), want)?;
             }
+        }
+        // The call's header (zeros for transfers), for a timeout to compare across ranks.
+        let header = record.map_or([0; HEADER_BYTES], |r| r.1);
+        for (i, w) in header.chunks_exact(4).enumerate() {
+            let word = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            write_value(
+                stream.raw(),
+                own + layout.call() + 4 * i as u64,
+                u64::from(word),
+            )?;
         }
         for step in &compiled.steps {
             if let [only] = step.as_slice() {
@@ -588,7 +612,7 @@ impl Programs {
             started: None,
             timeout: comm.timeout(),
             what,
-            record,
+            record: record.map(|r| r.0),
         };
         self.watch.track(call, &st.sent, &st.received);
         Ok(())

@@ -5,7 +5,7 @@
 //! `async_error` says why. The monitor polls events (`cuEventQuery`) every few milliseconds;
 //! it never waits on the GPU while the calls are healthy.
 
-use super::layout::Layout;
+use super::layout::{CALL_WORDS, Layout};
 use super::net::HostWords;
 use crate::comm::CallSpec;
 use crate::error::{Error, RankList, Result};
@@ -13,6 +13,7 @@ use crate::gpu::driver::{call, set_device};
 use crate::gpu::memory::PinnedBuffer;
 use crate::gpu::{Event, Stream};
 use crate::watchdog::Health;
+use crate::wire::Header;
 use cudarc::driver::sys;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -202,13 +203,20 @@ impl Watch {
             if let Some((what, timeout)) = overdue
                 && !self.health.interrupt.load(Ordering::Acquire)
             {
-                let (waiting_on, diagnosis) = self.diagnose(&release);
-                let e = Error::Timeout {
-                    op: what.describe(),
-                    seq: 0,
-                    waiting_on,
-                    after_s: timeout.as_secs_f64(),
-                    diagnosis,
+                let (waiting_on, diagnosis, mismatch) = self.diagnose(&release);
+                let e = match mismatch {
+                    Some(m) => Error::Mismatch(format!(
+                        "{} did not finish within {:.1} s: {m}",
+                        what.describe(),
+                        timeout.as_secs_f64()
+                    )),
+                    None => Error::Timeout {
+                        op: what.describe(),
+                        seq: 0,
+                        waiting_on,
+                        after_s: timeout.as_secs_f64(),
+                        diagnosis,
+                    },
                 };
                 if self.health.record_fault(&e) {
                     tracing::warn!("{e}");
@@ -236,21 +244,30 @@ impl Watch {
     /// rank's flag area (each rank's stream publishes what its current call waits for as the
     /// call starts). Follows the waits from this rank to the ranks that wait on no one — the
     /// ones holding the others up (not in the call, or stuck outside strata) — and names
-    /// them; where the waits go round in a circle, names the ranks this one waits on.
-    fn diagnose(&self, release: &Release) -> (Vec<usize>, Option<String>) {
+    /// them; where the waits go round in a circle, names the ranks this one waits on. Also
+    /// returns, when two ranks of the host are in their n-th device call with different
+    /// arguments, what each called.
+    fn diagnose(&self, release: &Release) -> (Vec<usize>, Option<String>, Option<String>) {
         let layout = self.layout;
         let p = self.bases.len();
-        // What each rank of this host waits on; None for ranks on other hosts (their flag
-        // areas are theirs: their own monitors report on them).
+        // What each rank of this host waits on, and the call its stream is in; None for ranks
+        // on other hosts (their flag areas are theirs: their own monitors report on them).
         let mut waits: Vec<Option<Vec<usize>>> = Vec::with_capacity(p);
+        let mut calls: Vec<Option<Header>> = Vec::with_capacity(p);
         for &base in &self.bases {
             if base == 0 {
                 waits.push(None);
+                calls.push(None);
                 continue;
             }
             let Ok(w) = release.read(base, layout.flag_words()) else {
-                return (Vec::new(), None);
+                return (Vec::new(), None, None);
             };
+            let header: Vec<u8> = w[4 * p..4 * p + CALL_WORDS]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect();
+            calls.push(Header::decode(&header));
             let behind = |have: u32, want: u32| (have.wrapping_sub(want) as i32) < 0;
             waits.push(Some(
                 (0..p)
@@ -258,6 +275,7 @@ impl Watch {
                     .collect(),
             ));
         }
+        let mismatch = mismatched(&calls);
         let mine = waits[self.me].clone().unwrap_or_default();
         let mut seen = vec![false; p];
         seen[self.me] = true;
@@ -280,7 +298,7 @@ impl Watch {
         culprits.sort_unstable();
         elsewhere.sort_unstable();
         if culprits.is_empty() && elsewhere.is_empty() {
-            return (mine, None);
+            return (mine, None, mismatch);
         }
         let mut text = format!("rank {} waits on {}", self.me, RankList(&mine));
         for c in chain {
@@ -303,8 +321,31 @@ impl Watch {
         }
         culprits.extend(elsewhere);
         culprits.sort_unstable();
-        (culprits, Some(text))
+        (culprits, Some(text), mismatch)
     }
+}
+
+/// Two ranks in their n-th device call with different arguments (collective, type, operator,
+/// count, root or algorithm): `rank 0 is in all_reduce #3 (...) and rank 2 in all_reduce #3
+/// (...)`. Ranks in different calls are not compared (one may just be behind).
+fn mismatched(calls: &[Option<Header>]) -> Option<String> {
+    let known: Vec<(usize, Header)> = calls
+        .iter()
+        .enumerate()
+        .filter_map(|(r, h)| h.map(|h| (r, h)))
+        .collect();
+    for (i, (a, ha)) in known.iter().enumerate() {
+        for (b, hb) in &known[i + 1..] {
+            if ha.seq == hb.seq && ha != hb {
+                return Some(format!(
+                    "rank {a} is in {} and rank {b} in {}",
+                    ha.describe(),
+                    hb.describe()
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// The monitor's own stream and pinned words, for writing and reading the flag area.
