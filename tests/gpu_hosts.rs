@@ -153,9 +153,34 @@ fn assert_paths(comm: &Communicator, rank: usize, n: usize, want_remote: &str) {
     }
 }
 
-/// Every algorithm of every collective (three type/operator pairs, in and out of place, one
-/// piece and several), then every collective × type × operator under the tuner's choice.
+/// The type × operator pairs a collective is checked with: every one of them with
+/// `STRATA_GPU_FULL_MATRIX=1` (`scripts/gpu-matrix.sh`), else three that cover float, integer
+/// and 16-bit arithmetic and the sum, max and avg paths.
+fn pairs(collective: Collective, full: bool) -> Vec<(DataType, ReduceOp)> {
+    if !full {
+        return vec![
+            (DataType::Float32, ReduceOp::Sum),
+            (DataType::Int64, ReduceOp::Max),
+            (DataType::Bfloat16, ReduceOp::Avg),
+        ];
+    }
+    let mut out = Vec::new();
+    for dtype in DataType::ALL {
+        if collective.reduces() {
+            out.extend(ReduceOp::BASIC.iter().map(|&op| (dtype, op)));
+            out.push((dtype, ReduceOp::PreMulSum(check::premul_scalar(dtype, 0))));
+        } else {
+            out.push((dtype, ReduceOp::Sum));
+        }
+    }
+    out
+}
+
+/// Every algorithm of every collective with [`pairs`], in and out of place, at one piece and
+/// several; then (unless the full matrix ran already) every collective × type × operator
+/// under the tuner's choice. Returns how many calls ran.
 fn device_matrix(comm: &Communicator, rank: usize, n: usize) -> usize {
+    let full = std::env::var("STRATA_GPU_FULL_MATRIX").is_ok_and(|v| v == "1");
     let device = local_device();
     let stream = Stream::new(device).unwrap();
     let mut failures = Vec::new();
@@ -174,13 +199,9 @@ fn device_matrix(comm: &Communicator, rank: usize, n: usize) -> usize {
                 continue;
             }
             comm.set_algorithm(collective, Some(algorithm)).unwrap();
-            for (dtype, op) in [
-                (DataType::Float32, ReduceOp::Sum),
-                (DataType::Int64, ReduceOp::Max),
-                (DataType::Bfloat16, ReduceOp::Avg),
-            ] {
+            for (dtype, op) in pairs(collective, full) {
                 for in_place in [false, true] {
-                    for count in [3usize, 40_001] {
+                    for count in [3usize, 20_001] {
                         let spec = CallSpec {
                             op,
                             root: 1 % n,
@@ -195,27 +216,18 @@ fn device_matrix(comm: &Communicator, rank: usize, n: usize) -> usize {
             }
         }
         comm.set_algorithm(collective, None).unwrap();
-        for dtype in DataType::ALL {
-            let ops: Vec<ReduceOp> = if collective.reduces() {
-                let mut v = ReduceOp::BASIC.to_vec();
-                v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
-                v
-            } else {
-                vec![ReduceOp::Sum]
-            };
-            for op in ops {
-                for in_place in [false, true] {
-                    let spec = CallSpec {
-                        op,
-                        root: n - 1,
-                        ..CallSpec::new(collective, dtype, 1031)
-                    };
-                    one(
-                        spec,
-                        in_place,
-                        format!("{collective} {dtype} {op} in_place {in_place}"),
-                    );
-                }
+        if full {
+            continue;
+        }
+        for (dtype, op) in pairs(collective, true) {
+            for in_place in [false, true] {
+                let spec = CallSpec {
+                    op,
+                    root: n - 1,
+                    ..CallSpec::new(collective, dtype, 1031)
+                };
+                let what = format!("{collective} {dtype} {op} in_place {in_place}");
+                one(spec, in_place, what);
             }
         }
     }
@@ -359,7 +371,12 @@ fn every_collective_algorithm_type_and_operator_on_2_hosts_of_2_gpus_over_ipc_an
     }
     let name =
         "every_collective_algorithm_type_and_operator_on_2_hosts_of_2_gpus_over_ipc_and_gpudirect";
-    let Some(ranks) = run_on_hosts(name, &[("STRATA_GPU_PATH", "stream")]) else {
+    let full = std::env::var("STRATA_GPU_FULL_MATRIX").unwrap_or_default();
+    let env = [
+        ("STRATA_GPU_PATH", "stream"),
+        ("STRATA_GPU_FULL_MATRIX", &full),
+    ];
+    let Some(ranks) = run_on_hosts(name, &env) else {
         return;
     };
     assert_all_ok(&ranks);

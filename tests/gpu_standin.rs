@@ -526,9 +526,32 @@ fn the_standin_counts_what_crosses_host_memory_and_who_waits() {
     );
 }
 
-/// Every algorithm of every collective on device buffers, for two types and operators, in and
+/// The type × operator pairs each algorithm is checked with: every one with
+/// `STRATA_GPU_FULL_MATRIX=1` (`scripts/gpu-matrix.sh`), else three that cover float, integer
+/// and 16-bit arithmetic and the sum, max and avg paths.
+fn algorithm_pairs(collective: Collective) -> Vec<(DataType, ReduceOp)> {
+    if !std::env::var("STRATA_GPU_FULL_MATRIX").is_ok_and(|v| v == "1") {
+        return vec![
+            (DataType::Float32, ReduceOp::Sum),
+            (DataType::Int64, ReduceOp::Max),
+            (DataType::Bfloat16, ReduceOp::Avg),
+        ];
+    }
+    let mut out = Vec::new();
+    for dtype in DataType::ALL {
+        if collective.reduces() {
+            out.extend(ReduceOp::BASIC.iter().map(|&op| (dtype, op)));
+            out.push((dtype, ReduceOp::PreMulSum(check::premul_scalar(dtype, 0))));
+        } else {
+            out.push((dtype, ReduceOp::Sum));
+        }
+    }
+    out
+}
+
+/// Every algorithm of every collective on device buffers, with [`algorithm_pairs`], in and
 /// out of place, at a size of one piece and one of several (the body of the stream-program
-/// test, beside the full type × operator matrix).
+/// test, beside the type × operator matrix under the tuner's choice).
 fn device_algorithms(comm: &Communicator, rank: usize, n: usize) {
     let device = device_of(rank);
     let stream = Stream::new(device).unwrap();
@@ -540,11 +563,7 @@ fn device_algorithms(comm: &Communicator, rank: usize, n: usize) {
                 continue;
             }
             comm.set_algorithm(collective, Some(algorithm)).unwrap();
-            for (dtype, op) in [
-                (DataType::Float32, ReduceOp::Sum),
-                (DataType::Int64, ReduceOp::Max),
-                (DataType::Bfloat16, ReduceOp::Avg),
-            ] {
+            for (dtype, op) in algorithm_pairs(collective) {
                 for in_place in [false, true] {
                     for count in [3usize, 70_001] {
                         let spec = CallSpec {
@@ -853,4 +872,50 @@ fn mismatched_calls_on_device_buffers_are_named_not_just_timed_out() {
     for line in ranks[0].1.lines().filter(|l| l.contains("MISMATCH")) {
         println!("rank 0: {line}");
     }
+}
+
+#[test]
+fn a_one_rank_communicator_runs_device_calls_on_the_gpu_not_through_host_memory() {
+    if let Some((comm, rank, n)) = worker() {
+        let device = device_of(rank);
+        comm.bind_device(device).unwrap();
+        assert!(comm.uses_gpu_ipc(), "one rank fell back to staging");
+        device_matrix(&comm, rank, n);
+        let stream = Stream::new(device).unwrap();
+        let count = 1 << 20;
+        let send = DeviceBuffer::alloc(device, count * 4).unwrap();
+        let recv = DeviceBuffer::alloc(device, count * 4).unwrap();
+        send.upload(&f32s(&vec![2.5; count]), &stream).unwrap();
+        let before = gpu::standin_stats().unwrap();
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, count);
+        comm.call_device(spec, Some(&send), &recv, &stream).unwrap();
+        let during = counted_since(&before, &stream);
+        assert_eq!(during.host_bytes(), 0, "{during:?}");
+        let mut out = vec![0u8; count * 4];
+        recv.download(&mut out, &stream).unwrap();
+        assert!(out == f32s(&vec![2.5; count]), "wrong copy");
+        println!("ONE_RANK {during:?}");
+        return;
+    }
+    let name = "a_one_rank_communicator_runs_device_calls_on_the_gpu_not_through_host_memory";
+    if std::env::var_os("STRATA_GPU_TESTS_REAL").is_some() {
+        eprintln!(
+            "SKIPPED {name}: it reads the CUDA stand-in's counters, which a real driver does not keep"
+        );
+        return;
+    }
+    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
+        eprintln!(
+            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
+        );
+        return;
+    }
+    let ranks = spawn(
+        name,
+        1,
+        &[("STRATA_GPU_CHUNK", "64K")],
+        Duration::from_secs(120),
+    );
+    assert_all_ok(&ranks);
+    assert!(ranks[0].1.contains("ONE_RANK"), "{ranks:?}");
 }

@@ -73,7 +73,7 @@ impl Communicator {
         // the queue.
         let path = GpuPath::from_env()?;
         let started = StreamQueue::start(Arc::downgrade(&self.inner), device)?;
-        if path != GpuPath::Staged && self.size() > 1 {
+        if path != GpuPath::Staged {
             match program::Programs::build(self, device, queue::chunk_bytes())? {
                 Ok(programs) => started.set_programs(programs),
                 Err(why) if path == GpuPath::Stream => {
