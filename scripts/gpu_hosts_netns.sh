@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 # shellcheck source=scripts/netns-lib.sh
 source scripts/netns-lib.sh
-SW=st-hsw
+SW=st-dsw
 WORK=$(mktemp -d)
 if [ "$(id -u)" != 0 ]; then
     echo "gpu_hosts_netns.sh: needs root (network namespaces)" >&2
@@ -40,7 +40,7 @@ if [ -z "$NVRTC" ]; then
     exit 1
 fi
 cleanup() {
-    for h in 0 1; do ip netns del "st-h$h" 2>/dev/null || true; done
+    for h in 0 1; do ip netns del "st-d$h" 2>/dev/null || true; done
     ip netns del "$SW" 2>/dev/null || true
     rm -rf "$WORK"
 }
@@ -59,9 +59,9 @@ ip netns add "$SW"
 ip -n "$SW" link add br0 type bridge
 ip -n "$SW" link set br0 up
 for h in 0 1; do
-    add_host "st-h$h" "st-he$h" "st-hp$h" "$SW" br0 "198.18.7.$((h + 1))/24"
+    add_host "st-d$h" "st-de$h" "st-dp$h" "$SW" br0 "198.18.7.$((h + 1))/24"
     for l in 0 1; do
-        ip -n "st-h$h" addr add "198.18.7.$((101 + 2 * h + l))/24" dev eth0
+        ip -n "st-d$h" addr add "198.18.7.$((101 + 2 * h + l))/24" dev eth0
     done
 done
 
@@ -70,7 +70,7 @@ for path in $PATHS; do
     PORT=$((PORT + 2))
     pids=()
     for r in 0 1 2 3; do
-        ip netns exec "st-h$((r / 2))" timeout 300 env RANK="$r" WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) \
+        ip netns exec "st-d$((r / 2))" timeout 300 env RANK="$r" WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) \
             MASTER_ADDR=198.18.7.1 MASTER_PORT="$PORT" STRATA_SOCKET_IFNAME=eth0 \
             STRATA_TRANSPORT=verbs STRATA_IBV_STANDIN_LINK=roce \
             STRATA_IBV_STANDIN_ADDR="198.18.7.$((101 + r))" STRATA_STANDIN_GPUS=2 \
