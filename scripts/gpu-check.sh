@@ -6,6 +6,11 @@
 # one C program (benches/gpu_allreduce.c) run against each library, interleaved over three
 # rounds, medians reported; on 1 GPU and on every GPU of the machine.
 #
+# GPUDirect RDMA needs two such machines with RDMA NICs (nvidia-peermem or dma-buf support):
+# run collbench --device cuda under your launcher across them (STRATA_TRANSPORT=verbs; the
+# header line and "Device paths of rank 0" say which peers take gdr). On one machine, the
+# same protocol runs on the stand-ins: sudo scripts/gpu_hosts_netns.sh (logic-level).
+#
 #   scripts/gpu-check.sh [MAX_BYTES]      (default 1 GiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
