@@ -413,8 +413,17 @@ fn a_64_mib_all_reduce_across_hosts_moves_nothing_through_host_memory() {
         return;
     }
     let name = "a_64_mib_all_reduce_across_hosts_moves_nothing_through_host_memory";
-    for extra in [[("NCCL_NET_GDR_READ", "1")], [("NCCL_NET_GDR_READ", "0")]] {
-        let Some(ranks) = run_on_hosts(name, &extra) else {
+    let configs: [&[(&str, &str)]; 3] = [
+        &[("NCCL_NET_GDR_READ", "1")],
+        &[("NCCL_NET_GDR_READ", "0")],
+        // GPU memory registered by its device address, as with nvidia-peermem loaded.
+        &[
+            ("STRATA_GDR_REGISTRATION", "peermem"),
+            ("STRATA_IBV_STANDIN_PEERMEM", "1"),
+        ],
+    ];
+    for extra in configs {
+        let Some(ranks) = run_on_hosts(name, extra) else {
             return;
         };
         assert_all_ok(&ranks);
@@ -550,4 +559,40 @@ fn a_timeout_across_hosts_names_the_rank_that_never_called_or_the_host_to_ask() 
             "a rank repeated in the chain: {line}"
         );
     }
+}
+
+#[test]
+fn gpu_memory_the_nic_cannot_register_is_refused_at_bind_with_the_reason() {
+    if let Some(w) = worker() {
+        let e = w
+            .comm
+            .bind_device(local_device())
+            .expect_err("bound without a way to register GPU memory");
+        let text = e.to_string();
+        assert!(
+            text.contains("ibv_reg_mr, nvidia-peermem") && text.contains("Bad address"),
+            "rank {}: {text}",
+            w.rank
+        );
+        println!("REFUSED {text}");
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let name = "gpu_memory_the_nic_cannot_register_is_refused_at_bind_with_the_reason";
+    // ibv_reg_mr on a device address without nvidia-peermem: the stand-in refuses it (EFAULT)
+    // as the kernel does.
+    let env = [
+        ("STRATA_GPU_PATH", "stream"),
+        ("STRATA_GDR_REGISTRATION", "peermem"),
+    ];
+    let Some(ranks) = run_on_hosts(name, &env) else {
+        return;
+    };
+    assert_all_ok(&ranks);
+    assert!(
+        ranks.iter().all(|(_, out)| out.contains("REFUSED")),
+        "{ranks:?}"
+    );
 }

@@ -82,6 +82,42 @@ fn gdr_allowed(
     Ok(())
 }
 
+/// How GPU memory is registered with the NIC (`STRATA_GDR_REGISTRATION`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Registration {
+    /// A dma-buf (`cuMemGetHandleForAddressRange`, `ibv_reg_dmabuf_mr`), else `ibv_reg_mr` on
+    /// the device address where `nvidia-peermem` is loaded.
+    Auto,
+    /// Only a dma-buf.
+    Dmabuf,
+    /// Only `ibv_reg_mr` on the device address (the operator vouches for `nvidia-peermem`).
+    Peermem,
+}
+
+impl Registration {
+    fn from_env() -> Result<Self> {
+        match std::env::var("STRATA_GDR_REGISTRATION")
+            .as_deref()
+            .map(str::trim)
+        {
+            Err(_) | Ok("") | Ok("auto") => Ok(Self::Auto),
+            Ok("dmabuf") => Ok(Self::Dmabuf),
+            Ok("peermem") => Ok(Self::Peermem),
+            Ok(other) => Err(Error::InvalidArgument(format!(
+                "STRATA_GDR_REGISTRATION={other}: expected auto, dmabuf or peermem"
+            ))),
+        }
+    }
+}
+
+/// Whether the kernel module that lets a NIC register GPU memory by its device address is
+/// loaded (`nvidia_peermem`, or the older `nv_peer_mem`).
+fn peermem_loaded() -> bool {
+    ["/sys/module/nvidia_peermem", "/sys/module/nv_peer_mem"]
+        .iter()
+        .any(|m| std::path::Path::new(m).exists())
+}
+
 /// NCCL's path types between two PCI functions from their sysfs paths: 1 (PIX) behind one
 /// switch, 2 (PXB) across switches under one root port, 3 (PHB) under one host bridge, 4 (SYS)
 /// otherwise.
@@ -275,15 +311,38 @@ impl Net {
         .map_err(Error::Unsupported)?;
         let fabric: Arc<dyn rdma::Fabric> = verbs.clone();
         let (p, k, sb) = (layout.p, layout.slots.count, layout.slots.bytes);
+        let how = Registration::from_env()?;
         let register_device = |buf: &DeviceBuffer| -> Result<Region> {
-            let fd = buf.export_dmabuf()?;
             let len = buf.len().next_multiple_of(4096);
-            use std::os::fd::AsRawFd;
-            verbs
-                .register_dmabuf(fd.as_raw_fd(), 0, len, buf.ptr())
-                .map_err(|e| {
-                    Error::io(format!("registering GPU memory with {}", verbs.device()), e)
+            let dmabuf = || -> Result<Region> {
+                let fd = buf.export_dmabuf()?;
+                use std::os::fd::AsRawFd;
+                verbs
+                    .register_dmabuf(fd.as_raw_fd(), 0, len, buf.ptr())
+                    .map_err(|e| Error::io(format!("{} (dma-buf)", verbs.device()), e))
+            };
+            // ibv_reg_mr on the device address: nvidia-peermem pins the GPU pages.
+            let peermem = || -> Result<Region> {
+                verbs.register(buf.ptr() as *mut u8, len).map_err(|e| {
+                    Error::io(
+                        format!("{} (ibv_reg_mr, nvidia-peermem)", verbs.device()),
+                        e,
+                    )
                 })
+            };
+            match how {
+                Registration::Dmabuf => dmabuf(),
+                Registration::Peermem => peermem(),
+                Registration::Auto => dmabuf().or_else(|e| {
+                    if peermem_loaded() {
+                        peermem()
+                    } else {
+                        Err(Error::Unsupported(format!(
+                            "registering GPU memory: {e}; and nvidia-peermem is not loaded"
+                        )))
+                    }
+                }),
+            }
         };
         let own_region = register_device(own)?;
         let mut registrations = vec![(fabric.clone(), own_region)];

@@ -185,6 +185,19 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: c_i
     }))
 }
 
+/// The stand-in's devices sit on no PCI bus: `CUDA_ERROR_NOT_SUPPORTED`, so what looks GPUs
+/// up in sysfs (the NIC nearest a GPU, GPUDirect's distance rule) finds nothing, as on a
+/// machine that hides its PCI topology.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(id: *mut c_char, len: c_int, dev: c_int) -> i32 {
+    status(ready().and_then(|_| {
+        if dev < 0 || dev >= device_count() || id.is_null() || len <= 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        Err(801)
+    }))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut usize, dev: c_int) -> i32 {
     status(ready().and_then(|_| {

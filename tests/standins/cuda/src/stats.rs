@@ -46,3 +46,28 @@ pub unsafe extern "C" fn strataStandinStats(out: *mut u64, n: c_uint) -> c_uint 
     }
     COUNTERS as c_uint
 }
+
+/// Where the driver keeps `len` bytes of this process's device memory at `ptr` (its own
+/// read-write view), or null if that range is not device memory allocated here. Stand-in
+/// only: what the `nvidia-peermem` kernel module does for a NIC (pin the GPU pages behind a
+/// device virtual address), which the verbs stand-in calls when it emulates that module.
+#[unsafe(no_mangle)]
+pub extern "C" fn strataStandinDeviceAlias(ptr: u64, len: usize) -> *mut u8 {
+    let t = crate::memory::table();
+    match t.find(ptr, len.max(1)) {
+        Some((
+            start,
+            crate::memory::Alloc {
+                kind:
+                    crate::memory::Kind::Device {
+                        alias, ipc: false, ..
+                    },
+                ..
+            },
+        )) => {
+            // SAFETY: within the allocation (checked by `find`).
+            unsafe { alias.add((ptr - start) as usize) }
+        }
+        _ => std::ptr::null_mut(),
+    }
+}

@@ -25,7 +25,9 @@
 //! Configuration: `STRATA_IBV_STANDIN_DEVICES` (comma-separated device names, default
 //! `standin_ib0`), `STRATA_IBV_STANDIN_LINK` (`ib`, the default, or `roce`),
 //! `STRATA_IBV_STANDIN_ADDR` (RoCE only: each device's IPv4 address, comma-separated, which
-//! its GID carries and peers reach across network namespaces; see `wire`), and
+//! its GID carries and peers reach across network namespaces; see `wire`),
+//! `STRATA_IBV_STANDIN_PEERMEM=1` (`ibv_reg_mr` takes GPU memory of the CUDA stand-in by its
+//! device address, as with `nvidia-peermem` loaded; else that fails with `EFAULT`), and
 //! `STRATA_IBV_STANDIN_FAULT` to inject a fault into this process's NIC: `rkey:N` corrupts the
 //! remote key of its Nth RDMA write, `drop:N` stops its NIC transmitting from the Nth write on
 //! (a pulled cable: the initiator sees the retry count exceeded), `qperr:N` puts the QP of its
@@ -385,6 +387,35 @@ fn register(pd: *mut ibv_pd, iova: u64, len: usize, host: usize, access: c_int) 
     }))
 }
 
+/// The CUDA driver stand-in's view of a device range, if that stand-in is loaded.
+type DeviceAlias = unsafe extern "C" fn(u64, usize) -> *mut u8;
+
+fn device_alias() -> Option<DeviceAlias> {
+    static F: OnceLock<DeviceAlias> = OnceLock::new();
+    if let Some(f) = F.get() {
+        return Some(*f);
+    }
+    // The driver is loaded with its symbols local to it: look it up by name, without loading
+    // it (a process without it has no GPU memory to register).
+    // SAFETY: RTLD_NOLOAD only finds an already loaded library; the handle stays valid while
+    // it is loaded, which a driver is for the life of the process.
+    let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if lib.is_null() {
+        return None;
+    }
+    // SAFETY: a symbol of the loaded library.
+    let f = unsafe { libc::dlsym(lib, c"strataStandinDeviceAlias".as_ptr()) };
+    if f.is_null() {
+        return None;
+    }
+    // SAFETY: the CUDA stand-in exports it with this signature.
+    let f = unsafe { std::mem::transmute::<*mut c_void, DeviceAlias>(f) };
+    Some(*F.get_or_init(|| f))
+}
+
+/// Registers host memory, or, as with `nvidia-peermem` loaded, GPU memory by its device
+/// virtual address. GPU memory without that module (`STRATA_IBV_STANDIN_PEERMEM=1` emulates
+/// it) fails with `EFAULT`, as the kernel cannot pin pages it does not know.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_reg_mr(
     pd: *mut ibv_pd,
@@ -392,7 +423,16 @@ pub unsafe extern "C" fn ibv_reg_mr(
     len: usize,
     access: c_int,
 ) -> *mut ibv_mr {
-    register(pd, addr as u64, len, addr as usize, access)
+    // SAFETY: the CUDA stand-in's lookup only reads its allocation table.
+    let alias = device_alias().map_or(std::ptr::null_mut(), |f| unsafe { f(addr as u64, len) });
+    if alias.is_null() {
+        return register(pd, addr as u64, len, addr as usize, access);
+    }
+    if std::env::var("STRATA_IBV_STANDIN_PEERMEM").is_ok_and(|v| v == "1") {
+        return register(pd, addr as u64, len, alias as usize, access);
+    }
+    set_errno(libc::EFAULT);
+    std::ptr::null_mut()
 }
 
 /// Registers `len` bytes at `offset` of a dma-buf (here: any mappable descriptor, such as a
