@@ -387,6 +387,13 @@ fn every_collective_algorithm_type_and_operator_on_2_hosts_of_2_gpus_over_ipc_an
     for line in ranks[0].1.lines().filter(|l| l.contains("MATRIX")) {
         println!("rank 0: {line}");
     }
+    // Ranks that finish and drop the communicator one after another raise no error.
+    for (r, (_, out)) in ranks.iter().enumerate() {
+        assert!(
+            !out.contains("ERROR") && !out.contains("WARN"),
+            "rank {r} logged a fault in a healthy run:\n{out}"
+        );
+    }
 }
 
 #[test]

@@ -41,6 +41,8 @@ use std::time::{Duration, Instant};
 const IMM_CREDIT: u32 = 1 << 31;
 /// Bytes of the record each pair exchanges at bind.
 const RECORD: usize = 1024;
+/// How long a communicator going away waits for its peers' last credits.
+const DRAIN: Duration = Duration::from_secs(1);
 
 /// Whether GPUDirect RDMA may be used, from `NCCL_NET_GDR_LEVEL` (as NCCL spells it: `LOC`,
 /// `PIX`, `PXB`, `PHB`, `SYS`, or NCCL's old integers 0 to 4; `LOC` or 0 turns it off) and the distance between
@@ -549,23 +551,7 @@ impl Proxy {
         let mut idle_since = Instant::now();
         let mut completions = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
-            let mut moved = false;
-            for i in 0..self.remotes.len() {
-                match self.step(i, &mut completions) {
-                    Ok(m) => moved |= m,
-                    Err(e) => {
-                        let r = &mut self.remotes[i];
-                        r.broken = true;
-                        let e = peer_failed(
-                            &self.peers[r.rank],
-                            format!("a GPUDirect RDMA transfer with it failed: {e}"),
-                        );
-                        if self.health.record_fault(&e) {
-                            tracing::error!("{e}");
-                        }
-                    }
-                }
-            }
+            let moved = self.pass(&mut completions, true);
             if moved {
                 idle_since = Instant::now();
                 continue;
@@ -578,6 +564,52 @@ impl Proxy {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
+        // The communicator is going away. Return the credits owed and wait (briefly) for the
+        // peers' credits and completions, so that no write of either side meets a queue pair
+        // already gone and a healthy job ends without a fault on its peers.
+        let deadline = Instant::now() + DRAIN;
+        while Instant::now() < deadline && !self.drained() {
+            if !self.pass(&mut completions, false) {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    /// One pass over every remote peer; whether anything moved. A failure is recorded as the
+    /// communicator's fault when `report` (not while draining: a peer may be gone already).
+    fn pass(&mut self, completions: &mut Vec<Completion>, report: bool) -> bool {
+        let mut moved = false;
+        for i in 0..self.remotes.len() {
+            match self.step(i, completions) {
+                Ok(m) => moved |= m,
+                Err(e) => {
+                    let r = &mut self.remotes[i];
+                    r.broken = true;
+                    if !report {
+                        continue;
+                    }
+                    let e = peer_failed(
+                        &self.peers[r.rank],
+                        format!("a GPUDirect RDMA transfer with it failed: {e}"),
+                    );
+                    if self.health.record_fault(&e) {
+                        tracing::error!("{e}");
+                    }
+                }
+            }
+        }
+        moved
+    }
+
+    /// Whether nothing is owed or outstanding with any peer still reachable.
+    fn drained(&self) -> bool {
+        let words = &self.words;
+        self.remotes.iter().all(|r| {
+            r.broken
+                || (r.in_flight == 0
+                    && r.credits == r.posted
+                    && r.credited == words.word(words.p + r.rank).load(Ordering::Acquire))
+        })
     }
 
     /// One pass over remote peer `i`: posts the pieces the stream made ready and the credits
