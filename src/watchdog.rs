@@ -376,6 +376,7 @@ impl Runner {
             self.s.cfg.trace_dir.as_deref(),
             &self.s.comm_id,
             me,
+            &self.s.peers[0],
             &self.s.health,
         );
     }

@@ -522,6 +522,24 @@ fn a_rank_that_skips_a_collective_is_named_with_what_it_does() {
         .collect();
     files.sort();
     assert_eq!(files.len(), 4, "{files:?}");
+    // Named by the job (rank 0's process), so a rerun on the same address keeps these.
+    let job = files[0]
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.split("-job").nth(1))
+        .and_then(|n| n.split("-rank").next())
+        .unwrap_or_else(|| panic!("no job in {files:?}"))
+        .to_string();
+    let rank0: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&files[0]).unwrap()).unwrap();
+    assert_eq!(rank0["pid"].to_string(), job, "the job is rank 0's process");
+    for (r, f) in files.iter().enumerate() {
+        let name = f.file_name().unwrap().to_str().unwrap();
+        assert!(
+            name.ends_with(&format!("-job{job}-rank{r}.json")),
+            "{files:?}"
+        );
+    }
     for f in &files {
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
         let ops = v["operations"].as_array().unwrap();

@@ -505,6 +505,7 @@ impl Communicator {
             inner.cfg.trace_dir.as_deref(),
             &inner.comm_id,
             &inner.peers[inner.rank],
+            &inner.peers[0],
             &inner.health,
         );
         let blamed = executor::blamed(e);

@@ -108,15 +108,17 @@ impl Health {
 }
 
 /// After a fault, writes this rank's flight record as JSON into `dir` (`STRATA_TRACE_DIR`;
-/// nothing when unset) and logs where, or why it could not.
+/// nothing when unset) and logs where, or why it could not. `root` is rank 0, whose process
+/// names the job in the file name (see [`trace_file_name`]).
 pub(crate) fn dump_trace(
     dir: Option<&std::path::Path>,
     comm_id: &str,
     me: &PeerInfo,
+    root: &PeerInfo,
     health: &Health,
 ) {
     let Some(dir) = dir else { return };
-    match write_trace(dir, comm_id, me, health) {
+    match write_trace(dir, comm_id, me, root, health) {
         Ok(path) => tracing::info!(
             rank = me.rank,
             "flight record written to {}",
@@ -126,11 +128,20 @@ pub(crate) fn dump_trace(
     }
 }
 
+/// `strata-<comm>-job<pid of rank 0>-rank<r>.json`: the communicator's id alone repeats when
+/// a job is rerun on the same rendezvous address (its secret then derives from the address),
+/// and the rerun would overwrite the last job's traces; rank 0's process id, which every rank
+/// knows, tells the runs apart and keeps one job's files together.
+pub(crate) fn trace_file_name(comm_id: &str, root_pid: u32, rank: usize) -> String {
+    format!("strata-{comm_id}-job{root_pid}-rank{rank}.json")
+}
+
 /// Writes the JSON file and returns its path.
 fn write_trace(
     dir: &std::path::Path,
     comm_id: &str,
     me: &PeerInfo,
+    root: &PeerInfo,
     health: &Health,
 ) -> std::io::Result<std::path::PathBuf> {
     #[derive(Serialize)]
@@ -155,7 +166,7 @@ fn write_trace(
         operations: health.flight_records(),
     };
     std::fs::create_dir_all(dir)?;
-    let path = dir.join(format!("strata-{comm_id}-rank{}.json", me.rank));
+    let path = dir.join(trace_file_name(comm_id, root.pid, me.rank));
     let body = serde_json::to_vec_pretty(&trace).map_err(std::io::Error::other)?;
     std::fs::write(&path, body)?;
     Ok(path)
