@@ -1,5 +1,6 @@
 //! collbench as a launcher: when one of its ranks is stopped (SIGSTOP), the survivors name it
-//! and the launcher ends the stopped rank and exits, instead of waiting on it. And collbench
+//! and the launcher ends the stopped rank and exits, instead of waiting on it; when the
+//! launcher itself is killed, its ranks die with it. And collbench
 //! on device buffers (the CUDA driver stand-in): it says which path each peer takes and what
 //! one call moved through host memory.
 
@@ -81,9 +82,52 @@ fn a_stopped_rank_ends_the_launcher_soon_after_the_survivors_name_it() {
     // allows the others 1 s. It used to wait 10 s more for the stopped rank.
     assert!(took < Duration::from_secs(7), "took {took:?}:\n{stderr}");
     // And the stopped rank is gone, not left behind.
-    let alive =
-        std::fs::read_to_string(format!("/proc/{victim}/stat")).is_ok_and(|s| !s.contains(") Z "));
-    assert!(!alive, "the stopped rank {victim} is still there");
+    assert!(!alive(victim), "the stopped rank {victim} is still there");
+}
+
+/// Whether `pid` is still a process (not gone, not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+#[test]
+fn ranks_die_with_a_killed_launcher_instead_of_running_on() {
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args([
+            "--np", "3", "-b", "1M", "-e", "1M", "-n", "1000000", "-w", "1",
+        ])
+        .env("STRATA_SOCKET_IFNAME", "=lo")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let ranks = loop {
+        let ranks = children_of(launcher.id());
+        if ranks.len() == 3 || t.elapsed() > Duration::from_secs(30) {
+            break ranks;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(ranks.len(), 3, "collbench did not start 3 ranks");
+    std::thread::sleep(Duration::from_millis(500));
+    // As a job scheduler's SIGKILL or an OOM kill would: the launcher has no chance to clean up.
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let killed_at = Instant::now();
+    while ranks.iter().any(|&r| alive(r)) && killed_at.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<i32> = ranks.iter().copied().filter(|&r| alive(r)).collect();
+    for &pid in &left {
+        // SAFETY: ranks this test's launcher started; cleaning up before failing.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(
+        left.is_empty(),
+        "ranks {left:?} ran on after the launcher was killed"
+    );
+    println!("ranks gone {:?} after the launcher", killed_at.elapsed());
 }
 
 #[test]

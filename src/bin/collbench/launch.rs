@@ -1,6 +1,7 @@
 //! Running ranks: spawning them on this host, ending them, and a spawned rank's start.
 
 use super::*;
+use std::os::unix::process::CommandExt;
 
 /// Spawns `np` ranks of this program on this host (over loopback unless told otherwise).
 pub(super) fn spawn_main(args: &Args) -> ExitCode {
@@ -32,13 +33,18 @@ pub(super) fn spawn_main(args: &Args) -> ExitCode {
         .then(allowed_cores)
         .filter(|cores| !cores.is_empty());
     let mut children: Vec<Child> = Vec::new();
+    // SAFETY: getpid has no preconditions.
+    let launcher = unsafe { libc::getpid() };
     for rank in 0..args.np {
-        let child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        command
             .args(&passthrough)
             .env(ENV_ID, id.to_hex())
             .env(ENV_RANK, rank.to_string())
-            .env(ENV_NRANKS, args.np.to_string())
-            .spawn();
+            .env(ENV_NRANKS, args.np.to_string());
+        // SAFETY: between fork and exec the child only makes two system calls.
+        unsafe { command.pre_exec(move || die_with(launcher)) };
+        let child = command.spawn();
         match child {
             Ok(c) => {
                 if let Some(core) = cores.as_ref().map(|cores| cores[rank % cores.len()]) {
@@ -89,6 +95,22 @@ pub(super) fn spawn_main(args: &Args) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// In a spawned rank before exec: the kernel kills it when the launcher's thread that spawned
+/// it ends (a killed launcher, too), so no rank runs on without a deadline after its launcher
+/// is gone; if the launcher is gone already, the rank does not start.
+fn die_with(launcher: libc::pid_t) -> std::io::Result<()> {
+    // SAFETY: plain system calls with constant arguments.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() != launcher {
+            return Err(std::io::Error::other("the launcher is gone"));
+        }
+    }
+    Ok(())
 }
 
 /// The cores this process may run on.
