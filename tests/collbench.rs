@@ -166,3 +166,72 @@ fn on_device_buffers_it_names_each_peers_path_and_the_host_bytes_per_call() {
         .collect();
     assert_eq!(counted, vec![(65536, 131072), (262144, 524288)], "{text}");
 }
+
+#[test]
+fn a_full_dev_shm_fails_with_a_clear_error_not_sigbus() {
+    let name = "a_full_dev_shm_fails_with_a_clear_error_not_sigbus";
+    // SAFETY: a plain query.
+    if unsafe { libc::geteuid() } != 0 || Command::new("unshare").arg("--version").output().is_err()
+    {
+        println!("SKIPPED {name}: needs root and unshare (a private mount of a tiny /dev/shm)");
+        return;
+    }
+    // A 256 KiB /dev/shm, private to this run: a 1 MiB ring segment cannot fit.
+    let script = format!(
+        "mount -t tmpfs -o size=256k tmpfs /dev/shm && exec timeout 60 {} --np 2 -b 1M -e 1M -n 2 -w 1",
+        env!("CARGO_BIN_EXE_collbench")
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .env("STRATA_SOCKET_IFNAME", "=lo")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "ran with no room for its segments");
+    assert!(
+        !stderr.contains("signal: 7") && !stderr.contains("SIGBUS"),
+        "a rank died of SIGBUS:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("no space in /dev/shm for a ") && stderr.contains("-byte shared-memory"),
+        "{stderr}"
+    );
+    println!(
+        "{}",
+        stderr
+            .lines()
+            .find(|l| l.contains("no space"))
+            .unwrap_or("")
+    );
+}
+
+#[test]
+fn segments_left_by_dead_ranks_are_removed_by_the_next_run() {
+    // A process that has exited: its pid names a segment nobody will unlink.
+    let mut dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let stale = std::path::PathBuf::from(format!("/dev/shm/strata-{dead_pid}-deadbeef00"));
+    let live =
+        std::path::PathBuf::from(format!("/dev/shm/strata-{}-feedface00", std::process::id()));
+    std::fs::write(&stale, [0u8; 4096]).unwrap();
+    std::fs::write(&live, [0u8; 4096]).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args(["--np", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"])
+        .env("STRATA_SOCKET_IFNAME", "=lo")
+        .output()
+        .unwrap();
+    let (stale_left, live_left) = (stale.exists(), live.exists());
+    let _ = std::fs::remove_file(&stale);
+    let _ = std::fs::remove_file(&live);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !stale_left,
+        "the dead process's segment is still in /dev/shm"
+    );
+    assert!(live_left, "a live process's segment was removed");
+}

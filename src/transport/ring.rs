@@ -431,6 +431,19 @@ unsafe impl Send for ShmMemory {}
 // SAFETY: see HeapMemory.
 unsafe impl Sync for ShmMemory {}
 
+/// Free bytes of the file system at `path` (0 if unknown).
+fn free_bytes(path: &str) -> u64 {
+    let Ok(c) = CString::new(path) else { return 0 };
+    // SAFETY: statvfs fills a plain struct for a valid C string.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return 0;
+        }
+        st.f_bavail as u64 * st.f_frsize as u64
+    }
+}
+
 impl ShmMemory {
     /// Creates and maps a new segment named `name` (must start with '/').
     pub fn create(name: &str, len: usize) -> io::Result<Self> {
@@ -461,6 +474,22 @@ impl ShmMemory {
                 if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
                     return Err(io::Error::last_os_error());
                 }
+                // Reserve the pages now: a size alone is a promise tmpfs may not keep, and
+                // the first write past a full /dev/shm would kill the process with SIGBUS.
+                // SAFETY: as above.
+                let r = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
+                if r == libc::ENOSPC {
+                    return Err(io::Error::new(
+                        io::ErrorKind::StorageFull,
+                        format!(
+                            "no space in /dev/shm for a {len}-byte shared-memory segment ({} \
+                             bytes free there): remove stale /dev/shm/strata-* files of dead \
+                             jobs, or enlarge /dev/shm",
+                            free_bytes("/dev/shm")
+                        ),
+                    ));
+                }
+                // Other failures (a file system without fallocate) leave the size as it was.
                 len
             } else {
                 // SAFETY: stat is plain data and fd is valid.

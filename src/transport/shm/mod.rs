@@ -56,6 +56,39 @@ impl Drop for Created {
     }
 }
 
+/// Removes the segments of processes that no longer exist: a rank killed between creating a
+/// segment and its peer mapping it (when the name is removed) leaves it behind, and leaks
+/// fill /dev/shm. A segment's name carries its creator's process id
+/// (`/dev/shm/strata-<pid>-<hex>`); one still used by a live process is never touched.
+/// Once per process, at its first shared-memory connection.
+pub(crate) fn reap_stale_segments() {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    let mut removed = 0;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("strata-"))
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<libc::pid_t>().ok())
+            .filter(|&pid| pid > 0)
+        else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        tracing::info!("removed {removed} shared-memory segments of dead processes from /dev/shm");
+    }
+}
+
 impl Connector for Shm {
     fn name(&self) -> &'static str {
         "shm"
@@ -70,6 +103,8 @@ impl Connector for Shm {
             slots: dial.cfg.shm_slots,
             slot_size: dial.cfg.shm_slot_size,
         };
+        static REAPED: std::sync::Once = std::sync::Once::new();
+        REAPED.call_once(reap_stale_segments);
         let name = format!("/strata-{}-{}", std::process::id(), random_hex());
         let memory = Arc::new(
             ShmMemory::create(&name, geo.segment_bytes())
