@@ -277,6 +277,10 @@ void pncclResetDebugInit(void);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 
+/* strata's own (not NCCL's; test STRATA_NCCL): the deadline of each later call on `comm`, in
+ * seconds (> 0), for this communicator alone; STRATA_TIMEOUT sets every communicator's. */
+ncclResult_t strataCommSetTimeout(ncclComm_t comm, double seconds);
+
 /* Queries. ncclCommCuDevice is ncclInvalidUsage in this host-memory build. */
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
 ncclResult_t pncclCommCount(const ncclComm_t comm, int* count);

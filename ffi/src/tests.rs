@@ -67,6 +67,31 @@ fn version_and_error_strings() {
 }
 
 #[test]
+fn strata_comm_set_timeout_sets_one_communicators_deadline_and_refuses_bad_input() {
+    let comms = init_all(2);
+    assert_eq!(strataCommSetTimeout(comms[0], 2.5), NcclResult::Success);
+    assert_eq!(comm(comms[0]).timeout(), Duration::from_secs_f64(2.5));
+    assert_ne!(
+        comm(comms[1]).timeout(),
+        Duration::from_secs_f64(2.5),
+        "only that one"
+    );
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(
+            strataCommSetTimeout(comms[0], bad),
+            NcclResult::InvalidArgument,
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        strataCommSetTimeout(null_mut(), 1.0),
+        NcclResult::InvalidArgument
+    );
+    assert_eq!(comm(comms[0]).timeout(), Duration::from_secs_f64(2.5));
+    destroy(&comms);
+}
+
+#[test]
 fn a_config_is_read_by_its_size_and_a_bad_magic_is_rejected() {
     let mut full = NcclConfig {
         blocking: 0,

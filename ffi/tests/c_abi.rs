@@ -54,6 +54,10 @@ const PYTORCH_IMPORTS: [&str; 34] = [
 /// Newer functions strata also exports: the rest of NCCL 2.30's header and device API, of which
 /// torch 2.15 imports the 2.29 and 2.30 additions (ffi/tests/pytorch.rs checks that list
 /// against the installed torch itself).
+/// strata's own functions, declared in its nccl.h under their own prefix (no NCCL program
+/// calls them, so they cannot clash).
+const STRATA_EXTENSIONS: [&str; 1] = ["strataCommSetTimeout"];
+
 const OTHERS: [&str; 20] = [
     "CommGetUniqueId",
     "CommGrow",
@@ -313,6 +317,7 @@ fn exports_are_exactly_the_nccl_api_and_the_soname_is_libnccl_so_2() {
         .iter()
         .chain(&OTHERS)
         .flat_map(|f| [format!("nccl{f}"), format!("pnccl{f}")])
+        .chain(STRATA_EXTENSIONS.iter().map(|f| f.to_string()))
         .collect();
     want.sort();
     assert_eq!(

@@ -184,6 +184,20 @@ fn a_mismatch_a_dead_rank_and_a_hung_rank_raise_errors_that_name_them() {
     assert!(text.contains("3 passed, 0 failed"), "{text}");
 }
 
+#[test]
+fn ranks_of_one_group_made_from_threads_of_one_process_do_not_wait_on_each_other() {
+    let test = "ranks_of_one_group_made_from_threads_of_one_process_do_not_wait_on_each_other";
+    let Some(python) = torch_python(test) else {
+        return;
+    };
+    let mut cmd = python_cmd(&python);
+    cmd.arg(repo().join("python/tests/check_threads.py"));
+    let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(180));
+    println!("{text}");
+    assert!(ok, "{text}");
+    assert!(text.contains("threads: 2 passed, 0 failed"), "{text}");
+}
+
 /// The `nccl*` names in an ELF file's dynamic symbol table (`nm -D`, defined or undefined).
 fn nccl_symbols(file: &Path, defined: bool) -> std::collections::BTreeSet<String> {
     let out = Command::new("nm")

@@ -119,6 +119,11 @@ class Library:
             fn.argtypes = args
             fn.restype = I
             setattr(self, name[4:], self._checked(fn, name))
+        # strata's own: one communicator's deadline, without the environment.
+        fn = self._lib.strataCommSetTimeout
+        fn.argtypes = [P, ctypes.c_double]
+        fn.restype = I
+        self._set_timeout = self._checked(fn, "strataCommSetTimeout")
 
     def last_error(self, comm=None):
         """strata's message for the last failure on ``comm`` (or on this thread)."""
@@ -155,6 +160,10 @@ class Library:
         comm = P()
         self.CommInitRank(ctypes.byref(comm), nranks, uid, rank)
         return comm.value
+
+    def set_timeout(self, comm, seconds):
+        """strataCommSetTimeout: the deadline of each later call on ``comm``, in seconds."""
+        self._set_timeout(comm, ctypes.c_double(seconds), comm=comm)
 
     def async_error(self, comm):
         """ncclCommGetAsyncError: the communicator's first fault (0 while healthy)."""

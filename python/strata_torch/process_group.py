@@ -7,7 +7,6 @@ inline or queued in issue order. Outputs that are not contiguous are staged and 
 
 import ctypes
 import itertools
-import os
 import threading
 from datetime import timedelta
 
@@ -30,7 +29,6 @@ from .work import StrataWork, Worker
 
 _LIB = None
 _LIB_LOCK = threading.Lock()
-_ENV_LOCK = threading.Lock()
 _GROUP_NUMBERS = itertools.count()
 UNIQUE_ID_KEY = "strata/unique_id"
 
@@ -85,20 +83,19 @@ class ProcessGroupStrata(dist.ProcessGroup):
             uid = store.get(UNIQUE_ID_KEY)
         if len(uid) != nccl.UNIQUE_ID_BYTES:
             raise RuntimeError(f"strata: the store holds a {len(uid)}-byte unique id, not 128")
-        # strata reads its per-operation deadline when the communicator is made: the group's
-        # timeout becomes STRATA_TIMEOUT for this init only.
-        with _ENV_LOCK:
-            before = os.environ.get("STRATA_TIMEOUT")
-            os.environ["STRATA_TIMEOUT"] = f"{max(self._timeout.total_seconds(), 0.001):g}"
-            try:
-                return self._lib.init_rank(size, uid, rank)
-            except nccl.NcclError as e:
-                raise dist.DistBackendError(f"strata: init of rank {rank}/{size}: {e}") from e
-            finally:
-                if before is None:
-                    os.environ.pop("STRATA_TIMEOUT", None)
-                else:
-                    os.environ["STRATA_TIMEOUT"] = before
+        # The group's timeout is this communicator's own deadline (strataCommSetTimeout), not
+        # the environment: ranks of several groups may be made at once from threads of one
+        # process (torchft's tests do), and none waits for another's init.
+        try:
+            comm = self._lib.init_rank(size, uid, rank)
+        except nccl.NcclError as e:
+            raise dist.DistBackendError(f"strata: init of rank {rank}/{size}: {e}") from e
+        try:
+            self._lib.set_timeout(comm, max(self._timeout.total_seconds(), 0.001))
+        except nccl.NcclError as e:
+            self._lib.CommDestroy(comm)
+            raise dist.DistBackendError(f"strata: rank {rank}/{size}: {e}") from e
+        return comm
 
     def getBackendName(self):
         return "strata"

@@ -462,3 +462,27 @@ nccl_api! {
         })
     }
 }
+
+/// `strataCommSetTimeout` (strata's own, not NCCL's): sets the deadline of each later call on
+/// `comm` to `seconds` (more than 0, at most a year), for this communicator alone, where
+/// `STRATA_TIMEOUT` sets every communicator's at init. PyTorch's backend passes a group's
+/// timeout this way, so that threads making groups at once need not share the environment.
+/// Waits for a non-blocking communicator's init to finish first.
+///
+/// # Safety
+/// None beyond the C ABI's: `comm` is checked.
+#[unsafe(no_mangle)]
+pub extern "C" fn strataCommSetTimeout(comm: NcclComm, seconds: f64) -> NcclResult {
+    guarded(|| {
+        if !(seconds > 0.0 && seconds <= 365.0 * 86_400.0) {
+            return Err(invalid(format!(
+                "timeout of {seconds} s: want more than 0 and at most a year"
+            )));
+        }
+        let h = comm_of(comm)?;
+        let c = h.wait_ready(init_limit()).map_err(|e| report(&e))?;
+        c.set_timeout(Duration::from_secs_f64(seconds))
+            .map_err(|e| report(&e))?;
+        Ok(NcclResult::Success)
+    })
+}
