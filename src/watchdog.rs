@@ -585,13 +585,25 @@ impl Runner {
                 continue;
             }
             let (peer, last) = (l.peer, l.last_report.describe());
+            let unacked = unacknowledged_for(&l.stream);
             self.links[i].closed = true;
             let silent = self.links[i].last_heard.elapsed().as_secs_f64();
+            let cause = match unacked {
+                // The peer's kernel would acknowledge our heartbeats even if the process were
+                // stopped: none came back, so the packets did not reach it.
+                Some(ack) if ack.as_secs_f64() >= silent * 0.5 => format!(
+                    " and its host has acknowledged none of this rank's packets for {:.1} s: \
+                     the network between them went silent (a partition, a dead link or a host \
+                     that is down; the process itself may still be running)",
+                    ack.as_secs_f64()
+                ),
+                _ => ": the process is stopped or hung".to_string(),
+            };
             let e = self.peer_failed(
                 peer,
                 format!(
-                    "no heartbeat for {silent:.1} s ({} missed at {} ms): the process is stopped \
-                     or hung (last seen {last})",
+                    "no heartbeat for {silent:.1} s ({} missed at {} ms){cause} (last seen \
+                     {last})",
                     self.misses,
                     self.interval.as_millis()
                 ),
@@ -611,6 +623,27 @@ impl Runner {
         fds.push(self.wake.as_raw_fd());
         crate::transport::wait_readable(&fds, wait);
     }
+}
+
+/// How long the peer's host has left this side's sent data unacknowledged, if some is
+/// outstanding (`TCP_INFO`): `None` when everything sent was acknowledged or the kernel says
+/// nothing.
+fn unacknowledged_for(stream: &TcpStream) -> Option<Duration> {
+    // SAFETY: tcp_info is plain integers; all zeros is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a live socket and a buffer of the length given.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && info.tcpi_unacked > 0)
+        .then(|| Duration::from_millis(u64::from(info.tcpi_last_ack_recv)))
 }
 
 #[cfg(test)]
