@@ -409,10 +409,28 @@ impl Runner {
         });
         match opened {
             Ok(stream) => self.add_link(target, stream),
+            // The socket could not be made here: this rank is at fault, not the target.
+            Err(e) if wire::is_out_of_descriptors(&e) => {
+                let e = self.peer_failed(
+                    self.s.rank,
+                    format!("opening its watchdog link to rank {target}: {e}"),
+                );
+                self.fault(e);
+            }
             Err(e) => {
+                // Refused: nothing listens there any more. Anything else (a handshake cut or
+                // not answered) may be a process alive but out of descriptors or stuck.
+                let refused = e
+                    .to_string()
+                    .contains(&format!("(os error {})", libc::ECONNREFUSED));
+                let cause = if refused {
+                    "nothing listens there: it has exited or destroyed its communicator"
+                } else {
+                    "it may be out of file descriptors or stuck, or it exited meanwhile"
+                };
                 let e = self.peer_failed(
                     target,
-                    format!("its listener refused the watchdog link ({e}); it has exited"),
+                    format!("its listener did not take the watchdog link ({e}); {cause}"),
                 );
                 self.fault(e);
             }

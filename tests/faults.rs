@@ -621,3 +621,60 @@ fn eight_ranks_lose_rank_3_and_the_seven_survivors_shrink_and_carry_on() {
         );
     }
 }
+
+#[test]
+fn a_rank_out_of_file_descriptors_is_named_with_that_cause() {
+    const VICTIM: usize = 2;
+    if std::env::var_os(WORKER).is_some() {
+        let var = |k: &str| std::env::var(k).unwrap();
+        let rank: usize = var("STRATA_TEST_RANK").parse().unwrap();
+        let n: usize = var("STRATA_TEST_NRANKS").parse().unwrap();
+        let id = UniqueId::from_hex(&var("STRATA_TEST_ID")).unwrap();
+        let comm = Communicator::init(&id, n, rank).unwrap();
+        if rank == VICTIM {
+            // No descriptor left for anything new: the connections the first call opens fail.
+            let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+            let lim = libc::rlimit {
+                rlim_cur: open.saturating_sub(1),
+                rlim_max: open + 4096,
+            };
+            // SAFETY: lowering this process's own soft limit.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+        }
+        let mut buf = vec![1f32; 1 << 16];
+        let r = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum);
+        let e = r.err().or_else(|| {
+            let mut again = vec![1f32; 1 << 16];
+            comm.all_reduce_in_place(&mut again, ReduceOp::Sum).err()
+        });
+        println!(
+            "RESULT rank {rank}: {}",
+            e.map_or("none".into(), |e| e.to_string())
+        );
+        // Alive a while longer, as a training process that caught the error would be.
+        std::thread::sleep(Duration::from_secs(2));
+        return;
+    }
+    let res = spawn_simple(
+        "a_rank_out_of_file_descriptors_is_named_with_that_cause",
+        4,
+        &[("STRATA_TIMEOUT", "10"), ("STRATA_TRANSPORT", "tcp")],
+    );
+    for (r, (ok, out)) in res.iter().enumerate() {
+        assert!(ok, "rank {r}: {out}");
+        let line = out
+            .lines()
+            .find(|l| l.contains("RESULT"))
+            .unwrap_or_else(|| panic!("rank {r}: {out}"));
+        println!("rank {r}: {line}");
+        // Every rank blames rank 2, the one out of descriptors, and none says it exited.
+        assert!(
+            line.contains(&format!("rank {VICTIM} (host")),
+            "rank {r}: {line}"
+        );
+        assert!(!line.contains("has exited"), "rank {r}: {line}");
+        if r == VICTIM {
+            assert!(line.contains("out of file descriptors"), "{line}");
+        }
+    }
+}

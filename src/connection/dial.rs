@@ -31,6 +31,9 @@ pub(crate) fn probe(
         ConnectKind::Probe,
     )
     .map_err(|e| {
+        if wire::is_out_of_descriptors(&e) {
+            return peer_failed(me, format!("probing rank {}: {e}", peer.rank));
+        }
         gone(format!(
             "its listener at {} cannot be reached ({e}); it has exited or destroyed its \
                  communicator",
@@ -59,6 +62,9 @@ pub(crate) fn connect(
 ) -> Result<Connection> {
     let hs = cfg.handshake_timeout;
     let unreachable = |e: Error| {
+        if wire::is_out_of_descriptors(&e) {
+            return peer_failed(me, format!("connecting to rank {}: {e}", peer.rank));
+        }
         peer_failed(
             peer,
             format!(

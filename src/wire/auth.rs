@@ -150,6 +150,11 @@ pub(crate) fn connect_authenticated(
                 }
             }
             Err(e) => {
+                // The socket could not even be made here: this process's fault, not the
+                // peer's, and no retry will help while the descriptors are held.
+                if let Some(why) = out_of_descriptors(&e) {
+                    return Err(Error::Transport(why));
+                }
                 last_err = Some(e.to_string());
                 if !retry_refused {
                     break;
@@ -189,6 +194,7 @@ pub(crate) fn accept_loop(
         return;
     }
     let pending = Arc::new(AtomicUsize::new(0));
+    let mut last_warned: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((mut s, peer)) => {
@@ -229,11 +235,57 @@ pub(crate) fn accept_loop(
                 unsafe { libc::poll(&mut pfd, 1, 100) };
             }
             Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
+                // Out of descriptors, accept fails at once for as long as they are held: say
+                // so now and then, not 20 times a second.
+                if last_warned.is_none_or(|t: Instant| t.elapsed() > Duration::from_secs(10)) {
+                    let why = out_of_descriptors(&e).unwrap_or_else(|| e.to_string());
+                    tracing::warn!("accepting a connection failed: {why}");
+                    last_warned = Some(Instant::now());
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
     }
+}
+
+/// How an error that this process ran out of file descriptors begins.
+const OUT_OF_DESCRIPTORS: &str = "this process is out of file descriptors";
+
+/// `this process is out of file descriptors (… open, RLIMIT_NOFILE …)` when `e` is EMFILE or
+/// ENFILE (the system's table), else `None`.
+pub(crate) fn out_of_descriptors(e: &std::io::Error) -> Option<String> {
+    let code = e.raw_os_error()?;
+    if code != libc::EMFILE && code != libc::ENFILE {
+        return None;
+    }
+    // Listing them takes a descriptor too, which may be the one missing.
+    let open = std::fs::read_dir("/proc/self/fd")
+        .map_or_else(|_| "all".to_string(), |d| d.count().to_string());
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    let limit = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        format!("soft limit {}", lim.rlim_cur)
+    } else {
+        "limit unknown".into()
+    };
+    let whose = if code == libc::ENFILE {
+        "the system's file table is full"
+    } else {
+        "the process limit is reached"
+    };
+    Some(format!(
+        "{OUT_OF_DESCRIPTORS} ({open} open, RLIMIT_NOFILE {limit}; {whose}): raise it with \
+         `ulimit -n`, or look for descriptors leaking"
+    ))
+}
+
+/// Whether `e` says this process ran out of file descriptors (made by
+/// [`out_of_descriptors`]): the failure is this rank's, whichever peer it was reaching.
+pub(crate) fn is_out_of_descriptors(e: &Error) -> bool {
+    matches!(e, Error::Transport(m) if m.starts_with(OUT_OF_DESCRIPTORS))
 }
 
 /// Opens an authenticated connection to `peer`'s listener for communicator `comm` and asks

@@ -14,7 +14,8 @@ mod peer;
 mod progress;
 
 pub(crate) use auth::{
-    Secret, accept_loop, connect_authenticated, deepen_backlog, open_request, random_bytes,
+    Secret, accept_loop, connect_authenticated, deepen_backlog, is_out_of_descriptors,
+    open_request, random_bytes,
 };
 pub(crate) use census::Census;
 #[cfg(test)]
