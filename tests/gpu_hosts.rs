@@ -7,8 +7,8 @@
 
 mod common;
 
+use common::netns::Hosts;
 use common::{assert_all_ok, is_worker, spawn, worker};
-use std::process::Command;
 use std::time::{Duration, Instant};
 use strata::gpu::{self, DeviceBuffer, Stream};
 use strata::{CallSpec, Collective, Communicator, DataType, DeviceTransfer, ReduceOp, check};
@@ -16,70 +16,6 @@ use strata::{CallSpec, Collective, Communicator, DataType, DeviceTransfer, Reduc
 const HOSTS: usize = 2;
 const PER_HOST: usize = 2;
 const SUBNET: &str = "198.18.6.";
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Hosts `st-g0`, `st-g1` on a bridge in `st-gsw`: host h is 198.18.6.(h+1), and rank r's NIC
-/// is 198.18.6.(101+r) on its host's interface. Removed on drop.
-struct Hosts;
-
-impl Hosts {
-    fn build() -> Result<Self, String> {
-        // SAFETY: a plain query.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("needs root for network namespaces".into());
-        }
-        if !ip(&["-V"]) {
-            return Err("needs ip (iproute2)".into());
-        }
-        Self::teardown();
-        let ok = ip(&["netns", "add", "st-gsw"])
-            && ip(&["-n", "st-gsw", "link", "add", "br0", "type", "bridge"])
-            && ip(&["-n", "st-gsw", "link", "set", "br0", "up"])
-            && (0..HOSTS).all(|h| {
-                let (ns, a, b) = (format!("st-g{h}"), format!("st-ge{h}"), format!("st-gp{h}"));
-                let host = format!("{SUBNET}{}/24", h + 1);
-                ip(&["netns", "add", &ns])
-                    && ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])
-                    && ip(&["link", "set", &a, "netns", &ns])
-                    && ip(&["link", "set", &b, "netns", "st-gsw"])
-                    && ip(&["-n", &ns, "link", "set", &a, "name", "eth0"])
-                    && ip(&["-n", &ns, "addr", "add", &host, "dev", "eth0"])
-                    && (0..PER_HOST).all(|l| {
-                        let nic = format!("{SUBNET}{}/24", 101 + h * PER_HOST + l);
-                        ip(&["-n", &ns, "addr", "add", &nic, "dev", "eth0"])
-                    })
-                    && ip(&["-n", &ns, "link", "set", "eth0", "up"])
-                    && ip(&["-n", &ns, "link", "set", "lo", "up"])
-                    && ip(&["-n", "st-gsw", "link", "set", &b, "master", "br0", "up"])
-            });
-        if !ok {
-            Self::teardown();
-            return Err("building the namespaces failed".into());
-        }
-        Ok(Hosts)
-    }
-
-    fn teardown() {
-        for h in 0..HOSTS {
-            ip(&["netns", "del", &format!("st-g{h}")]);
-        }
-        ip(&["netns", "del", "st-gsw"]);
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        Self::teardown();
-    }
-}
 
 /// The ranks' library path: both stand-ins, then NVRTC.
 fn library_path() -> Option<String> {
@@ -105,7 +41,12 @@ fn run_on_hosts(name: &str, extra: &[(&str, &str)]) -> Option<Vec<(bool, String)
         );
         return None;
     };
-    let _hosts = match Hosts::build() {
+    let nics = |h: usize| -> Vec<String> {
+        (0..PER_HOST)
+            .map(|l| format!("{SUBNET}{}/24", 101 + h * PER_HOST + l))
+            .collect()
+    };
+    let _hosts = match Hosts::build("st-g", SUBNET, HOSTS, nics) {
         Ok(h) => h,
         Err(why) => {
             println!("SKIPPED {name}: {why}");

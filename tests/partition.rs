@@ -6,71 +6,12 @@
 
 mod common;
 
+use common::netns::{Hosts, ip};
 use common::{assert_all_ok, is_worker, spawn, worker};
-use std::process::Command;
 use std::time::{Duration, Instant};
 use strata::{CallSpec, Collective, DataType};
 
 const HOSTS: usize = 2;
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Hosts `st-q0`, `st-q1` (198.18.8.1-2/24) on a bridge in `st-qsw`; removed on drop.
-struct Hosts;
-
-impl Hosts {
-    fn build() -> Result<Self, String> {
-        // SAFETY: a plain query.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("needs root for network namespaces".into());
-        }
-        if !ip(&["-V"]) {
-            return Err("needs ip (iproute2)".into());
-        }
-        Self::teardown();
-        let ok = ip(&["netns", "add", "st-qsw"])
-            && ip(&["-n", "st-qsw", "link", "add", "br0", "type", "bridge"])
-            && ip(&["-n", "st-qsw", "link", "set", "br0", "up"])
-            && (0..HOSTS).all(|h| {
-                let (ns, a, b) = (format!("st-q{h}"), format!("st-qe{h}"), format!("st-qp{h}"));
-                let addr = format!("198.18.8.{}/24", h + 1);
-                ip(&["netns", "add", &ns])
-                    && ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])
-                    && ip(&["link", "set", &a, "netns", &ns])
-                    && ip(&["link", "set", &b, "netns", "st-qsw"])
-                    && ip(&["-n", &ns, "link", "set", &a, "name", "eth0"])
-                    && ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])
-                    && ip(&["-n", &ns, "link", "set", "eth0", "up"])
-                    && ip(&["-n", &ns, "link", "set", "lo", "up"])
-                    && ip(&["-n", "st-qsw", "link", "set", &b, "master", "br0", "up"])
-            });
-        if !ok {
-            Self::teardown();
-            return Err("building the namespaces failed".into());
-        }
-        Ok(Hosts)
-    }
-
-    fn teardown() {
-        for h in 0..HOSTS {
-            ip(&["netns", "del", &format!("st-q{h}")]);
-        }
-        ip(&["netns", "del", "st-qsw"]);
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        Self::teardown();
-    }
-}
 
 #[test]
 fn a_partition_is_reported_as_a_silent_network_not_a_hung_process() {
@@ -92,7 +33,7 @@ fn a_partition_is_reported_as_a_silent_network_not_a_hung_process() {
         return;
     }
     let name = "a_partition_is_reported_as_a_silent_network_not_a_hung_process";
-    let _hosts = match Hosts::build() {
+    let hosts = match Hosts::build("st-q", "198.18.8.", HOSTS, |_| Vec::new()) {
         Ok(h) => h,
         Err(why) => {
             println!("SKIPPED {name}: {why}");
@@ -101,9 +42,10 @@ fn a_partition_is_reported_as_a_silent_network_not_a_hung_process() {
     };
     // Cut host 1 off the bridge once the ranks are running: frames to and from it are
     // dropped without a word, as a failed switch port or cable drops them.
-    let cut = std::thread::spawn(|| {
+    let switch = hosts.switch();
+    let cut = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(3));
-        assert!(ip(&["-n", "st-qsw", "link", "set", "st-qp1", "down"]));
+        assert!(ip(&["-n", &switch, "link", "set", "st-qp1", "down"]));
         Instant::now()
     });
     let env = [

@@ -17,6 +17,7 @@
 #[macro_use]
 mod common;
 
+use common::netns::Hosts;
 use common::*;
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -317,73 +318,18 @@ fn memfd() -> std::io::Result<std::os::fd::OwnedFd> {
 
 // ---- libfabric's tcp provider across emulated hosts -------------------------------------
 
-/// Four emulated hosts `st-o0` … `st-o3` (198.18.2.1-4/24) on one bridge in `st-osw`; removed
-/// on drop.
-struct Hosts;
+/// Four emulated hosts `st-o0` … `st-o3` (198.18.2.1-4/24) on one bridge in `st-osw`, for
+/// libfabric's tcp provider; removed on drop.
+fn ofi_hosts() -> Result<Hosts, String> {
+    if let Err(e) = strata::rdma::ofi::providers(Some("tcp")) {
+        return Err(format!(
+            "needs libfabric's tcp provider (Debian: libfabric1): {e}"
+        ));
+    }
+    Hosts::build("st-o", "198.18.2.", HOSTS, |_| Vec::new())
+}
 
 const HOSTS: usize = 4;
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-impl Hosts {
-    /// The hosts, or why they cannot be built here.
-    fn build() -> Result<Self, String> {
-        // SAFETY: a plain query.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("needs root for network namespaces".into());
-        }
-        if !ip(&["-V"]) {
-            return Err("needs ip (iproute2)".into());
-        }
-        if let Err(e) = strata::rdma::ofi::providers(Some("tcp")) {
-            return Err(format!(
-                "needs libfabric's tcp provider (Debian: libfabric1): {e}"
-            ));
-        }
-        Self::teardown();
-        let ok = ip(&["netns", "add", "st-osw"])
-            && ip(&["-n", "st-osw", "link", "add", "br0", "type", "bridge"])
-            && ip(&["-n", "st-osw", "link", "set", "br0", "up"])
-            && (0..HOSTS).all(|h| {
-                let (ns, a, b) = (format!("st-o{h}"), format!("st-oe{h}"), format!("st-op{h}"));
-                let addr = format!("198.18.2.{}/24", h + 1);
-                ip(&["netns", "add", &ns])
-                    && ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])
-                    && ip(&["link", "set", &a, "netns", &ns])
-                    && ip(&["link", "set", &b, "netns", "st-osw"])
-                    && ip(&["-n", &ns, "link", "set", &a, "name", "eth0"])
-                    && ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])
-                    && ip(&["-n", &ns, "link", "set", "eth0", "up"])
-                    && ip(&["-n", &ns, "link", "set", "lo", "up"])
-                    && ip(&["-n", "st-osw", "link", "set", &b, "master", "br0", "up"])
-            });
-        if !ok {
-            Self::teardown();
-            return Err("building the namespaces failed".into());
-        }
-        Ok(Hosts)
-    }
-
-    fn teardown() {
-        for h in 0..HOSTS {
-            ip(&["netns", "del", &format!("st-o{h}")]);
-        }
-        ip(&["netns", "del", "st-osw"]);
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        Self::teardown();
-    }
-}
 
 const OFI_HOSTS: [(&str, &str); 3] = [
     ("STRATA_TRANSPORT", "ofi"),
@@ -402,7 +348,7 @@ fn matrix_4_hosts_over_libfabric_tcp() {
     if is_worker() {
         return;
     }
-    let _hosts = match Hosts::build() {
+    let _hosts = match ofi_hosts() {
         Ok(h) => h,
         Err(why) => {
             println!("skipped: matrix_4_hosts_over_libfabric_tcp {why}");
@@ -435,7 +381,7 @@ fn a_peer_killed_mid_transfer_over_libfabric_is_named_on_every_survivor() {
     if is_worker() {
         return;
     }
-    let _hosts = match Hosts::build() {
+    let _hosts = match ofi_hosts() {
         Ok(h) => h,
         Err(why) => {
             println!("skipped: a_peer_killed_mid_transfer_over_libfabric {why}");

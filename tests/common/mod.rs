@@ -49,6 +49,8 @@ use std::time::{Duration, Instant};
 use strata::check;
 use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId};
 
+pub mod netns;
+
 pub const WORKER: &str = "STRATA_TEST_WORKER";
 
 pub struct Worker {
