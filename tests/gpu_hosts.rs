@@ -10,7 +10,7 @@ mod common;
 use common::netns::Hosts;
 use common::{assert_all_ok, is_worker, spawn, worker};
 use std::time::{Duration, Instant};
-use strata::gpu::{self, DeviceBuffer, Stream};
+use strata::gpu::{DeviceBuffer, Stream};
 use strata::{CallSpec, Collective, Communicator, DataType, DeviceTransfer, ReduceOp, check};
 
 const HOSTS: usize = 2;
@@ -256,45 +256,6 @@ fn device_calls_are_in_the_flight_recorder(comm: &Communicator, rank: usize, n: 
     }
 }
 
-fn f32s(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
-}
-
-/// One 64 MiB all-reduce, polled to completion; what crossed host memory meanwhile.
-fn all_reduce_64_mib(comm: &Communicator, rank: usize, n: usize) -> gpu::StandinStats {
-    let device = local_device();
-    let stream = Stream::new(device).unwrap();
-    let count = 16 << 20;
-    let buf = DeviceBuffer::alloc(device, count * 4).unwrap();
-    buf.upload(&f32s(&vec![(rank + 1) as f32; count]), &stream)
-        .unwrap();
-    let done = gpu::Event::new(false).unwrap();
-    let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, count);
-    let calls_before = comm.progress();
-    let before = gpu::standin_stats().unwrap();
-    comm.call_device(spec, None, &buf, &stream).unwrap();
-    done.record(&stream).unwrap();
-    let t = Instant::now();
-    while !done.is_complete().unwrap() {
-        assert!(
-            t.elapsed() < Duration::from_secs(300),
-            "the call did not finish"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let during = gpu::standin_stats().unwrap().since(&before);
-    assert_eq!(
-        comm.progress(),
-        calls_before,
-        "a host collective ran inside the call"
-    );
-    let mut out = vec![0u8; count * 4];
-    buf.download(&mut out, &stream).unwrap();
-    let want = (n * (n + 1) / 2) as f32;
-    assert!(out == f32s(&vec![want; count]), "wrong sum");
-    during
-}
-
 #[test]
 fn every_collective_algorithm_type_and_operator_on_2_hosts_of_2_gpus_over_ipc_and_gpudirect() {
     if let Some(w) = worker() {
@@ -343,7 +304,7 @@ fn a_64_mib_all_reduce_across_hosts_moves_nothing_through_host_memory() {
         w.comm.bind_device(local_device()).unwrap();
         assert_paths(&w.comm, w.rank, w.n, "gdr");
         let gdr_read = std::env::var("NCCL_NET_GDR_READ").map_or(true, |v| v != "0");
-        let during = all_reduce_64_mib(&w.comm, w.rank, w.n);
+        let during = common::polled_64_mib_all_reduce(&w.comm, w.rank, w.n, local_device());
         if gdr_read {
             assert_eq!(during.host_bytes(), 0, "{during:?}");
             assert_eq!(during.host_waits, 0, "{during:?}");

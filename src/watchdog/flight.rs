@@ -201,18 +201,7 @@ impl Recorder {
     /// An operation starts: `seq` is its [`Header::call_seq`], `encoded` its header. One
     /// writer at a time (the caller holds the state lock).
     pub fn start(&self, seq: u64, encoded: &[u8; HEADER_BYTES]) {
-        let n = self.recorded.load(Ordering::Relaxed);
-        let start = self.clock.stamp();
-        self.entry(n).write(|e| {
-            e.number.store(n + 1, Ordering::Relaxed);
-            e.start.store(start, Ordering::Relaxed);
-            e.end.store(0, Ordering::Relaxed);
-            for (w, chunk) in e.header.iter().zip(encoded.chunks_exact(8)) {
-                let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
-                w.store(word, Ordering::Relaxed);
-            }
-        });
-        self.recorded.store(n + 1, Ordering::Release);
+        self.enter(0, encoded);
         if seq > 0 {
             self.started.store(seq, Ordering::Release);
         }
@@ -222,10 +211,15 @@ impl Recorder {
     /// writer rule) but marked as on the device; returns its number for
     /// [`Recorder::finish_device`].
     pub fn start_device(&self, encoded: &[u8; HEADER_BYTES]) -> u64 {
+        self.enter(DEVICE, encoded)
+    }
+
+    /// Writes the next entry (its number carrying `mark`), started now; returns its number.
+    fn enter(&self, mark: u64, encoded: &[u8; HEADER_BYTES]) -> u64 {
         let n = self.recorded.load(Ordering::Relaxed);
         let start = self.clock.stamp();
         self.entry(n).write(|e| {
-            e.number.store((n + 1) | DEVICE, Ordering::Relaxed);
+            e.number.store((n + 1) | mark, Ordering::Relaxed);
             e.start.store(start, Ordering::Relaxed);
             e.end.store(0, Ordering::Relaxed);
             for (w, chunk) in e.header.iter().zip(encoded.chunks_exact(8)) {

@@ -354,3 +354,47 @@ pub fn matrix(w: &Worker, big: bool) {
     }
     w.comm.barrier().unwrap();
 }
+
+/// A 64 MiB in-place f32 all-reduce on device buffers of GPU `device`, each rank adding
+/// `rank + 1`, polled to completion (nothing waits on the GPU meanwhile); checks that no host
+/// collective ran inside it and that every element is the sum, and returns what the CUDA
+/// stand-in counted between enqueue and completion.
+pub fn polled_64_mib_all_reduce(
+    comm: &Communicator,
+    rank: usize,
+    n: usize,
+    device: i32,
+) -> strata::gpu::StandinStats {
+    use strata::gpu::{self, DeviceBuffer, Stream};
+    let f32s = |v: f32, count: usize| -> Vec<u8> { v.to_ne_bytes().repeat(count) };
+    let stream = Stream::new(device).unwrap();
+    let count = 16 << 20;
+    let buf = DeviceBuffer::alloc(device, count * 4).unwrap();
+    buf.upload(&f32s((rank + 1) as f32, count), &stream)
+        .unwrap();
+    let done = gpu::Event::new(false).unwrap();
+    let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, count);
+    let calls_before = comm.progress();
+    let before = gpu::standin_stats().unwrap();
+    comm.call_device(spec, None, &buf, &stream).unwrap();
+    done.record(&stream).unwrap();
+    let t = Instant::now();
+    while !done.is_complete().unwrap() {
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "the call did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let during = gpu::standin_stats().unwrap().since(&before);
+    assert_eq!(
+        comm.progress(),
+        calls_before,
+        "a host collective ran inside the call"
+    );
+    let mut out = vec![0u8; count * 4];
+    buf.download(&mut out, &stream).unwrap();
+    let want = (n * (n + 1) / 2) as f32;
+    assert!(out == f32s(want, count), "wrong sum");
+    during
+}
