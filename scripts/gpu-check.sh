@@ -27,7 +27,7 @@ export STRATA_NVRTC_DIR
 export LD_LIBRARY_PATH="$STRATA_NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 echo "== the GPU tests on the real driver"
-STRATA_GPU_TESTS_REAL=1 cargo test --release --test gpu_standin -- --test-threads=1
+STRATA_GPU_TESTS_REAL=1 cargo test --release --test gpu_standin --test gpu_faults -- --test-threads=1
 
 echo "== NVIDIA's NCCL from PyPI"
 venv="${STRATA_CACHE:-$HOME/.cache/strata}/nccl-cu12-venv"

@@ -4,127 +4,18 @@
 //! real GPU.
 //!
 //! Every collective × type × operator, in and out of place, on device buffers at 2, 3 and 4
-//! processes; that a call returns before its stream has run it and that later work on the
-//! stream sees its result; abort, and a killed peer, while calls are in flight on a stream.
-//! Each test re-runs this binary as its ranks, with the stand-in first on `LD_LIBRARY_PATH`.
+//! processes, host-staged and as stream programs; that a call returns before its stream has
+//! run it and that later work on the stream sees its result; what crosses host memory; a
+//! one-rank communicator. Failures are in `tests/gpu_faults.rs`. Each test re-runs this binary
+//! as its ranks, with the stand-in first on `LD_LIBRARY_PATH` (`tests/common/gpu.rs`).
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use strata::gpu::{self, DeviceBuffer, Stream, sys};
-use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId, check};
+use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, check};
 
-const WORKER: &str = "STRATA_TEST_WORKER";
-
-/// `target/<profile>/cuda-standin/libcuda.so.1`, copied from the stand-in this test built.
-fn standin_dir() -> PathBuf {
-    common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin")
-}
-
-/// Spawns `n` ranks of test `name` with the stand-in as the driver; (success, output) each.
-fn spawn(name: &str, n: usize, env: &[(&str, &str)], limit: Duration) -> Vec<(bool, String)> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    // STRATA_GPU_TESTS_REAL=1 (scripts/gpu-check.sh): the real driver, no stand-in.
-    let real = std::env::var_os("STRATA_GPU_TESTS_REAL").is_some();
-    let mut dir = if real {
-        std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default()
-    } else {
-        standin_dir().into_os_string()
-    };
-    if let Some(nvrtc) = std::env::var_os("STRATA_NVRTC_DIR") {
-        dir.push(":");
-        dir.push(nvrtc);
-    }
-    let hex = UniqueId::new().unwrap().to_hex();
-    let mut children: Vec<Child> = (0..n)
-        .map(|r| {
-            let mut c = Command::new(std::env::current_exe().unwrap());
-            c.args([name, "--exact", "--nocapture", "--test-threads=1"])
-                .env(WORKER, "1")
-                .env("STRATA_TEST_ID", &hex)
-                .env("STRATA_TEST_RANK", r.to_string())
-                .env("STRATA_TEST_NRANKS", n.to_string())
-                .env("STRATA_SOCKET_IFNAME", "=lo")
-                .env("STRATA_STANDIN_GPUS", "4")
-                .env("LD_LIBRARY_PATH", &dir)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            for (k, v) in env {
-                c.env(k, v);
-            }
-            c.spawn().unwrap()
-        })
-        .collect();
-    let start = Instant::now();
-    let mut done = vec![None; n];
-    while done.iter().any(Option::is_none) && start.elapsed() < limit {
-        for (r, c) in children.iter_mut().enumerate() {
-            if done[r].is_none() {
-                done[r] = c.try_wait().unwrap().map(|s| s.success());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    children
-        .into_iter()
-        .zip(done)
-        .map(|(mut c, ok)| {
-            if ok.is_none() {
-                let _ = c.kill();
-            }
-            let out = c.wait_with_output().unwrap();
-            let text = format!(
-                "{}{}(exit: {:?})",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr),
-                out.status
-            );
-            (
-                ok == Some(true),
-                if ok.is_none() {
-                    format!("KILLED\n{text}")
-                } else {
-                    text
-                },
-            )
-        })
-        .collect()
-}
-
-/// In a rank: (communicator, rank, ranks); `None` in the parent.
-fn worker() -> Option<(Communicator, usize, usize)> {
-    std::env::var(WORKER).ok()?;
-    let rank: usize = std::env::var("STRATA_TEST_RANK").ok()?.parse().ok()?;
-    let n: usize = std::env::var("STRATA_TEST_NRANKS").ok()?.parse().ok()?;
-    let id = UniqueId::from_hex(&std::env::var("STRATA_TEST_ID").ok()?).unwrap();
-    let comm = Communicator::init(&id, n, rank).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-    Some((comm, rank, n))
-}
-
-fn assert_all_ok(results: &[(bool, String)]) {
-    if results.iter().any(|(ok, _)| !ok) {
-        let all: Vec<String> = results
-            .iter()
-            .enumerate()
-            .map(|(r, (ok, out))| {
-                format!(
-                    "--- rank {r} ({}):\n{out}",
-                    if *ok { "ok" } else { "FAILED" }
-                )
-            })
-            .collect();
-        panic!("{}", all.join("\n"));
-    }
-}
-
-/// Each rank drives its own GPU (rank % the GPUs visible; the stand-in shows 4), as one
-/// process per GPU does.
-fn device_of(rank: usize) -> i32 {
-    (rank % gpu::driver().unwrap().devices) as i32
-}
+use common::gpu::{Gate, assert_all_ok, device_of, f32s, spawn, worker};
 
 #[test]
 fn every_collective_type_and_operator_host_staged_on_device_buffers_at_2_3_and_4_processes() {
@@ -141,52 +32,6 @@ fn every_collective_type_and_operator_host_staged_on_device_buffers_at_2_3_and_4
         let env = [("STRATA_GPU_CHUNK", "64K"), ("STRATA_GPU_PATH", "staged")];
         assert_all_ok(&spawn(name, n, &env, Duration::from_secs(300)));
     }
-}
-
-/// A word of pinned, device-mapped host memory that gates a stream: the stream waits at
-/// `cuStreamWaitValue32` until the host writes 1.
-struct Gate {
-    host: *mut u32,
-    dev: u64,
-}
-
-impl Gate {
-    fn new() -> Self {
-        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-        let mut dev = 0u64;
-        // SAFETY: plain driver calls with valid out-pointers; a context is current.
-        unsafe {
-            assert_eq!(
-                sys::cuMemHostAlloc(&mut host, 64, sys::CU_MEMHOSTALLOC_DEVICEMAP),
-                sys::CUresult::CUDA_SUCCESS
-            );
-            (host as *mut u32).write_volatile(0);
-            assert_eq!(
-                sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0),
-                sys::CUresult::CUDA_SUCCESS
-            );
-        }
-        Gate {
-            host: host.cast(),
-            dev,
-        }
-    }
-
-    fn close_on(&self, stream: &Stream) {
-        let eq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
-        // SAFETY: a live device-mapped word.
-        let r = unsafe { sys::cuStreamWaitValue32_v2(stream.raw(), self.dev, 1, eq) };
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
-    }
-
-    fn open(&self) {
-        // SAFETY: a live pinned word; the stream reads it atomically.
-        unsafe { std::ptr::write_volatile(self.host, 1) };
-    }
-}
-
-fn f32s(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
 }
 
 /// Every collective × type × operator, in and out of place, on device buffers: the body of
@@ -295,11 +140,9 @@ fn a_host_call_after_stream_calls_waits_for_them_so_every_rank_keeps_its_order()
         });
         comm.call_device(spec, None, &buf, &stream).unwrap();
         let opener = gate.map(|g| {
-            let host = g.host as usize;
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(300));
-                // SAFETY: the pinned word outlives the test process's use of it.
-                unsafe { std::ptr::write_volatile(host as *mut u32, 1) };
+                g.open();
             })
         });
         if rank != 0 {
@@ -328,92 +171,8 @@ fn a_host_call_after_stream_calls_waits_for_them_so_every_rank_keeps_its_order()
 }
 
 #[test]
-fn abort_while_calls_wait_on_a_stream_releases_the_stream_and_says_why() {
-    if let Some((comm, rank, _)) = worker() {
-        let device = device_of(rank);
-        let stream = Stream::new(device).unwrap();
-        let buf = DeviceBuffer::alloc(device, 4096).unwrap();
-        buf.upload(&f32s(&[(rank + 1) as f32; 1024]), &stream)
-            .unwrap();
-        comm.bind_device(device).unwrap();
-        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 1024);
-        if rank == 0 {
-            let gate = Gate::new();
-            gate.close_on(&stream);
-            for _ in 0..3 {
-                comm.call_device(spec, None, &buf, &stream).unwrap();
-            }
-            comm.abort();
-            gate.open();
-        } else if let Err(e) = comm.call_device(spec, None, &buf, &stream) {
-            // Rank 0 may have aborted already: then the call is refused with the reason.
-            assert_eq!(Some(e), comm.async_error());
-        }
-        let t = Instant::now();
-        stream.synchronize().unwrap();
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "the stream was held {:?}",
-            t.elapsed()
-        );
-        if rank == 1 && comm.uses_gpu_ipc() && comm.async_error().is_none() {
-            // Rank 0's released programs still ran their transfers once the gate opened (the
-            // abort is local, as NCCL's is): then rank 1's one call completed, and correctly.
-            let mut out = vec![0u8; 4096];
-            buf.download(&mut out, &stream).unwrap();
-            assert_eq!(out, f32s(&[3.0; 1024]), "completed with a wrong result");
-            return;
-        }
-        let e = comm.async_error().expect("an async error after the abort");
-        eprintln!("rank {rank}: {e}");
-        if rank == 0 {
-            assert!(e.to_string().contains("abort"), "{e}");
-        }
-        return;
-    }
-    let name = "abort_while_calls_wait_on_a_stream_releases_the_stream_and_says_why";
-    let env = [("STRATA_TIMEOUT", "5")];
-    assert_all_ok(&spawn(name, 2, &env, Duration::from_secs(60)));
-}
-
-#[test]
-fn a_peer_killed_while_calls_are_on_a_stream_is_named_by_the_async_error() {
-    if let Some((comm, rank, _)) = worker() {
-        let device = device_of(rank);
-        let stream = Stream::new(device).unwrap();
-        let buf = DeviceBuffer::alloc(device, 1 << 20).unwrap();
-        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 1 << 18);
-        comm.call_device(spec, None, &buf, &stream).unwrap();
-        stream.synchronize().unwrap();
-        if rank == 2 {
-            // SAFETY: ends the process at once, as a crash would.
-            unsafe { libc::_exit(0) };
-        }
-        let t = Instant::now();
-        for _ in 0..4 {
-            let _ = comm.call_device(spec, None, &buf, &stream);
-        }
-        stream.synchronize().unwrap();
-        let e = comm
-            .async_error()
-            .expect("an async error after the peer died");
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "took {:?}",
-            t.elapsed()
-        );
-        assert!(e.to_string().contains("rank 2"), "rank {rank}: {e}");
-        eprintln!("rank {rank} after {:?}: {e}", t.elapsed());
-        return;
-    }
-    let name = "a_peer_killed_while_calls_are_on_a_stream_is_named_by_the_async_error";
-    let env = [("STRATA_TIMEOUT", "5")];
-    assert_all_ok(&spawn(name, 3, &env, Duration::from_secs(60)));
-}
-
-#[test]
 fn without_a_driver_the_gpu_path_says_so_in_one_line() {
-    if std::env::var_os(WORKER).is_some() {
+    if std::env::var_os(common::WORKER).is_some() {
         return;
     }
     // This process never has the stand-in on its library path, and the machines this runs on
@@ -735,113 +494,6 @@ fn sends_and_receives_on_device_buffers_progress_together_in_one_stream_program(
             ranks.iter().all(|(_, out)| out.contains("EXCHANGED")),
             "{ranks:?}"
         );
-    }
-}
-
-#[test]
-fn a_stream_program_waiting_on_a_rank_that_never_calls_times_out_naming_it() {
-    if let Some((comm, rank, _n)) = worker() {
-        let device = device_of(rank);
-        comm.bind_device(device).unwrap();
-        assert!(comm.uses_gpu_ipc());
-        let stream = Stream::new(device).unwrap();
-        let buf = DeviceBuffer::alloc(device, 1 << 16).unwrap();
-        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 1 << 14);
-        if rank != 2 {
-            comm.call_device(spec, None, &buf, &stream).unwrap();
-            let t = Instant::now();
-            // The stream is released after the timeout (2 s here), not held forever.
-            stream.synchronize().unwrap();
-            assert!(
-                t.elapsed() < Duration::from_secs(15),
-                "held {:?}",
-                t.elapsed()
-            );
-            let e = comm.async_error().expect("a timeout");
-            let text = e.to_string();
-            assert!(text.contains("timed out"), "rank {rank}: {text}");
-            assert!(
-                matches!(&e, strata::Error::Timeout { waiting_on, .. } if waiting_on == &[2]),
-                "rank {rank}: {e:?}"
-            );
-            println!("TIMED_OUT {text}");
-        } else {
-            // Rank 2 never makes the call; it stays until the others are done.
-            std::thread::sleep(Duration::from_secs(6));
-        }
-        return;
-    }
-    let name = "a_stream_program_waiting_on_a_rank_that_never_calls_times_out_naming_it";
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
-        return;
-    }
-    let env = [("STRATA_GPU_PATH", "stream"), ("STRATA_TIMEOUT", "2")];
-    let ranks = spawn(name, 3, &env, Duration::from_secs(60));
-    assert_all_ok(&ranks);
-    // Both ranks that called name rank 2, the one holding them up, though rank 1 waits on
-    // rank 0 (ring order), not on rank 2: the diagnosis follows the waits across the host's
-    // flag areas. (A rank may hear of the other's timeout first; it names rank 2 too.)
-    for (r, (_, out)) in ranks.iter().enumerate().filter(|(r, _)| *r != 2) {
-        let line = out
-            .lines()
-            .find(|l| l.contains("TIMED_OUT"))
-            .unwrap_or_else(|| panic!("rank {r}: {out}"));
-        assert!(line.contains("rank 0 waits on rank 2"), "rank {r}: {line}");
-        assert!(line.contains("rank 2 waits on no one"), "rank {r}: {line}");
-    }
-}
-
-#[test]
-fn mismatched_calls_on_device_buffers_are_named_not_just_timed_out() {
-    if let Some((comm, rank, _)) = worker() {
-        let device = device_of(rank);
-        comm.bind_device(device).unwrap();
-        assert!(comm.uses_gpu_ipc());
-        let stream = Stream::new(device).unwrap();
-        let buf = DeviceBuffer::alloc(device, 4 << 16).unwrap();
-        // Rank 2 asks for twice the elements.
-        let count = if rank == 2 { 1 << 15 } else { 1 << 14 };
-        comm.set_algorithm(Collective::AllReduce, Some(strata::Algorithm::Ring))
-            .unwrap();
-        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, count);
-        comm.call_device(spec, None, &buf, &stream).unwrap();
-        let t = Instant::now();
-        stream.synchronize().unwrap();
-        // Whoever finds it first tells the others; wait for the word to arrive.
-        while comm.async_error().is_none() && t.elapsed() < Duration::from_secs(15) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let e = comm
-            .async_error()
-            .expect("an error for the mismatched calls");
-        let text = e.to_string();
-        assert!(text.contains("mismatched calls"), "rank {rank}: {text}");
-        assert!(
-            text.contains("16384 elements") && text.contains("32768 elements"),
-            "rank {rank}: {text}"
-        );
-        println!("MISMATCH {text}");
-        return;
-    }
-    let name = "mismatched_calls_on_device_buffers_are_named_not_just_timed_out";
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
-        return;
-    }
-    let env = [
-        ("STRATA_GPU_PATH", "stream"),
-        ("STRATA_TIMEOUT", "2"),
-        ("STRATA_GPU_CHUNK", "16K"),
-    ];
-    let ranks = spawn(name, 3, &env, Duration::from_secs(60));
-    assert_all_ok(&ranks);
-    for line in ranks[0].1.lines().filter(|l| l.contains("MISMATCH")) {
-        println!("rank 0: {line}");
     }
 }
 
