@@ -214,8 +214,29 @@ fn segments_left_by_dead_ranks_are_removed_by_the_next_run() {
     let stale = std::path::PathBuf::from(format!("/dev/shm/strata-{dead_pid}-deadbeef00"));
     let live =
         std::path::PathBuf::from(format!("/dev/shm/strata-{}-feedface00", std::process::id()));
-    std::fs::write(&stale, [0u8; 4096]).unwrap();
-    std::fs::write(&live, [0u8; 4096]).unwrap();
+    let recent = std::path::PathBuf::from(format!("/dev/shm/strata-{dead_pid}-0123456789"));
+    for f in [&stale, &live, &recent] {
+        std::fs::write(f, [0u8; 4096]).unwrap();
+    }
+    // Leaks are old: only names older than 30 s are candidates (a connection's name lives for
+    // milliseconds).
+    let two_minutes_ago = libc::timespec {
+        tv_sec: (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            - 120) as libc::time_t,
+        tv_nsec: 0,
+    };
+    for f in [&stale, &live] {
+        let c = std::ffi::CString::new(f.to_str().unwrap()).unwrap();
+        let times = [two_minutes_ago, two_minutes_ago];
+        // SAFETY: a valid path and two timespecs.
+        assert_eq!(
+            unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) },
+            0
+        );
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_collbench"))
         .args(["--np", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"])
         .env("STRATA_SOCKET_IFNAME", "=lo")

@@ -56,10 +56,14 @@ impl Drop for Created {
     }
 }
 
+/// How old a segment's name must be before a dead creator's segment is removed.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Removes the segments of processes that no longer exist: a rank killed between creating a
 /// segment and its peer mapping it (when the name is removed) leaves it behind, and leaks
 /// fill /dev/shm. A segment's name carries its creator's process id
-/// (`/dev/shm/strata-<pid>-<hex>`); one still used by a live process is never touched.
+/// (`/dev/shm/strata-<pid>-<hex>`); one still used by a live process, or made in the last 30 s,
+/// is never touched.
 /// Once per process, at its first shared-memory connection.
 pub(crate) fn reap_stale_segments() {
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
@@ -77,8 +81,18 @@ pub(crate) fn reap_stale_segments() {
         else {
             continue;
         };
+        // A name lives for the milliseconds between creation and the peer's open; an older
+        // one is a leak. (The age also spares a live creator whose pid this process cannot
+        // see, in another pid namespace sharing /dev/shm.)
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= STALE_AFTER);
         // SAFETY: signal 0 only asks whether the process exists.
-        let gone = unsafe { libc::kill(pid, 0) } != 0
+        let gone = old
+            && unsafe { libc::kill(pid, 0) } != 0
             && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
         if gone && std::fs::remove_file(entry.path()).is_ok() {
             removed += 1;
