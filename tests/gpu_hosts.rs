@@ -505,3 +505,46 @@ fn gpu_memory_the_nic_cannot_register_is_refused_at_bind_with_the_reason() {
         "{ranks:?}"
     );
 }
+
+#[test]
+fn split_communicators_each_get_their_own_gpudirect_path() {
+    if let Some(w) = worker() {
+        let device = local_device();
+        // Ranks 0,2 and 1,3: each pair spans the two hosts; the world binds too.
+        let sub = w
+            .comm
+            .split(Some((w.rank % 2) as u32), w.rank as i32)
+            .unwrap()
+            .expect("a member of a color");
+        w.comm.bind_device(device).unwrap();
+        sub.bind_device(device).unwrap();
+        assert_eq!(sub.device_path_to(1 - sub.rank()), Some("gdr"));
+        let stream = Stream::new(device).unwrap();
+        for (comm, what) in [(&sub, "pair"), (&w.comm, "world"), (&sub, "pair again")] {
+            let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 30_001);
+            let c = check::run_and_check_device(comm, spec, false, &stream, device).unwrap();
+            assert!(c.first.is_none(), "rank {} {what}: {:?}", w.rank, c.first);
+        }
+        drop(sub);
+        println!("SPLIT");
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let name = "split_communicators_each_get_their_own_gpudirect_path";
+    let Some(ranks) = run_on_hosts(name, &[("STRATA_GPU_PATH", "stream")]) else {
+        return;
+    };
+    assert_all_ok(&ranks);
+    assert!(
+        ranks.iter().all(|(_, out)| out.contains("SPLIT")),
+        "{ranks:?}"
+    );
+    for (r, (_, out)) in ranks.iter().enumerate() {
+        assert!(
+            !out.contains("ERROR") && !out.contains("WARN"),
+            "rank {r} logged a fault in a healthy run:\n{out}"
+        );
+    }
+}
