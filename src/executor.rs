@@ -134,6 +134,13 @@ pub(crate) struct ExecBuffers {
     /// Every rank's vector in a small one-shot all-reduce.
     gathered: Vec<u8>,
     step: StepState,
+    /// When the call started, and the peers this rank hears from in its first communicating
+    /// step: they send there as soon as they start, so their first message's delay says how
+    /// much later they started ([`crate::watchdog::stragglers`]).
+    started: Option<Instant>,
+    first_from: Vec<usize>,
+    /// (peer, delay after `started`) of those first messages, this call.
+    pub lateness: Vec<(usize, Duration)>,
 }
 
 #[derive(Default)]
@@ -241,6 +248,21 @@ impl OpRun<'_> {
                 c.hdr_in.clear();
             }
         }
+        let r = &mut *self.reuse;
+        r.lateness.clear();
+        r.first_from.clear();
+        if let Some(first) = sched
+            .steps
+            .iter()
+            .find(|s| s.ops.iter().any(|o| o.peer().is_some()))
+        {
+            r.first_from
+                .extend(first.ops.iter().filter_map(|op| match *op {
+                    Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => Some(peer),
+                    _ => None,
+                }));
+        }
+        r.started = (!r.first_from.is_empty()).then(Instant::now);
         let mut result = Ok(());
         self.reuse.step.carried_for = None;
         for (si, step) in sched.steps.iter().enumerate() {
@@ -589,6 +611,12 @@ impl OpRun<'_> {
         let got = Header::decode(&conn.hdr_in);
         conn.hdr_in.clear();
         st.in_done = true;
+        let r = &mut *self.reuse;
+        if let Some(t0) = r.started
+            && r.first_from.contains(&peer)
+        {
+            r.lateness.push((peer, t0.elapsed()));
+        }
         let expect = st
             .expect
             .ok_or_else(|| Error::Transport("internal: header without expectation".into()))?;

@@ -41,7 +41,7 @@ pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};
 pub use error::{Error, Result};
 pub use strata_algorithms::{Algorithm, Collective};
 pub use transport::rdma;
-pub use watchdog::{FlightRecord, Progress};
+pub use watchdog::{FlightRecord, Progress, Straggler};
 
 /// Host and fabric topology: discovery, NCCL XML, Slurm and strata topology files, tiers.
 pub use strata_topology as topology;

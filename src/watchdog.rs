@@ -33,9 +33,11 @@ use std::time::{Duration, Instant};
 
 mod flight;
 mod health;
+pub mod stragglers;
 pub use crate::wire::Progress;
 pub use health::FlightRecord;
 pub(crate) use health::{Health, dump_trace};
+pub use stragglers::Straggler;
 
 /// Largest watchdog frame; a longer length field is a protocol error, not an allocation.
 const MAX_FRAME: usize = 64 << 10;

@@ -153,8 +153,52 @@ impl Communicator {
                 .run(&cached.sched, &bufs)
         })();
         let r = self.conclude(st, &local, result);
+        if r.is_ok() && !st.exec.lateness.is_empty() {
+            self.note_lateness(st, &local);
+        }
         st.last_call = Some(call);
         r
+    }
+
+    /// Feeds a finished call's first-message delays to the straggler view, and says so when a
+    /// peer becomes, or stops being, persistently late.
+    fn note_lateness(&self, st: &mut State, call: &Header) {
+        use crate::watchdog::stragglers::Change;
+        for change in st.stragglers.observe(&st.exec.lateness) {
+            let (s, late) = match &change {
+                Change::Late(s) => (s, true),
+                Change::Recovered(s) => (s, false),
+            };
+            let who = self
+                .inner
+                .peers
+                .get(s.rank)
+                .map(|p| p.describe())
+                .unwrap_or_default();
+            if late {
+                tracing::warn!(
+                    rank = self.inner.rank,
+                    "rank {} ({who}) is a straggler: its first message came a median {:.1} ms \
+                     after this rank started, late in {:.0}% of the last {} calls this rank \
+                     heard from it (up to {})",
+                    s.rank,
+                    s.median_late_ms,
+                    100.0 * s.late_share,
+                    s.calls,
+                    call.describe()
+                );
+            } else {
+                tracing::warn!(
+                    rank = self.inner.rank,
+                    "rank {} ({who}) is on time again: late in {:.0}% of the last {} calls \
+                     (up to {})",
+                    s.rank,
+                    100.0 * s.late_share,
+                    s.calls,
+                    call.describe()
+                );
+            }
+        }
     }
 
     /// What a call of `spec` is made of besides its sequence number: the algorithm (chosen

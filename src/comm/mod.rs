@@ -75,6 +75,8 @@ struct State {
     /// Collectives enqueued on device buffers as stream programs (numbered apart from the
     /// host calls, whose `seq` the ranks compare).
     device_seq: u64,
+    /// Which peers this rank hears from late, call after call.
+    stragglers: crate::watchdog::stragglers::Stragglers,
     p2p_sent: HashMap<usize, u64>,
     p2p_received: HashMap<usize, u64>,
     scratch: Vec<u64>,
@@ -357,6 +359,18 @@ impl Communicator {
         let ms = timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         self.inner.timeout_ms.store(ms, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The peers this rank has heard from persistently late (see
+    /// [`crate::watchdog::stragglers`]): each rank sees the peers it receives from first in a
+    /// call, so ask every rank, or read the `warn` lines, for the whole picture. Empty while
+    /// no one is late.
+    pub fn stragglers(&self) -> Vec<crate::Straggler> {
+        self.inner
+            .state
+            .lock()
+            .map(|st| st.stragglers.current())
+            .unwrap_or_default()
     }
 
     /// The deadline of each call.

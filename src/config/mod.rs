@@ -92,6 +92,9 @@ pub struct Config {
     /// Where each rank writes its flight record (the last operations, as JSON) after a fault
     /// (`STRATA_TRACE_DIR`; unset: nowhere).
     pub trace_dir: Option<std::path::PathBuf>,
+    /// How late a peer's first message of a call may be before the call counts it late, for
+    /// straggler reports (`STRATA_STRAGGLER_MS`, default 5; see `watchdog::stragglers`).
+    pub straggler_threshold: Duration,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -201,6 +204,9 @@ impl Config {
                 n => n,
             },
             trace_dir: env("STRATA_TRACE_DIR").map(std::path::PathBuf::from),
+            straggler_threshold: Duration::from_secs_f64(
+                parse_env("STRATA_STRAGGLER_MS", 5.0f64)?.max(0.0) / 1e3,
+            ),
         })
     }
 

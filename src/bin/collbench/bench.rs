@@ -224,6 +224,7 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
             super::memory::print_memory(&traffic, rate);
         }
     }
+    let stragglers = gather_stragglers(comm)?;
     if rank == 0 {
         super::device::print_standin(&rows);
         println!(
@@ -247,6 +248,7 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
                 println!("# Device paths of rank 0: {}", paths.join(", "));
             }
         }
+        println!("# Stragglers: {stragglers}");
         println!("#");
         if let Some(path) = &args.json {
             let report = Report {
@@ -261,6 +263,53 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
         }
     }
     Ok(total_wrong)
+}
+
+/// Every rank's straggler view (each sees the peers it hears from first in a call), put
+/// together: `rank 2 (late a median 15.1 ms in 97% of 64 calls; seen by rank 3)`, or `none`.
+fn gather_stragglers(comm: &Communicator) -> Result<String, String> {
+    const MAX: usize = 8;
+    const WORDS: usize = 4;
+    let mut mine = [-1f32; MAX * WORDS];
+    for (slot, s) in mine.chunks_mut(WORDS).zip(comm.stragglers()) {
+        slot.copy_from_slice(&[
+            s.rank as f32,
+            s.median_late_ms as f32,
+            s.late_share as f32,
+            s.calls as f32,
+        ]);
+    }
+    let mut all = vec![0f32; MAX * WORDS * comm.size()];
+    comm.all_gather(&mine, &mut all)
+        .map_err(|e| e.to_string())?;
+    let mut seen: std::collections::BTreeMap<usize, (f32, f32, f32, Vec<usize>)> =
+        std::collections::BTreeMap::new();
+    for (observer, view) in all.chunks(MAX * WORDS).enumerate() {
+        for s in view.chunks(WORDS).filter(|s| s[0] >= 0.0) {
+            let e = seen
+                .entry(s[0] as usize)
+                .or_insert((s[1], s[2], s[3], Vec::new()));
+            if s[1] > e.0 {
+                (e.0, e.1, e.2) = (s[1], s[2], s[3]);
+            }
+            e.3.push(observer);
+        }
+    }
+    if seen.is_empty() {
+        return Ok("none".into());
+    }
+    Ok(seen
+        .iter()
+        .map(|(r, (median, share, calls, by))| {
+            let by: Vec<String> = by.iter().map(|o| o.to_string()).collect();
+            format!(
+                "rank {r} (late a median {median:.1} ms in {:.0}% of {calls} calls; seen by rank {})",
+                100.0 * share,
+                by.join(",")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; "))
 }
 
 pub(super) fn avg_busbw(rows: &[Row]) -> f64 {
