@@ -7,11 +7,12 @@
 
 mod common;
 
+use common::gpu::algorithm_pairs;
 use common::netns::Hosts;
 use common::{assert_all_ok, is_worker, spawn, worker};
 use std::time::{Duration, Instant};
 use strata::gpu::{DeviceBuffer, Stream};
-use strata::{CallSpec, Collective, Communicator, DataType, DeviceTransfer, ReduceOp, check};
+use strata::{CallSpec, Collective, Communicator, DataType, DeviceTransfer, check};
 
 const HOSTS: usize = 2;
 const PER_HOST: usize = 2;
@@ -94,34 +95,11 @@ fn assert_paths(comm: &Communicator, rank: usize, n: usize, want_remote: &str) {
     }
 }
 
-/// The type × operator pairs a collective is checked with: every one of them with
-/// `STRATA_GPU_FULL_MATRIX=1` (`scripts/gpu-matrix.sh`), else three that cover float, integer
-/// and 16-bit arithmetic and the sum, max and avg paths.
-fn pairs(collective: Collective, full: bool) -> Vec<(DataType, ReduceOp)> {
-    if !full {
-        return vec![
-            (DataType::Float32, ReduceOp::Sum),
-            (DataType::Int64, ReduceOp::Max),
-            (DataType::Bfloat16, ReduceOp::Avg),
-        ];
-    }
-    let mut out = Vec::new();
-    for dtype in DataType::ALL {
-        if collective.reduces() {
-            out.extend(ReduceOp::BASIC.iter().map(|&op| (dtype, op)));
-            out.push((dtype, ReduceOp::PreMulSum(check::premul_scalar(dtype, 0))));
-        } else {
-            out.push((dtype, ReduceOp::Sum));
-        }
-    }
-    out
-}
-
-/// Every algorithm of every collective with [`pairs`], in and out of place, at one piece and
-/// several; then (unless the full matrix ran already) every collective × type × operator
-/// under the tuner's choice. Returns how many calls ran.
+/// Every algorithm of every collective with [`algorithm_pairs`], in and out of place, at one
+/// piece and several; then (unless the full matrix ran already) every collective × type ×
+/// operator under the tuner's choice. Returns how many calls ran.
 fn device_matrix(comm: &Communicator, rank: usize, n: usize) -> usize {
-    let full = std::env::var("STRATA_GPU_FULL_MATRIX").is_ok_and(|v| v == "1");
+    let full = common::gpu::full_matrix();
     let device = local_device();
     let stream = Stream::new(device).unwrap();
     let mut failures = Vec::new();
@@ -140,7 +118,7 @@ fn device_matrix(comm: &Communicator, rank: usize, n: usize) -> usize {
                 continue;
             }
             comm.set_algorithm(collective, Some(algorithm)).unwrap();
-            for (dtype, op) in pairs(collective, full) {
+            for (dtype, op) in algorithm_pairs(collective, full) {
                 for in_place in [false, true] {
                     for count in [3usize, 20_001] {
                         let spec = CallSpec {
@@ -160,7 +138,7 @@ fn device_matrix(comm: &Communicator, rank: usize, n: usize) -> usize {
         if full {
             continue;
         }
-        for (dtype, op) in pairs(collective, true) {
+        for (dtype, op) in algorithm_pairs(collective, true) {
             for in_place in [false, true] {
                 let spec = CallSpec {
                     op,

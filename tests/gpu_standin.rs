@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use strata::gpu::{self, DeviceBuffer, Stream, sys};
 use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, check};
 
-use common::gpu::{Gate, assert_all_ok, device_of, f32s, spawn, worker};
+use common::gpu::{
+    Gate, algorithm_pairs, assert_all_ok, device_of, f32s, full_matrix, spawn, worker,
+};
 
 #[test]
 fn every_collective_type_and_operator_host_staged_on_device_buffers_at_2_3_and_4_processes() {
@@ -285,30 +287,7 @@ fn the_standin_counts_what_crosses_host_memory_and_who_waits() {
     );
 }
 
-/// The type × operator pairs each algorithm is checked with: every one with
-/// `STRATA_GPU_FULL_MATRIX=1` (`scripts/gpu-matrix.sh`), else three that cover float, integer
-/// and 16-bit arithmetic and the sum, max and avg paths.
-fn algorithm_pairs(collective: Collective) -> Vec<(DataType, ReduceOp)> {
-    if !std::env::var("STRATA_GPU_FULL_MATRIX").is_ok_and(|v| v == "1") {
-        return vec![
-            (DataType::Float32, ReduceOp::Sum),
-            (DataType::Int64, ReduceOp::Max),
-            (DataType::Bfloat16, ReduceOp::Avg),
-        ];
-    }
-    let mut out = Vec::new();
-    for dtype in DataType::ALL {
-        if collective.reduces() {
-            out.extend(ReduceOp::BASIC.iter().map(|&op| (dtype, op)));
-            out.push((dtype, ReduceOp::PreMulSum(check::premul_scalar(dtype, 0))));
-        } else {
-            out.push((dtype, ReduceOp::Sum));
-        }
-    }
-    out
-}
-
-/// Every algorithm of every collective on device buffers, with [`algorithm_pairs`], in and
+/// Every algorithm of every collective on device buffers, with `algorithm_pairs`, in and
 /// out of place, at a size of one piece and one of several (the body of the stream-program
 /// test, beside the type × operator matrix under the tuner's choice).
 fn device_algorithms(comm: &Communicator, rank: usize, n: usize) {
@@ -322,7 +301,7 @@ fn device_algorithms(comm: &Communicator, rank: usize, n: usize) {
                 continue;
             }
             comm.set_algorithm(collective, Some(algorithm)).unwrap();
-            for (dtype, op) in algorithm_pairs(collective) {
+            for (dtype, op) in algorithm_pairs(collective, full_matrix()) {
                 for in_place in [false, true] {
                     for count in [3usize, 70_001] {
                         let spec = CallSpec {

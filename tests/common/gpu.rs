@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use strata::gpu::{self, Stream, sys};
-use strata::{Communicator, UniqueId};
+use strata::{Collective, Communicator, DataType, ReduceOp, UniqueId, check};
 
 const WORKER: &str = super::WORKER;
 
@@ -167,4 +167,33 @@ impl Gate {
 /// Native-endian bytes of `v`.
 pub fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+/// Whether `STRATA_GPU_FULL_MATRIX=1` (`scripts/gpu-matrix.sh`) asks for every type and
+/// operator with every algorithm.
+pub fn full_matrix() -> bool {
+    std::env::var("STRATA_GPU_FULL_MATRIX").is_ok_and(|v| v == "1")
+}
+
+/// The type × operator pairs a collective's algorithms are checked with: every one when
+/// `full`, else three that cover float, integer and 16-bit arithmetic and the sum, max and avg
+/// paths.
+pub fn algorithm_pairs(collective: Collective, full: bool) -> Vec<(DataType, ReduceOp)> {
+    if !full {
+        return vec![
+            (DataType::Float32, ReduceOp::Sum),
+            (DataType::Int64, ReduceOp::Max),
+            (DataType::Bfloat16, ReduceOp::Avg),
+        ];
+    }
+    let mut out = Vec::new();
+    for dtype in DataType::ALL {
+        if collective.reduces() {
+            out.extend(ReduceOp::BASIC.iter().map(|&op| (dtype, op)));
+            out.push((dtype, ReduceOp::PreMulSum(check::premul_scalar(dtype, 0))));
+        } else {
+            out.push((dtype, ReduceOp::Sum));
+        }
+    }
+    out
 }
