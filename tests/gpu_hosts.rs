@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::gpu::algorithm_pairs;
+use common::gpu::{algorithm_pairs, for_each_algorithm_call};
 use common::netns::Hosts;
 use common::{assert_all_ok, is_worker, spawn, worker};
 use std::time::{Duration, Instant};
@@ -113,28 +113,7 @@ fn device_matrix(comm: &Communicator, rank: usize, n: usize) -> usize {
         ran += 1;
     };
     for collective in Collective::WITH_BUFFERS {
-        for &algorithm in strata::algorithms::algorithms_for(collective) {
-            if algorithm.check_ranks(n).is_err() {
-                continue;
-            }
-            comm.set_algorithm(collective, Some(algorithm)).unwrap();
-            for (dtype, op) in algorithm_pairs(collective, full) {
-                for in_place in [false, true] {
-                    for count in [3usize, 20_001] {
-                        let spec = CallSpec {
-                            op,
-                            root: 1 % n,
-                            ..CallSpec::new(collective, dtype, count)
-                        };
-                        let what = format!(
-                            "{collective}/{algorithm} {dtype} {op} {count} in_place {in_place}"
-                        );
-                        one(spec, in_place, what);
-                    }
-                }
-            }
-        }
-        comm.set_algorithm(collective, None).unwrap();
+        for_each_algorithm_call(comm, n, collective, full, 20_001, &mut one);
         if full {
             continue;
         }

@@ -16,7 +16,7 @@ use strata::gpu::{self, DeviceBuffer, Stream, sys};
 use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, check};
 
 use common::gpu::{
-    Gate, algorithm_pairs, assert_all_ok, device_of, f32s, full_matrix, spawn, worker,
+    Gate, assert_all_ok, device_of, f32s, for_each_algorithm_call, full_matrix, spawn, worker,
 };
 
 #[test]
@@ -296,33 +296,22 @@ fn device_algorithms(comm: &Communicator, rank: usize, n: usize) {
     let mut failures = Vec::new();
     let mut ran = 0;
     for collective in Collective::WITH_BUFFERS {
-        for &algorithm in strata::algorithms::algorithms_for(collective) {
-            if algorithm.check_ranks(n).is_err() {
-                continue;
-            }
-            comm.set_algorithm(collective, Some(algorithm)).unwrap();
-            for (dtype, op) in algorithm_pairs(collective, full_matrix()) {
-                for in_place in [false, true] {
-                    for count in [3usize, 70_001] {
-                        let spec = CallSpec {
-                            op,
-                            root: 1 % n,
-                            ..CallSpec::new(collective, dtype, count)
-                        };
-                        let what = format!(
-                            "{collective}/{algorithm} {dtype} {op} {count} in_place {in_place}"
-                        );
-                        match check::run_and_check_device(comm, spec, in_place, &stream, device) {
-                            Ok(c) if c.first.is_none() => {}
-                            Ok(c) => failures.push(format!("{what}: {:?}", c.first)),
-                            Err(e) => failures.push(format!("{what}: {e}")),
-                        }
-                        ran += 1;
-                    }
+        let big = 70_001;
+        for_each_algorithm_call(
+            comm,
+            n,
+            collective,
+            full_matrix(),
+            big,
+            |spec, in_place, what| {
+                match check::run_and_check_device(comm, spec, in_place, &stream, device) {
+                    Ok(c) if c.first.is_none() => {}
+                    Ok(c) => failures.push(format!("{what}: {:?}", c.first)),
+                    Err(e) => failures.push(format!("{what}: {e}")),
                 }
-            }
-        }
-        comm.set_algorithm(collective, None).unwrap();
+                ran += 1;
+            },
+        );
     }
     assert!(failures.is_empty(), "rank {rank}: {}", failures.join("\n"));
     assert!(ran > 100, "only {ran} calls");

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use strata::gpu::{self, Stream, sys};
-use strata::{Collective, Communicator, DataType, ReduceOp, UniqueId, check};
+use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId, check};
 
 const WORKER: &str = super::WORKER;
 
@@ -196,4 +196,39 @@ pub fn algorithm_pairs(collective: Collective, full: bool) -> Vec<(DataType, Red
         }
     }
     out
+}
+
+/// Calls `call(spec, in_place, what)` for every algorithm of `collective` that runs at `n`
+/// ranks (forced with `set_algorithm` meanwhile), with [`algorithm_pairs`], in and out of
+/// place, at 3 elements and at `big`; then gives `collective` back to the tuner.
+pub fn for_each_algorithm_call(
+    comm: &Communicator,
+    n: usize,
+    collective: Collective,
+    full: bool,
+    big: usize,
+    mut call: impl FnMut(CallSpec, bool, String),
+) {
+    for &algorithm in strata::algorithms::algorithms_for(collective) {
+        if algorithm.check_ranks(n).is_err() {
+            continue;
+        }
+        comm.set_algorithm(collective, Some(algorithm)).unwrap();
+        for (dtype, op) in algorithm_pairs(collective, full) {
+            for in_place in [false, true] {
+                for count in [3usize, big] {
+                    let spec = CallSpec {
+                        op,
+                        root: 1 % n,
+                        ..CallSpec::new(collective, dtype, count)
+                    };
+                    let what = format!(
+                        "{collective}/{algorithm} {dtype} {op} {count} in_place {in_place}"
+                    );
+                    call(spec, in_place, what);
+                }
+            }
+        }
+    }
+    comm.set_algorithm(collective, None).unwrap();
 }
