@@ -420,16 +420,7 @@ impl Runner {
                 self.fault(e);
             }
             Err(e) => {
-                // Refused: nothing listens there any more. Anything else (a handshake cut or
-                // not answered) may be a process alive but out of descriptors or stuck.
-                let refused = e
-                    .to_string()
-                    .contains(&format!("(os error {})", libc::ECONNREFUSED));
-                let cause = if refused {
-                    "nothing listens there: it has exited or destroyed its communicator"
-                } else {
-                    "it may be out of file descriptors or stuck, or it exited meanwhile"
-                };
+                let cause = wire::unreachable_cause(&e);
                 let e = self.peer_failed(
                     target,
                     format!("its listener did not take the watchdog link ({e}); {cause}"),

@@ -34,9 +34,9 @@ pub(crate) fn probe(
         if wire::is_out_of_descriptors(&e) {
             return peer_failed(me, format!("probing rank {}: {e}", peer.rank));
         }
+        let cause = wire::unreachable_cause(&e);
         gone(format!(
-            "its listener at {} cannot be reached ({e}); it has exited or destroyed its \
-                 communicator",
+            "its listener at {} cannot be reached ({e}); {cause}",
             peer.listen
         ))
     })?;
@@ -65,11 +65,11 @@ pub(crate) fn connect(
         if wire::is_out_of_descriptors(&e) {
             return peer_failed(me, format!("connecting to rank {}: {e}", peer.rank));
         }
+        let cause = wire::unreachable_cause(&e);
         peer_failed(
             peer,
             format!(
-                "its listener at {} cannot be reached ({e}); it has exited or destroyed its \
-                 communicator",
+                "its listener at {} cannot be reached ({e}); {cause}",
                 peer.listen
             ),
         )

@@ -288,6 +288,20 @@ pub(crate) fn is_out_of_descriptors(e: &Error) -> bool {
     matches!(e, Error::Transport(m) if m.starts_with(OUT_OF_DESCRIPTORS))
 }
 
+/// What an unanswered connection to a peer's listener says about the peer. Refused: nothing
+/// listens there any more. Anything else (a handshake cut or never answered) may be a process
+/// alive but out of descriptors or stuck, whose queued connections are reset only when it exits.
+pub(crate) fn unreachable_cause(e: &Error) -> &'static str {
+    let refused = e
+        .to_string()
+        .contains(&format!("(os error {})", libc::ECONNREFUSED));
+    if refused {
+        "nothing listens there: it has exited or destroyed its communicator"
+    } else {
+        "it may be out of file descriptors or stuck, or it exited meanwhile"
+    }
+}
+
 /// Opens an authenticated connection to `peer`'s listener for communicator `comm` and asks
 /// it for `kind`; reading the answer is the caller's part.
 pub(crate) fn open_request(
@@ -333,5 +347,29 @@ mod tests {
         let mut bad = TcpStream::connect(addr).unwrap();
         assert!(handshake_connect(&mut bad, &[2; 16], Duration::from_secs(5)).is_err());
         assert_eq!(t.join().unwrap(), vec![true, false]);
+    }
+
+    #[test]
+    fn a_listener_that_never_accepts_is_not_called_exited_but_a_closed_port_is() {
+        let deadline = || Instant::now() + Duration::from_secs(5);
+        // Alive but not accepting (as when out of descriptors): the connection waits in the
+        // backlog and is reset only when the listener goes.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(l);
+        });
+        let e = connect_authenticated(addr, &[1; 16], deadline(), Duration::from_secs(5), false)
+            .unwrap_err();
+        closer.join().unwrap();
+        assert!(
+            unreachable_cause(&e).contains("out of file descriptors or stuck"),
+            "{e}"
+        );
+        // Nothing listens at all: refused.
+        let e = connect_authenticated(addr, &[1; 16], deadline(), Duration::from_secs(5), false)
+            .unwrap_err();
+        assert!(unreachable_cause(&e).contains("it has exited"), "{e}");
     }
 }

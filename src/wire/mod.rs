@@ -15,7 +15,7 @@ mod progress;
 
 pub(crate) use auth::{
     Secret, accept_loop, connect_authenticated, deepen_backlog, is_out_of_descriptors,
-    open_request, random_bytes,
+    open_request, random_bytes, unreachable_cause,
 };
 pub(crate) use census::Census;
 #[cfg(test)]
