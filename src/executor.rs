@@ -15,7 +15,7 @@ use crate::dtype::DataType;
 use crate::error::{Error, RankList, Result};
 use crate::reduce::{self, Combine};
 use crate::transport::Direction;
-use crate::wire::PeerInfo;
+use crate::wire::{PeerInfo, STALL_BYTES, same_call_bytes, set_stall_share, stall_share_of};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 use strata_algorithms::{Buf, Op, RankSchedule, Region};
@@ -134,13 +134,133 @@ pub(crate) struct ExecBuffers {
     /// Every rank's vector in a small one-shot all-reduce.
     gathered: Vec<u8>,
     step: StepState,
-    /// When the call started, and the peers this rank hears from in its first communicating
-    /// step: they send there as soon as they start, so their first message's delay says how
-    /// much later they started ([`crate::watchdog::stragglers`]).
-    started: Option<Instant>,
-    first_from: Vec<usize>,
-    /// (peer, delay after `started`) of those first messages, this call.
-    pub lateness: Vec<(usize, Duration)>,
+    /// What this call tells the straggler view ([`crate::watchdog::stragglers`]).
+    pub stalls: StallLog,
+}
+
+/// A call's stalls: idle stretches of at least `threshold`, each charged to the peers the
+/// rank was blocked on when the stretch began (receives first: a send that cannot go out
+/// waits on a receiver that is itself waiting), and the stall shares the peers' headers
+/// carried. Time this rank itself did not run is not charged: a gap between two of its polls
+/// longer than it meant to sleep (stopped, throttled, descheduled) is taken out, or a rank
+/// stopped while it waits would blame whomever it waited on. Costs two clock reads per idle
+/// stretch, the one each sleeping poll makes anyway, and nothing per byte.
+#[derive(Default)]
+pub(crate) struct StallLog {
+    /// This rank's own stall share (per mille), written into the headers it sends.
+    pub own_share: u16,
+    /// Shortest idle stretch counted as a stall.
+    pub threshold: Duration,
+    idle_since: Option<Instant>,
+    /// The last sleeping poll of the open stretch and how long it meant to sleep.
+    last_poll: Option<(Instant, Duration)>,
+    /// Time of the open stretch this rank was not running.
+    lost: Duration,
+    blocked_on: Vec<usize>,
+    /// (peer, stalled on it) of this call.
+    pub stalls: Vec<(usize, Duration)>,
+    /// (peer, its stall share per mille) from the headers of this call.
+    pub peer_shares: Vec<(usize, u16)>,
+}
+
+impl StallLog {
+    /// Forgets the last call.
+    pub fn begin_call(&mut self) {
+        self.idle_since = None;
+        self.stalls.clear();
+        self.peer_shares.clear();
+    }
+
+    /// An idle round: starts a stretch, blocked on the peers of `waits`, unless one is open.
+    fn idle(&mut self, waits: &[(usize, Direction)]) {
+        if self.idle_since.is_some() {
+            return;
+        }
+        self.idle_since = Some(Instant::now());
+        self.last_poll = None;
+        self.lost = Duration::ZERO;
+        self.blocked_on.clear();
+        let receiving = waits.iter().any(|w| w.1 == Direction::Recv);
+        for &(peer, dir) in waits {
+            if (dir == Direction::Recv || !receiving) && !self.blocked_on.contains(&peer) {
+                self.blocked_on.push(peer);
+            }
+        }
+    }
+
+    /// A sleeping poll of the open stretch at `now`, about to sleep up to `sleep`.
+    fn polled(&mut self, now: Instant, sleep: Duration) {
+        if self.idle_since.is_some() {
+            self.count_gap(now);
+            self.last_poll = Some((now, sleep));
+        }
+    }
+
+    /// Takes the part of the gap since the last poll (or the stretch's start, which only
+    /// spins and yields) that this rank meant to spend running out of the stretch.
+    fn count_gap(&mut self, now: Instant) {
+        /// Lateness of a wake-up that is only the scheduler's.
+        const SLACK: Duration = Duration::from_millis(2);
+        let (from, meant) = match (self.last_poll, self.idle_since) {
+            (Some(p), _) => p,
+            (None, Some(t0)) => (t0, Duration::ZERO),
+            (None, None) => return,
+        };
+        let gap = now.saturating_duration_since(from);
+        if gap > meant + SLACK {
+            self.lost += gap - meant;
+        }
+    }
+
+    /// Something moved (or the step ended): closes the open stretch, charging it when long.
+    fn moved(&mut self) {
+        if self.idle_since.is_none() {
+            return;
+        }
+        let now = Instant::now();
+        self.count_gap(now);
+        let Some(t0) = self.idle_since.take() else {
+            return;
+        };
+        let waited = now.saturating_duration_since(t0).saturating_sub(self.lost);
+        if waited < self.threshold || self.blocked_on.is_empty() {
+            return;
+        }
+        let each = waited / self.blocked_on.len() as u32;
+        for &peer in &self.blocked_on {
+            match self.stalls.iter_mut().find(|s| s.0 == peer) {
+                Some(s) => s.1 += each,
+                None => self.stalls.push((peer, each)),
+            }
+        }
+    }
+
+    /// Records the stall share `peer`'s header carried.
+    pub(crate) fn note_share(&mut self, peer: usize, per_mille: u16) {
+        match self.peer_shares.iter_mut().find(|s| s.0 == peer) {
+            Some(s) => s.1 = per_mille,
+            None => self.peer_shares.push((peer, per_mille)),
+        }
+    }
+}
+
+impl ExecBuffers {
+    /// Buffers whose calls count idle stretches of at least `threshold` as stalls.
+    pub(crate) fn with_stall_threshold(threshold: Duration) -> Self {
+        let mut b = Self::default();
+        b.stalls.threshold = threshold;
+        b
+    }
+
+    /// Records the stall share `peer`'s header carried.
+    pub(crate) fn note_stall_share(&mut self, peer: usize, per_mille: u16) {
+        self.stalls.note_share(peer, per_mille);
+    }
+
+    /// A step's loop ends: an open idle stretch ends with it.
+    pub(crate) fn step_done(&mut self) {
+        self.stalls.moved();
+    }
 }
 
 #[derive(Default)]
@@ -211,16 +331,22 @@ impl OpRun<'_> {
     pub fn run(&mut self, sched: &RankSchedule, bufs: &Buffers) -> Result<()> {
         let mut states = std::mem::take(&mut self.reuse.states);
         states.clear();
-        let out = self.wire_out.encode();
+        let share = self.reuse.stalls.own_share;
+        let mut out = self.wire_out.encode();
+        set_stall_share(&mut out, share);
         let shared = self
             .hdr_out
             .iter()
             .map(|&p| (p, Some(out), None))
             .chain(self.hdr_in.iter().map(|&p| (p, None, Some(self.wire_in))));
-        let own = self
-            .per_peer
-            .iter()
-            .map(|&(p, o, i)| (p, o.map(|h| h.encode()), i));
+        let own = self.per_peer.iter().map(|&(p, o, i)| {
+            let encoded = o.map(|h| {
+                let mut b = h.encode();
+                set_stall_share(&mut b, share);
+                b
+            });
+            (p, encoded, i)
+        });
         for (peer, out, expect) in shared.chain(own) {
             let i = match states.iter().position(|s| s.peer == peer) {
                 Some(i) => i,
@@ -248,21 +374,6 @@ impl OpRun<'_> {
                 c.hdr_in.clear();
             }
         }
-        let r = &mut *self.reuse;
-        r.lateness.clear();
-        r.first_from.clear();
-        if let Some(first) = sched
-            .steps
-            .iter()
-            .find(|s| s.ops.iter().any(|o| o.peer().is_some()))
-        {
-            r.first_from
-                .extend(first.ops.iter().filter_map(|op| match *op {
-                    Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => Some(peer),
-                    _ => None,
-                }));
-        }
-        r.started = (!r.first_from.is_empty()).then(Instant::now);
         let mut result = Ok(());
         self.reuse.step.carried_for = None;
         for (si, step) in sched.steps.iter().enumerate() {
@@ -477,6 +588,7 @@ impl OpRun<'_> {
                 }
             }
             if all_done && waits.is_empty() {
+                self.reuse.step_done();
                 return Ok(());
             }
             self.end_round(progressed, &mut idle, waits)?;
@@ -609,14 +721,11 @@ impl OpRun<'_> {
             return Ok(n > 0);
         }
         let got = Header::decode(&conn.hdr_in);
+        let mut whole = [0u8; HEADER_BYTES];
+        whole.copy_from_slice(&conn.hdr_in);
         conn.hdr_in.clear();
         st.in_done = true;
-        let r = &mut *self.reuse;
-        if let Some(t0) = r.started
-            && r.first_from.contains(&peer)
-        {
-            r.lateness.push((peer, t0.elapsed()));
-        }
+        self.reuse.note_stall_share(peer, stall_share_of(&whole));
         let expect = st
             .expect
             .ok_or_else(|| Error::Transport("internal: header without expectation".into()))?;

@@ -1,11 +1,14 @@
-//! A rank that is alive but persistently late is named, and a clean run names no one: four
-//! ranks all-reduce 1 MiB (ring) 120 times; in one run rank 2 sleeps 15 ms before each call,
-//! as a rank with a slow GPU, a throttled CPU or a bad cable would start each call late.
+//! A rank that is alive but persistently slow is named, and a clean run names no one.
+//! * Late at every call: four ranks all-reduce 1 MiB (ring) 120 times; in one run rank 2
+//!   sleeps 15 ms before each call, as a rank with a slow GPU would start each call late.
+//! * Throttled in bursts: four ranks all-reduce 1 MiB for 8 s while the test stops rank 2
+//!   for 100 ms of every 200 ms (SIGSTOP/SIGCONT, half speed) from 1 s to 7 s: the stops land
+//!   anywhere in a call, and only the rank after it in the ring hears from it directly.
 
 mod common;
 
-use common::{assert_all_ok, is_worker, spawn, worker};
-use std::time::Duration;
+use common::{assert_all_ok, is_worker, spawn, spawn_watched, worker};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use strata::{Algorithm, Collective, ReduceOp};
 
 const SLOW: usize = 2;
@@ -35,14 +38,31 @@ fn a_persistently_late_rank_is_named_and_a_clean_run_names_no_one() {
     }
     let name = "a_persistently_late_rank_is_named_and_a_clean_run_names_no_one";
     for slow in ["1", "0"] {
+        // The flight record is written when a straggler is named.
+        let traces = std::env::temp_dir().join(format!("strata-stragglers-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&traces);
+        let dir = traces.to_string_lossy().to_string();
         let ranks = spawn(
             name,
             4,
             4,
             // Warnings are shown under NCCL_DEBUG=WARN (or STRATA_LOG=warn), as in NCCL.
-            &[("STRATA_TEST_SLOW", slow), ("NCCL_DEBUG", "WARN")],
+            &[
+                ("STRATA_TEST_SLOW", slow),
+                ("NCCL_DEBUG", "WARN"),
+                ("STRATA_TRACE_DIR", &dir),
+            ],
             Duration::from_secs(120),
         );
+        let mut in_traces = std::collections::BTreeSet::new();
+        for entry in std::fs::read_dir(&traces).into_iter().flatten().flatten() {
+            let text = std::fs::read_to_string(entry.path()).unwrap();
+            let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for s in trace["stragglers"].as_array().unwrap() {
+                in_traces.insert(s["rank"].as_u64().unwrap() as usize);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&traces);
         assert_all_ok(&ranks);
         let mut named = std::collections::BTreeSet::new();
         for (r, (_, out)) in ranks.iter().enumerate() {
@@ -63,6 +83,10 @@ fn a_persistently_late_rank_is_named_and_a_clean_run_names_no_one() {
         let warned = ranks.iter().any(|(_, out)| {
             out.contains(&format!("rank {SLOW} (host")) && out.contains("is a straggler")
         });
+        assert_eq!(
+            in_traces, named,
+            "the flight records name whom the ranks name"
+        );
         if slow == "1" {
             assert_eq!(named, [SLOW].into(), "the slow rank alone is named");
             assert!(warned, "no warn line named rank {SLOW}");
@@ -74,4 +98,114 @@ fn a_persistently_late_rank_is_named_and_a_clean_run_names_no_one() {
             );
         }
     }
+}
+
+/// Seconds since the epoch, to compare a rank's moment with the test's.
+fn unix_s() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[test]
+fn a_rank_stopped_half_the_time_is_named_within_seconds_by_the_rank_it_holds_up() {
+    const RUN: Duration = Duration::from_secs(8);
+    const THROTTLE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(7));
+    if let Some(w) = worker() {
+        w.comm
+            .set_algorithm(Collective::AllReduce, Some(Algorithm::Ring))
+            .unwrap();
+        let start = Instant::now();
+        let mut buf = vec![1f32; 1 << 18];
+        let mut named_at = None;
+        let mut calls = 0u64;
+        loop {
+            buf.fill(1.0);
+            // Rank 0's clock says when to stop; the first element carries it to everyone.
+            if w.rank == 0 && start.elapsed() > RUN {
+                buf[0] = 1e6;
+            }
+            w.comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+            assert!(buf[1..].iter().all(|&x| x == w.n as f32));
+            calls += 1;
+            if named_at.is_none() && !w.comm.stragglers().is_empty() {
+                named_at = Some(unix_s());
+            }
+            if buf[0] > 1e5 {
+                break;
+            }
+        }
+        let seen: Vec<usize> = w.comm.stragglers().iter().map(|s| s.rank).collect();
+        println!("CALLS {calls}");
+        println!("NAMED_AT {}", named_at.unwrap_or(0.0));
+        println!("VIEW {seen:?} {:?}", w.comm.stragglers());
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let name = "a_rank_stopped_half_the_time_is_named_within_seconds_by_the_rank_it_holds_up";
+    let mut throttle_began = None;
+    let mut stopped = false;
+    let ranks = spawn_watched(
+        name,
+        4,
+        4,
+        &[("NCCL_DEBUG", "WARN")],
+        Duration::from_secs(60),
+        |pids, t| {
+            let victim = pids[SLOW] as i32;
+            let within = t >= THROTTLE.0 && t < THROTTLE.1;
+            // Stopped in the first 100 ms of each 200 ms, continued otherwise (and after).
+            let stop = within && t.as_millis() % 200 < 100;
+            if within && throttle_began.is_none() {
+                throttle_began = Some(unix_s());
+            }
+            if stop != stopped {
+                let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+                // SAFETY: signalling a child this test spawned.
+                unsafe { libc::kill(victim, sig) };
+                stopped = stop;
+            }
+        },
+    );
+    assert!(!stopped, "the victim was left stopped");
+    assert_all_ok(&ranks);
+    let began = throttle_began.expect("the throttle ran");
+    let mut named = std::collections::BTreeSet::new();
+    let mut first = f64::INFINITY;
+    for (r, (_, out)) in ranks.iter().enumerate() {
+        let field = |key: &str| {
+            out.lines()
+                .find_map(|l| l.split_once(key).map(|(_, v)| v.trim().to_string()))
+                .unwrap_or_else(|| panic!("rank {r} printed no {key}: {out}"))
+        };
+        let view = field("VIEW ");
+        let at: f64 = field("NAMED_AT ").parse().unwrap();
+        println!("rank {r}: {} calls, view {view}", field("CALLS "));
+        for l in out.lines().filter(|l| l.contains("straggler")) {
+            println!("  {l}");
+        }
+        if at > 0.0 {
+            first = first.min(at);
+            println!("  named {:.1} s after the throttle began", at - began);
+        }
+        let list = view.split(']').next().unwrap_or("").trim_start_matches('[');
+        named.extend(
+            list.split(',')
+                .filter_map(|x| x.trim().parse::<usize>().ok()),
+        );
+    }
+    // The ranks it holds up only through a neighbour say nothing: only rank 2 is named.
+    let first_view: std::collections::BTreeSet<usize> = [SLOW].into();
+    assert!(
+        named.is_empty() || named == first_view,
+        "only rank {SLOW} may be named, not {named:?}"
+    );
+    assert!(first.is_finite(), "rank {SLOW} was never named");
+    assert!(
+        first - began < 6.0,
+        "named {:.1} s after the throttle began",
+        first - began
+    );
 }

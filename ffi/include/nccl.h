@@ -280,6 +280,10 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 /* strata's own (not NCCL's; test STRATA_NCCL): the deadline of each later call on `comm`, in
  * seconds (> 0), for this communicator alone; STRATA_TIMEOUT sets every communicator's. */
 ncclResult_t strataCommSetTimeout(ncclComm_t comm, double seconds);
+/* strata's own: the peers this rank names as persistently slow, as a JSON array written with
+ * its NUL into `json` (`capacity` bytes); `*length` gets the text's length without the NUL,
+ * and a buffer too small is ncclInvalidArgument. */
+ncclResult_t strataCommGetStragglers(ncclComm_t comm, char* json, size_t capacity, size_t* length);
 
 /* Queries. ncclCommCuDevice is ncclInvalidUsage in this host-memory build. */
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);

@@ -92,6 +92,42 @@ fn strata_comm_set_timeout_sets_one_communicators_deadline_and_refuses_bad_input
 }
 
 #[test]
+fn strata_comm_get_stragglers_writes_json_and_refuses_a_short_buffer() {
+    let comms = init_all(2);
+    let mut buf = [0x55 as std::ffi::c_char; 64];
+    let mut len = usize::MAX;
+    // SAFETY: a 64-byte buffer and a length.
+    let ok = unsafe { strataCommGetStragglers(comms[0], buf.as_mut_ptr(), 64, &mut len) };
+    assert_eq!(ok, NcclResult::Success);
+    // SAFETY: written with its NUL.
+    let text = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    assert_eq!(text.to_str().unwrap(), "[]", "no one is slow here");
+    assert_eq!(len, 2);
+    // Too short for the text and its NUL: an error, the length still said, nothing written.
+    let mut short = [0x55 as std::ffi::c_char; 2];
+    // SAFETY: as above, 2 bytes.
+    let r = unsafe { strataCommGetStragglers(comms[0], short.as_mut_ptr(), 2, &mut len) };
+    assert_eq!(r, NcclResult::InvalidArgument);
+    assert_eq!((len, short), (2, [0x55; 2]));
+    // SAFETY: NULL arguments are refused, not followed.
+    unsafe {
+        assert_eq!(
+            strataCommGetStragglers(null_mut(), buf.as_mut_ptr(), 64, &mut len),
+            NcclResult::InvalidArgument
+        );
+        assert_eq!(
+            strataCommGetStragglers(comms[0], null_mut(), 64, &mut len),
+            NcclResult::InvalidArgument
+        );
+        assert_eq!(
+            strataCommGetStragglers(comms[0], buf.as_mut_ptr(), 64, null_mut()),
+            NcclResult::InvalidArgument
+        );
+    }
+    destroy(&comms);
+}
+
+#[test]
 fn a_config_is_read_by_its_size_and_a_bad_magic_is_rejected() {
     let mut full = NcclConfig {
         blocking: 0,

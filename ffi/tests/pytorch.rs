@@ -198,6 +198,20 @@ fn ranks_of_one_group_made_from_threads_of_one_process_do_not_wait_on_each_other
     assert!(text.contains("threads: 2 passed, 0 failed"), "{text}");
 }
 
+#[test]
+fn a_late_rank_is_named_through_the_backend_and_a_clean_run_names_no_one() {
+    let test = "a_late_rank_is_named_through_the_backend_and_a_clean_run_names_no_one";
+    let Some(python) = torch_python(test) else {
+        return;
+    };
+    let mut cmd = python_cmd(&python);
+    cmd.arg(repo().join("python/tests/check_stragglers.py"));
+    let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(240));
+    println!("{text}");
+    assert!(ok, "{text}");
+    assert!(text.contains("stragglers: 2 passed, 0 failed"), "{text}");
+}
+
 /// The `nccl*` names in an ELF file's dynamic symbol table (`nm -D`, defined or undefined).
 fn nccl_symbols(file: &Path, defined: bool) -> std::collections::BTreeSet<String> {
     let out = Command::new("nm")

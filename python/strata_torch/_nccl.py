@@ -11,6 +11,7 @@ worker thread overlaps Python and autograd work on other threads.
 """
 
 import ctypes
+import json
 import os
 import pathlib
 
@@ -124,6 +125,10 @@ class Library:
         fn.argtypes = [P, ctypes.c_double]
         fn.restype = I
         self._set_timeout = self._checked(fn, "strataCommSetTimeout")
+        fn = self._lib.strataCommGetStragglers
+        fn.argtypes = [P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+        fn.restype = I
+        self._get_stragglers = self._checked(fn, "strataCommGetStragglers")
 
     def last_error(self, comm=None):
         """strata's message for the last failure on ``comm`` (or on this thread)."""
@@ -164,6 +169,22 @@ class Library:
     def set_timeout(self, comm, seconds):
         """strataCommSetTimeout: the deadline of each later call on ``comm``, in seconds."""
         self._set_timeout(comm, ctypes.c_double(seconds), comm=comm)
+
+    def stragglers(self, comm):
+        """strataCommGetStragglers: the peers this rank names as persistently slow, as dicts
+        (``rank``, ``calls``, ``late_share``, ``stall_share``, ``median_late_ms``,
+        ``own_stall_share``)."""
+        length = ctypes.c_size_t(0)
+        capacity = 4096
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            code = self._lib.strataCommGetStragglers(comm, buf, capacity, ctypes.byref(length))
+            if code == SUCCESS:
+                return json.loads(buf.value.decode())
+            if length.value + 1 <= capacity:
+                # Not a short buffer: raise the library's error.
+                self._get_stragglers(comm, buf, capacity, ctypes.byref(length), comm=comm)
+            capacity = length.value + 1
 
     def async_error(self, comm):
         """ncclCommGetAsyncError: the communicator's first fault (0 while healthy)."""

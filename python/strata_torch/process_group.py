@@ -123,6 +123,15 @@ class ProcessGroupStrata(dist.ProcessGroup):
     def getGroupDesc(self):
         return getattr(self, "_group_desc", "")
 
+    def stragglers(self):
+        """The ranks of this group this rank names as persistently slow (see strata's
+        ``Communicator::stragglers``): a list of dicts with ``rank`` (in this group),
+        ``calls``, ``late_share``, ``stall_share``, ``median_late_ms`` and
+        ``own_stall_share``; empty while no one is slow. Each rank names the peers it stalls
+        on, so gather every rank's list for the whole picture."""
+        self._check_open()
+        return self._lib.stragglers(self._comm)
+
     def abort(self):
         """Ends every call in flight on this group now (ncclCommAbort)."""
         if not self._closed:

@@ -59,8 +59,11 @@ impl Communicator {
             seq: st.seq,
             ..call.header
         };
+        let began = crate::watchdog::stragglers::coarse_now();
+        st.exec.stalls.begin_call();
         let mut encoded = call.encoded;
         encoded[Header::SEQ_BYTES].copy_from_slice(&st.seq.to_le_bytes());
+        crate::wire::set_stall_share(&mut encoded, st.exec.stalls.own_share);
         let cached = &*call.cached;
         let small = cached.small.as_ref().filter(|_| {
             !matches!(spec.op, ReduceOp::PreMulSum(_))
@@ -153,18 +156,36 @@ impl Communicator {
                 .run(&cached.sched, &bufs)
         })();
         let r = self.conclude(st, &local, result);
-        if r.is_ok() && !st.exec.lateness.is_empty() {
-            self.note_lateness(st, &local);
+        if r.is_ok() {
+            self.note_stalls(st, &local, began);
         }
         st.last_call = Some(call);
         r
     }
 
-    /// Feeds a finished call's first-message delays to the straggler view, and says so when a
-    /// peer becomes, or stops being, persistently late.
-    fn note_lateness(&self, st: &mut State, call: &Header) {
-        use crate::watchdog::stragglers::Change;
-        for change in st.stragglers.observe(&st.exec.lateness) {
+    /// Feeds a finished call's stalls to the straggler view, and says so when a peer becomes,
+    /// or stops being, persistently slow.
+    fn note_stalls(&self, st: &mut State, call: &Header, began: Duration) {
+        use crate::watchdog::stragglers::{Change, coarse_now};
+        let log = &mut st.exec.stalls;
+        let now = coarse_now();
+        let took = now.saturating_sub(began);
+        let changes = st
+            .stragglers
+            .observe(now, took, &log.stalls, &log.peer_shares);
+        log.own_share = st.stragglers.own_share_per_mille();
+        if !changes.is_empty() {
+            let inner = &*self.inner;
+            inner.health.set_stragglers(st.stragglers.current());
+            watchdog::dump_trace(
+                inner.cfg.trace_dir.as_deref(),
+                &inner.comm_id,
+                &inner.peers[inner.rank],
+                &inner.peers[0],
+                &inner.health,
+            );
+        }
+        for change in changes {
             let (s, late) = match &change {
                 Change::Late(s) => (s, true),
                 Change::Recovered(s) => (s, false),
@@ -178,23 +199,26 @@ impl Communicator {
             if late {
                 tracing::warn!(
                     rank = self.inner.rank,
-                    "rank {} ({who}) is a straggler: its first message came a median {:.1} ms \
-                     after this rank started, late in {:.0}% of the last {} calls this rank \
-                     heard from it (up to {})",
+                    "rank {} ({who}) is a straggler: this rank stalled on it in {:.0}% of its \
+                     last {} calls, {:.0}% of its collective time, a median {:.1} ms each, \
+                     while it stalls {:.0}% of its own (up to {})",
                     s.rank,
-                    s.median_late_ms,
                     100.0 * s.late_share,
                     s.calls,
+                    100.0 * s.stall_share,
+                    s.median_late_ms,
+                    100.0 * s.own_stall_share,
                     call.describe()
                 );
             } else {
                 tracing::warn!(
                     rank = self.inner.rank,
-                    "rank {} ({who}) is on time again: late in {:.0}% of the last {} calls \
-                     (up to {})",
+                    "rank {} ({who}) is on time again: stalled on in {:.0}% of the last {} \
+                     calls, {:.0}% of the time (up to {})",
                     s.rank,
                     100.0 * s.late_share,
                     s.calls,
+                    100.0 * s.stall_share,
                     call.describe()
                 );
             }

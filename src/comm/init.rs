@@ -254,7 +254,7 @@ impl Communicator {
             last_call: None,
             last_choice: None,
             small_calls: 0,
-            exec: Default::default(),
+            exec: executor::ExecBuffers::with_stall_threshold(cfg.straggler_threshold),
             splits: 0,
             shrinks: 0,
         };

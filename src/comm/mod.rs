@@ -361,16 +361,12 @@ impl Communicator {
         Ok(())
     }
 
-    /// The peers this rank has heard from persistently late (see
-    /// [`crate::watchdog::stragglers`]): each rank sees the peers it receives from first in a
-    /// call, so ask every rank, or read the `warn` lines, for the whole picture. Empty while
-    /// no one is late.
+    /// The peers this rank names as persistently slow (see [`crate::watchdog::stragglers`]):
+    /// each rank names the peers it stalls on that hardly stall themselves, so ask every
+    /// rank, or read the `warn` lines, for the whole picture. Empty while no one is slow.
+    /// Does not wait for a call in progress.
     pub fn stragglers(&self) -> Vec<crate::Straggler> {
-        self.inner
-            .state
-            .lock()
-            .map(|st| st.stragglers.current())
-            .unwrap_or_default()
+        self.inner.health.stragglers()
     }
 
     /// The deadline of each call.

@@ -181,6 +181,7 @@ impl OpRun<'_> {
                 }
             }
             if n == 0 {
+                self.reuse.step_done();
                 return Ok(());
             }
             self.end_round(progressed, &mut idle, &waits[..n])?;
@@ -208,7 +209,7 @@ impl OpRun<'_> {
                 if pos < HEADER_BYTES {
                     let k = incoming.len().min(HEADER_BYTES - pos);
                     head[pos..pos + k].copy_from_slice(&incoming[..k]);
-                    wrong |= incoming[..k] != expected[pos..pos + k];
+                    wrong |= !same_call_bytes(&incoming[..k], expected, pos);
                     (pos, incoming) = (pos + k, &incoming[k..]);
                 }
                 if wrong || incoming.is_empty() {
@@ -219,6 +220,15 @@ impl OpRun<'_> {
                 pos += incoming.len();
             })
             .map_err(|e| self.io_err(peer, e))?;
+        if !wrong && got < HEADER_BYTES && got + n >= HEADER_BYTES {
+            // The sender's stall share, where its bytes came in this read (nearly always:
+            // a header arrives whole).
+            if got <= STALL_BYTES.start {
+                let b = &head[STALL_BYTES];
+                self.reuse
+                    .note_stall_share(peer, u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
         if wrong {
             // The bytes of this header that arrived in this read are in `head`; those that
             // arrived before matched. Describe the peer's call if the whole header is here.

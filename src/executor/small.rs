@@ -202,7 +202,7 @@ impl OpRun<'_> {
                             let k = incoming.len().min(HEADER_BYTES - pos);
                             head[pos..pos + k].copy_from_slice(&incoming[..k]);
                             (pos, incoming) = (pos + k, &incoming[k..]);
-                            wrong = pos == HEADER_BYTES && head != *header;
+                            wrong = pos == HEADER_BYTES && !same_call_bytes(&head, header, 0);
                         }
                         let (at, k) = (pos - HEADER_BYTES, incoming.len());
                         pos += k;
@@ -223,10 +223,13 @@ impl OpRun<'_> {
                         }
                     })
                     .map_err(|e| self.io_err(partner, e))?;
-                if got < HEADER_BYTES && got + n >= HEADER_BYTES && head != *header {
-                    // Other bytes are another call (the encoding is canonical: see the
-                    // header's tests), and its data was not reduced.
-                    return Err(self.small_mismatch(partner, Some(&head)));
+                if got < HEADER_BYTES && got + n >= HEADER_BYTES {
+                    if !same_call_bytes(&head, header, 0) {
+                        // Other bytes are another call (the encoding is canonical: see the
+                        // header's tests), and its data was not reduced.
+                        return Err(self.small_mismatch(partner, Some(&head)));
+                    }
+                    self.reuse.note_stall_share(partner, stall_share_of(&head));
                 }
                 got += n;
                 progressed |= n > 0;
@@ -236,6 +239,7 @@ impl OpRun<'_> {
                 .zip(sent.iter())
                 .all(|(_, &s)| s as usize == HEADER_BYTES);
             if out == total && got == total && headers_out {
+                self.reuse.step_done();
                 return Ok(());
             }
             let waits = [(partner, Direction::Recv), (partner, Direction::Send)];
@@ -310,6 +314,7 @@ impl OpRun<'_> {
                     .iter()
                     .all(|&s| s as usize == HEADER_BYTES)
             {
+                self.reuse.step_done();
                 return Ok(());
             }
             if n == 0 {

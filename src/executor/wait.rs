@@ -102,8 +102,10 @@ impl OpRun<'_> {
         if progressed {
             *idle = 0;
             self.progress_events += 1;
+            self.reuse.stalls.moved();
             return Ok(());
         }
+        self.reuse.stalls.idle(waits);
         *idle += 1;
         self.idle_wait(*idle, waits)
     }
@@ -203,6 +205,7 @@ impl OpRun<'_> {
             } else {
                 sleep.min(Duration::from_millis(1))
             };
+            self.reuse.stalls.polled(now, t);
             futex::wait_any(&words, t);
             for (_, _, f) in &futexes {
                 // SAFETY: as above.
@@ -213,6 +216,7 @@ impl OpRun<'_> {
                 unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
             }
         } else {
+            self.reuse.stalls.polled(now, sleep);
             let ts = libc::timespec {
                 tv_sec: sleep.as_secs() as libc::time_t,
                 tv_nsec: sleep.subsec_nanos() as libc::c_long,

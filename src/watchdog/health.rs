@@ -36,6 +36,9 @@ pub(crate) struct Health {
     pub has_failed: AtomicBool,
     fault: Mutex<Option<Error>>,
     recorder: Recorder,
+    /// The peers this rank names as stragglers now (changed only when one is named or
+    /// recovers), for the flight record.
+    stragglers: Mutex<Vec<super::Straggler>>,
     /// Wakes the watchdog thread so that it announces a fault at once.
     pub(super) waker: Mutex<Option<UnixDatagram>>,
 }
@@ -105,10 +108,26 @@ impl Health {
     pub fn flight_records(&self) -> Vec<FlightRecord> {
         self.recorder.records()
     }
+
+    /// Replaces the stragglers this rank names.
+    pub fn set_stragglers(&self, now: Vec<super::Straggler>) {
+        if let Ok(mut s) = self.stragglers.lock() {
+            *s = now;
+        }
+    }
+
+    /// The stragglers this rank names.
+    pub fn stragglers(&self) -> Vec<super::Straggler> {
+        self.stragglers
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
 }
 
-/// After a fault, writes this rank's flight record as JSON into `dir` (`STRATA_TRACE_DIR`;
-/// nothing when unset) and logs where, or why it could not. `root` is rank 0, whose process
+/// After a fault, or when a straggler is named or recovers, writes this rank's flight record
+/// as JSON into `dir` (`STRATA_TRACE_DIR`; nothing when unset) and logs where, or why it
+/// could not. `root` is rank 0, whose process
 /// names the job in the file name (see [`trace_file_name`]).
 pub(crate) fn dump_trace(
     dir: Option<&std::path::Path>,
@@ -153,6 +172,7 @@ fn write_trace(
         written_us: u64,
         fault: Option<String>,
         progress: Progress,
+        stragglers: Vec<super::Straggler>,
         operations: Vec<FlightRecord>,
     }
     let trace = Trace {
@@ -163,6 +183,7 @@ fn write_trace(
         written_us: now_us(),
         fault: health.fault().map(|e| e.to_string()),
         progress: health.progress(),
+        stragglers: health.stragglers(),
         operations: health.flight_records(),
     };
     std::fs::create_dir_all(dir)?;

@@ -1,87 +1,73 @@
-//! Stragglers: ranks that are alive but persistently late. Each call tells this rank how long
-//! after its own start the first message of each peer it hears from in the call's first
-//! communicating step arrived (those peers send that message as soon as they start, so the
-//! delay is how much later they started, plus the wire). Over a sliding window of calls per
-//! peer, a peer late by more than a threshold in at least half of the window is reported once,
-//! and again when it recovers (late in under a fifth). Each call costs O(1) per peer heard
-//! (a ring write and two counters) and adds no message.
+//! Stragglers: ranks that are alive but persistently slow, found from what the data path
+//! already sees and no extra message.
 //!
-//! The rule's defaults: a window of 64 calls, reported once 32 have been seen, late meaning
-//! more than `STRATA_STRAGGLER_MS` (5 ms). Five milliseconds is well above this machine's
-//! scheduling noise between ranks of a call, and well below a training step; half the window
-//! keeps a checkpoint or a garbage collection (a few calls) from naming a rank, and a throttled
-//! rank (late at nearly every call) is named after 32 calls.
+//! **What a rank measures.** Each idle stretch of a collective longer than a threshold
+//! (`STRATA_STRAGGLER_MS`, 5 ms) is a *stall*, charged to the peers the rank was blocked on
+//! ([`crate::executor::StallLog`]). A rank that starts a call late stalls its peers at their
+//! first step; a rank throttled to half speed (a CPU quota, a SIGSTOP duty cycle, a slow
+//! link) stalls them in bursts anywhere in the call.
+//!
+//! **Telling the cause from a link in the chain.** In a ring, the rank after a slow one
+//! stalls on it, and the rank after that stalls on its neighbour, which is only passing the
+//! delay along. So every header a rank sends carries its own *stall share* (the part of its
+//! recent collective time it spent stalled, [`crate::wire::Header`]'s spare bytes): a rank
+//! that others stall on while it hardly stalls itself is the slow one; a neighbour that
+//! stalls as much as this rank does is not.
+//!
+//! **The rule.** Over a window of the last `WINDOW_S` seconds and at least the last
+//! `WINDOW_CALLS` calls (exponentially weighted, so O(1) per call and per peer stalled on), a
+//! peer is named when this rank stalled on it in at least half of the calls, or for at least a
+//! quarter of its collective time in at least three calls, and the peer's own stall share is
+//! at most a third of this rank's. It is named again as recovered when both fall under a fifth of those marks, or its
+//! own share rises to half of this rank's. Half the calls keeps a checkpoint or a garbage
+//! collection (a few calls) from naming anyone; a quarter of the time catches a bursty
+//! slowdown that hits few calls but costs many milliseconds; 5 ms is well above this
+//! machine's scheduling noise and well below a training step.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// Calls kept per peer.
-const WINDOW: usize = 64;
-/// Calls seen before a peer may be reported.
-const MIN_SEEN: usize = WINDOW / 2;
+/// The monotonic clock at its coarse resolution (a scheduler tick, a few milliseconds): read
+/// twice per call, it costs a few nanoseconds where a precise read costs tens. A call's
+/// duration so measured is a whole number of ticks, right on average over many calls, which
+/// is all a window of them needs.
+pub fn coarse_now() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; the clock exists on every Linux since 2.6.32.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
 
-/// A peer found persistently late.
+/// The window's length in time, seconds.
+const WINDOW_S: f64 = 4.0;
+/// The window's least length in calls.
+const WINDOW_CALLS: f64 = 64.0;
+/// Calls seen before anyone may be named.
+const MIN_CALLS: u64 = 32;
+/// Stalled calls (weighted) a share of the time needs behind it.
+const MIN_BURSTS: f64 = 3.0;
+/// Stalls kept per peer for the median.
+const RECENT: usize = 15;
+
+/// A peer found persistently slow.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Straggler {
-    /// The late rank.
+    /// The slow rank.
     pub rank: usize,
-    /// Calls of the window in which this rank heard from it.
+    /// Calls in this rank's window (weighted, rounded).
     pub calls: usize,
-    /// Share of those calls in which it was late, 0 to 1.
+    /// Share of the window's calls in which this rank stalled on it, 0 to 1.
     pub late_share: f64,
-    /// Median lateness over the window's calls, milliseconds.
+    /// Share of this rank's collective time spent stalled on it, 0 to 1, counting no stall
+    /// for more than the median one.
+    pub stall_share: f64,
+    /// Median of its last stalls, milliseconds.
     pub median_late_ms: f64,
-}
-
-/// What one peer's last calls said.
-struct Window {
-    /// Lateness per call, milliseconds, as a ring.
-    late_ms: [f32; WINDOW],
-    /// Samples written (the ring holds the last `min(written, WINDOW)`).
-    written: usize,
-    /// Samples in the ring over the threshold.
-    late: usize,
-    /// Reported as a straggler and not yet recovered.
-    reported: bool,
-}
-
-impl Window {
-    fn new() -> Self {
-        Self {
-            late_ms: [0.0; WINDOW],
-            written: 0,
-            late: 0,
-            reported: false,
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.written.min(WINDOW)
-    }
-
-    fn push(&mut self, ms: f32, threshold: f32) {
-        let slot = self.written % WINDOW;
-        if self.written >= WINDOW && self.late_ms[slot] > threshold {
-            self.late -= 1;
-        }
-        self.late_ms[slot] = ms;
-        if ms > threshold {
-            self.late += 1;
-        }
-        self.written += 1;
-    }
-
-    fn summary(&self, rank: usize) -> Straggler {
-        let n = self.len();
-        let mut v: Vec<f32> = self.late_ms[..n].to_vec();
-        v.sort_by(f32::total_cmp);
-        Straggler {
-            rank,
-            calls: n,
-            late_share: self.late as f64 / n.max(1) as f64,
-            median_late_ms: v.get(n / 2).copied().unwrap_or(0.0) as f64,
-        }
-    }
+    /// Its own stall share as its headers said, 0 to 1 (a slow rank hardly stalls).
+    pub own_stall_share: f64,
 }
 
 /// A change worth a log line.
@@ -93,51 +79,173 @@ pub enum Change {
     Recovered(Straggler),
 }
 
-/// One communicator's view of the peers it hears from.
+/// What this rank saw of one peer, weighted as of `stamp` (see [`Stragglers::age`]).
+#[derive(Default)]
+struct Peer {
+    stamp: f64,
+    stalled_s: f64,
+    stalled_calls: f64,
+    recent_ms: [f32; RECENT],
+    recent_n: usize,
+    share: Option<f64>,
+    reported: bool,
+}
+
+/// One communicator's view of the peers it stalls on.
 pub struct Stragglers {
-    threshold_ms: f32,
-    peers: HashMap<usize, Window>,
+    threshold: Duration,
+    /// Sum of -ln(decay) over all calls: a weight recorded at age `a` is worth
+    /// `exp(a - age)` now, so nothing is decayed until it is read.
+    age: f64,
+    last: Option<Duration>,
+    seen: u64,
+    calls: f64,
+    time_s: f64,
+    stalled_s: f64,
+    peers: HashMap<usize, Peer>,
+    /// The peers named now.
+    named: Vec<usize>,
 }
 
 impl Stragglers {
-    /// A view with lateness above `threshold` counting as late.
+    /// A view counting idle stretches of at least `threshold` as stalls.
     pub fn new(threshold: Duration) -> Self {
         Self {
-            threshold_ms: threshold.as_secs_f32() * 1e3,
+            threshold,
+            age: 0.0,
+            last: None,
+            seen: 0,
+            calls: 0.0,
+            time_s: 0.0,
+            stalled_s: 0.0,
             peers: HashMap::new(),
+            named: Vec::new(),
         }
     }
 
-    /// One call's observations: how long after this rank's start each peer's first message
-    /// arrived. Returns the peers whose state changed.
-    pub fn observe(&mut self, samples: &[(usize, Duration)]) -> Vec<Change> {
+    /// The shortest idle stretch that counts as a stall.
+    pub fn threshold(&self) -> Duration {
+        self.threshold
+    }
+
+    /// This rank's stall share over the window, per mille: what its headers carry.
+    pub fn own_share_per_mille(&self) -> u16 {
+        (1000.0 * self.own_share()).round().clamp(0.0, 1000.0) as u16
+    }
+
+    fn own_share(&self) -> f64 {
+        if self.time_s > 0.0 {
+            (self.stalled_s / self.time_s).min(1.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// One collective call that ended at `now` ([`coarse_now`]) and took `took`: the stalls
+    /// per peer, and the stall shares (per mille) the peers' headers carried. Returns the
+    /// peers whose state changed.
+    pub fn observe(
+        &mut self,
+        now: Duration,
+        took: Duration,
+        stalls: &[(usize, Duration)],
+        shares: &[(usize, u16)],
+    ) -> Vec<Change> {
+        // The window is the longer of WINDOW_S and WINDOW_CALLS calls.
+        let since = self
+            .last
+            .map_or(0.0, |t| now.saturating_sub(t).as_secs_f64());
+        self.last = Some(now);
+        let step = (since / WINDOW_S).min(1.0 / WINDOW_CALLS);
+        let keep = (-step).exp();
+        self.age += step;
+        self.seen += 1;
+        self.calls = self.calls * keep + 1.0;
+        self.time_s = self.time_s * keep + took.as_secs_f64();
+        let total: Duration = stalls.iter().map(|s| s.1).sum();
+        self.stalled_s = self.stalled_s * keep + total.as_secs_f64().min(took.as_secs_f64());
+        let age = self.age;
+        for &(peer, per_mille) in shares {
+            self.peers.entry(peer).or_default().share = Some(f64::from(per_mille) / 1000.0);
+        }
+        for &(peer, d) in stalls {
+            let p = self.peers.entry(peer).or_default();
+            p.bring_to(age);
+            p.stalled_s += d.as_secs_f64();
+            p.stalled_calls += 1.0;
+            p.recent_ms[p.recent_n % RECENT] = d.as_secs_f32() * 1e3;
+            p.recent_n += 1;
+        }
         let mut changes = Vec::new();
-        for &(peer, after) in samples {
-            let t = self.threshold_ms;
-            let w = self.peers.entry(peer).or_insert_with(Window::new);
-            w.push(after.as_secs_f32() * 1e3, t);
-            let n = w.len();
-            if !w.reported && n >= MIN_SEEN && 2 * w.late >= n {
-                w.reported = true;
-                changes.push(Change::Late(w.summary(peer)));
-            } else if w.reported && 5 * w.late < n {
-                w.reported = false;
-                changes.push(Change::Recovered(w.summary(peer)));
+        // Only the peers stalled on now, and those named: O(1) per call, not per peer known.
+        let mut candidates: Vec<usize> = stalls.iter().map(|s| s.0).collect();
+        for &r in &self.named {
+            if !candidates.contains(&r) {
+                candidates.push(r);
+            }
+        }
+        for peer in candidates {
+            let s = self.summary(peer);
+            let mine = self.own_share();
+            let Some(p) = self.peers.get_mut(&peer) else {
+                continue;
+            };
+            let its = p.share.unwrap_or(1.0);
+            // A share of the time needs a few stalls behind it: one long pause (a collection,
+            // a checkpoint) is not a slow rank.
+            let repeated = s.late_share * self.calls >= MIN_BURSTS;
+            let slow = s.late_share >= 0.5 || (s.stall_share >= 0.25 && repeated);
+            if !p.reported && self.seen >= MIN_CALLS && slow && its <= mine / 3.0 {
+                p.reported = true;
+                self.named.push(peer);
+                changes.push(Change::Late(s));
+            } else if p.reported
+                && ((s.late_share < 0.1 && s.stall_share < 0.05) || its > mine / 2.0)
+            {
+                p.reported = false;
+                self.named.retain(|&r| r != peer);
+                changes.push(Change::Recovered(s));
             }
         }
         changes
     }
 
-    /// The peers reported now, by rank.
+    fn summary(&self, rank: usize) -> Straggler {
+        let p = &self.peers[&rank];
+        let decay = (p.stamp - self.age).exp();
+        let n = p.recent_n.min(RECENT);
+        let mut recent = p.recent_ms[..n].to_vec();
+        recent.sort_by(f32::total_cmp);
+        let ratio = |a: f64, b: f64| if b > 0.0 { (a / b).min(1.0) } else { 0.0 };
+        let median_ms = recent.get(n / 2).copied().unwrap_or(0.0) as f64;
+        // The time share, but no more than its stalls at their median length would take: one
+        // long pause among short stalls does not count as many long ones.
+        let typical_s = p.stalled_calls * decay * median_ms / 1e3;
+        Straggler {
+            rank,
+            calls: self.calls.round() as usize,
+            late_share: ratio(p.stalled_calls * decay, self.calls),
+            stall_share: ratio((p.stalled_s * decay).min(typical_s), self.time_s),
+            median_late_ms: median_ms,
+            own_stall_share: p.share.unwrap_or(0.0),
+        }
+    }
+
+    /// The peers named now, by rank.
     pub fn current(&self) -> Vec<Straggler> {
-        let mut v: Vec<Straggler> = self
-            .peers
-            .iter()
-            .filter(|(_, w)| w.reported)
-            .map(|(&r, w)| w.summary(r))
-            .collect();
+        let mut v: Vec<Straggler> = self.named.iter().map(|&r| self.summary(r)).collect();
         v.sort_by_key(|s| s.rank);
         v
+    }
+}
+
+impl Peer {
+    /// Decays this peer's sums to `age`.
+    fn bring_to(&mut self, age: f64) {
+        let decay = (self.stamp - age).exp();
+        self.stalled_s *= decay;
+        self.stalled_calls *= decay;
+        self.stamp = age;
     }
 }
 
@@ -149,51 +257,117 @@ mod tests {
         Duration::from_millis(x)
     }
 
+    /// Calls of `took` ms back to back from `t`, each with `stalls` and `shares`.
+    struct Run {
+        s: Stragglers,
+        t: Duration,
+    }
+
+    impl Run {
+        fn new() -> Self {
+            Self {
+                s: Stragglers::new(ms(5)),
+                t: Duration::ZERO,
+            }
+        }
+
+        fn call(
+            &mut self,
+            took: u64,
+            stalls: &[(usize, u64)],
+            shares: &[(usize, u16)],
+        ) -> Vec<Change> {
+            self.t += ms(took);
+            let stalls: Vec<(usize, Duration)> = stalls.iter().map(|&(p, d)| (p, ms(d))).collect();
+            self.s.observe(self.t, ms(took), &stalls, shares)
+        }
+    }
+
     #[test]
-    fn a_peer_late_at_most_calls_is_reported_once_and_again_when_it_recovers() {
-        let mut s = Stragglers::new(ms(5));
+    fn a_peer_that_stalls_most_calls_and_hardly_stalls_itself_is_named_once_then_recovers() {
+        let mut r = Run::new();
         let mut changes = Vec::new();
-        // Peer 3 is 20 ms late at 3 calls in 4; peer 1 always on time.
+        // Peer 3 holds this rank up 20 ms at 3 calls in 4 and says it stalls 1%; peer 1
+        // (the rank after this one) never.
         for call in 0..200 {
-            let late = if call % 4 == 0 { 1 } else { 20 };
-            changes.extend(s.observe(&[(3, ms(late)), (1, ms(1))]));
+            let stalls: &[(usize, u64)] = if call % 4 == 0 { &[] } else { &[(3, 20)] };
+            changes.extend(r.call(25, stalls, &[(3, 10), (1, 600)]));
         }
         assert_eq!(changes.len(), 1, "{changes:?}");
         let Change::Late(first) = &changes[0] else {
             panic!("{changes:?}")
         };
         assert_eq!(first.rank, 3);
-        assert_eq!(first.calls, MIN_SEEN, "named as soon as the rule can");
-        assert_eq!(s.current().len(), 1);
-        assert!((s.current()[0].late_share - 0.75).abs() < 0.05);
-        assert_eq!(s.current()[0].median_late_ms, 20.0);
+        assert_eq!(r.s.seen, 200);
+        let now = &r.s.current()[0];
+        assert!((now.late_share - 0.75).abs() < 0.1, "{now:?}");
+        assert_eq!(now.median_late_ms, 20.0);
+        assert!((now.own_stall_share - 0.01).abs() < 1e-9);
+        assert!(
+            r.s.own_share_per_mille() > 400,
+            "{}",
+            r.s.own_share_per_mille()
+        );
         // On time again: recovered once, no longer current.
         changes.clear();
-        for _ in 0..200 {
-            changes.extend(s.observe(&[(3, ms(1))]));
+        for _ in 0..400 {
+            changes.extend(r.call(25, &[], &[(3, 10)]));
         }
         assert!(
-            matches!(changes.as_slice(), [Change::Recovered(r)] if r.rank == 3),
+            matches!(changes.as_slice(), [Change::Recovered(x)] if x.rank == 3),
             "{changes:?}"
         );
-        assert!(s.current().is_empty());
+        assert!(r.s.current().is_empty());
     }
 
     #[test]
-    fn occasional_lateness_and_a_clean_run_name_no_one() {
-        let mut s = Stragglers::new(ms(5));
-        for call in 0..1000 {
-            // A hiccup every 10 calls, and a burst of 20 late calls once.
-            let late = if call % 10 == 0 || (500..520).contains(&call) {
-                50
-            } else {
-                2
+    fn a_neighbour_that_stalls_as_much_as_this_rank_is_a_link_in_the_chain_not_the_cause() {
+        let mut r = Run::new();
+        for _ in 0..500 {
+            // Every call stalls 15 ms on rank 3, which says it stalls half its time too.
+            assert!(r.call(20, &[(3, 15)], &[(3, 500)]).is_empty());
+        }
+        assert!(r.s.current().is_empty());
+    }
+
+    #[test]
+    fn bursts_on_few_calls_that_cost_much_time_name_the_peer() {
+        let mut r = Run::new();
+        let mut named = None;
+        // 2 ms calls; every 50th call stalls 100 ms on peer 5 (a 50% SIGSTOP duty cycle):
+        // 2% of the calls, two thirds of the time.
+        for call in 0..3000u64 {
+            let stalls: &[(usize, u64)] = if call % 50 == 49 { &[(5, 100)] } else { &[] };
+            let took = if stalls.is_empty() { 2 } else { 102 };
+            if let Some(Change::Late(s)) = r.call(took, stalls, &[(5, 0)]).pop() {
+                named.get_or_insert((call, s));
+            }
+        }
+        let (call, s) = named.expect("never named");
+        assert_eq!(s.rank, 5);
+        assert!(s.late_share < 0.1 && s.stall_share > 0.25, "{s:?}");
+        // Within a few seconds of its first burst (3.6 s of calls at most).
+        assert!(call < 1800, "named at call {call}");
+    }
+
+    #[test]
+    fn occasional_stalls_one_long_pause_and_a_clean_run_name_no_one() {
+        let mut r = Run::new();
+        for call in 0..2000u64 {
+            // A 50 ms hiccup every 10 calls, a checkpoint's five stalled calls in a row, and
+            // one pause of a second.
+            let stalls: &[(usize, u64)] = match call {
+                700 => &[(2, 1000)],
+                500..505 => &[(2, 50)],
+                _ if call % 10 == 0 => &[(2, 50)],
+                _ => &[],
             };
+            let took = 40 + stalls.first().map_or(0, |s| s.1);
             assert!(
-                s.observe(&[(2, ms(late)), (5, ms(0))]).is_empty(),
+                r.call(took, stalls, &[(2, 0), (5, 0)]).is_empty(),
                 "call {call}"
             );
         }
-        assert!(s.current().is_empty());
+        assert!(r.s.current().is_empty());
     }
 }

@@ -20,7 +20,9 @@ pub(crate) use auth::{
 pub(crate) use census::Census;
 #[cfg(test)]
 pub(crate) use census::MAX_NAMED;
-pub(crate) use header::{HEADER_BYTES, Header};
+pub(crate) use header::{
+    HEADER_BYTES, Header, STALL_BYTES, same_call_bytes, set_stall_share, stall_share_of,
+};
 pub use peer::PeerInfo;
 pub(crate) use peer::process_nonce;
 pub use progress::Progress;

@@ -136,6 +136,19 @@ pub fn spawn(
     env: &[(&str, &str)],
     limit: Duration,
 ) -> Vec<(bool, String)> {
+    spawn_watched(name, n, ranks_started, env, limit, |_, _| {})
+}
+
+/// [`spawn`], calling `watch` with the ranks' pids and the time since they started about
+/// every 10 ms while they run (to throttle or signal one of them).
+pub fn spawn_watched(
+    name: &str,
+    n: usize,
+    ranks_started: usize,
+    env: &[(&str, &str)],
+    limit: Duration,
+    mut watch: impl FnMut(&[u32], Duration),
+) -> Vec<(bool, String)> {
     // One job at a time: the machine has two cores and each job brings up to 8 processes.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -205,8 +218,10 @@ pub fn spawn(
         })
         .collect();
     let start = Instant::now();
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
     let mut done: Vec<Option<bool>> = vec![None; children.len()];
     while done.iter().any(Option::is_none) {
+        watch(&pids, start.elapsed());
         for (r, c) in children.iter_mut().enumerate() {
             if done[r].is_none()
                 && let Some(s) = c.try_wait().unwrap()

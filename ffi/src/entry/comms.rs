@@ -486,3 +486,43 @@ pub extern "C" fn strataCommSetTimeout(comm: NcclComm, seconds: f64) -> NcclResu
         Ok(NcclResult::Success)
     })
 }
+
+/// `strataCommGetStragglers` (strata's own, not NCCL's): the peers this rank names as
+/// persistently slow (`Communicator::stragglers`), as a JSON array of objects (`rank`,
+/// `calls`, `late_share`, `stall_share`, `median_late_ms`, `own_stall_share`), written with a
+/// terminating NUL into `json` of `capacity` bytes. `*length` is always set to the text's
+/// length without the NUL; a buffer too small is `ncclInvalidArgument` and is left untouched.
+///
+/// # Safety
+/// `json` must be NULL or writable for `capacity` bytes; `length` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn strataCommGetStragglers(
+    comm: NcclComm,
+    json: *mut c_char,
+    capacity: usize,
+    length: *mut usize,
+) -> NcclResult {
+    guarded(|| {
+        let h = comm_of(comm)?;
+        let c = h.wait_ready(init_limit()).map_err(|e| report(&e))?;
+        let text = serde_json::to_string(&c.stragglers())
+            .map_err(|e| fail(NcclResult::InternalError, e))?;
+        // SAFETY: per the contract.
+        unsafe { put(length, text.len(), "length")? };
+        if json.is_null() {
+            return Err(invalid("json is NULL"));
+        }
+        if capacity <= text.len() {
+            return Err(invalid(format!(
+                "the straggler list needs {} bytes with its NUL; the buffer has {capacity}",
+                text.len() + 1
+            )));
+        }
+        // SAFETY: `json` is writable for `capacity` > text.len() bytes, per the contract.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), json.cast::<u8>(), text.len());
+            *json.add(text.len()) = 0;
+        }
+        Ok(NcclResult::Success)
+    })
+}

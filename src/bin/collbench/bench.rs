@@ -265,34 +265,37 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
     Ok(total_wrong)
 }
 
-/// Every rank's straggler view (each sees the peers it hears from first in a call), put
-/// together: `rank 2 (late a median 15.1 ms in 97% of 64 calls; seen by rank 3)`, or `none`.
+/// Every rank's straggler view (each names the peers it stalls on that hardly stall
+/// themselves), put together: `rank 2 (stalled on in 3% of calls, 41% of the time, a median
+/// 101.2 ms each; it stalls 4% itself; seen by rank 3)`, or `none`.
 fn gather_stragglers(comm: &Communicator) -> Result<String, String> {
     const MAX: usize = 8;
-    const WORDS: usize = 4;
+    const WORDS: usize = 5;
     let mut mine = [-1f32; MAX * WORDS];
     for (slot, s) in mine.chunks_mut(WORDS).zip(comm.stragglers()) {
         slot.copy_from_slice(&[
             s.rank as f32,
-            s.median_late_ms as f32,
             s.late_share as f32,
-            s.calls as f32,
+            s.stall_share as f32,
+            s.median_late_ms as f32,
+            s.own_stall_share as f32,
         ]);
     }
     let mut all = vec![0f32; MAX * WORDS * comm.size()];
     comm.all_gather(&mine, &mut all)
         .map_err(|e| e.to_string())?;
-    let mut seen: std::collections::BTreeMap<usize, (f32, f32, f32, Vec<usize>)> =
+    // Per named rank: the view of the observer that stalls on it most, and every observer.
+    let mut seen: std::collections::BTreeMap<usize, ([f32; WORDS], Vec<usize>)> =
         std::collections::BTreeMap::new();
     for (observer, view) in all.chunks(MAX * WORDS).enumerate() {
         for s in view.chunks(WORDS).filter(|s| s[0] >= 0.0) {
-            let e = seen
-                .entry(s[0] as usize)
-                .or_insert((s[1], s[2], s[3], Vec::new()));
-            if s[1] > e.0 {
-                (e.0, e.1, e.2) = (s[1], s[2], s[3]);
+            let mut words = [0f32; WORDS];
+            words.copy_from_slice(s);
+            let e = seen.entry(s[0] as usize).or_insert((words, Vec::new()));
+            if s[2] > e.0[2] {
+                e.0 = words;
             }
-            e.3.push(observer);
+            e.1.push(observer);
         }
     }
     if seen.is_empty() {
@@ -300,11 +303,14 @@ fn gather_stragglers(comm: &Communicator) -> Result<String, String> {
     }
     Ok(seen
         .iter()
-        .map(|(r, (median, share, calls, by))| {
+        .map(|(r, ([_, calls, time, median, own], by))| {
             let by: Vec<String> = by.iter().map(|o| o.to_string()).collect();
             format!(
-                "rank {r} (late a median {median:.1} ms in {:.0}% of {calls} calls; seen by rank {})",
-                100.0 * share,
+                "rank {r} (stalled on in {:.0}% of calls, {:.0}% of the time, a median \
+                 {median:.1} ms each; it stalls {:.0}% itself; seen by rank {})",
+                100.0 * calls,
+                100.0 * time,
+                100.0 * own,
                 by.join(",")
             )
         })
