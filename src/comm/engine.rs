@@ -170,10 +170,17 @@ impl Communicator {
         let log = &mut st.exec.stalls;
         let now = coarse_now();
         let took = now.saturating_sub(began);
-        let changes = st
-            .stragglers
-            .observe(now, took, &log.stalls, &log.peer_shares);
+        let changes =
+            st.stragglers
+                .observe((now, took, log.stalled), &log.stalls, &log.peer_shares);
         log.own_share = st.stragglers.own_share_per_mille();
+        // What `Communicator::stragglers` reads: fresh at a change, and at most a quarter of a
+        // second old while anyone is named.
+        let named = st.stragglers.any_named();
+        if named && now.saturating_sub(st.stragglers_published) >= Duration::from_millis(250) {
+            st.stragglers_published = now;
+            self.inner.health.set_stragglers(st.stragglers.current());
+        }
         if !changes.is_empty() {
             let inner = &*self.inner;
             inner.health.set_stragglers(st.stragglers.current());

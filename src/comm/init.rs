@@ -246,6 +246,7 @@ impl Communicator {
             seq: 0,
             device_seq: 0,
             stragglers: crate::watchdog::stragglers::Stragglers::new(cfg.straggler_threshold),
+            stragglers_published: Duration::ZERO,
             p2p_sent: HashMap::new(),
             p2p_received: HashMap::new(),
             scratch: Vec::new(),

@@ -77,6 +77,10 @@ struct State {
     device_seq: u64,
     /// Which peers this rank hears from late, call after call.
     stragglers: crate::watchdog::stragglers::Stragglers,
+    /// When the straggler view was last copied to the health record ([`coarse_now`] time).
+    ///
+    /// [`coarse_now`]: crate::watchdog::stragglers::coarse_now
+    stragglers_published: Duration,
     p2p_sent: HashMap<usize, u64>,
     p2p_received: HashMap<usize, u64>,
     scratch: Vec<u64>,

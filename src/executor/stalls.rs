@@ -4,13 +4,14 @@
 use crate::transport::Direction;
 use std::time::{Duration, Instant};
 
-/// A call's stalls: idle stretches of at least `threshold`, each charged to the peers the
-/// rank was blocked on when the stretch began (receives first: a send that cannot go out
-/// waits on a receiver that is itself waiting), and the stall shares the peers' headers
-/// carried. Time this rank itself did not run is not charged: a gap between two of its polls
+/// A call's stalls: idle stretches of at least `threshold`, each charged in full to every
+/// peer the rank was blocked on when the stretch began (any of them may be the one holding it
+/// up; receives first: a send that cannot go out waits on a receiver that is itself waiting),
+/// and the stall shares the peers' headers carried. Time this rank itself did not run is not charged: a gap between two of its polls
 /// longer than it meant to sleep (stopped, throttled, descheduled) is taken out, or a rank
-/// stopped while it waits would blame whomever it waited on. Costs two clock reads per idle
-/// stretch, the one each sleeping poll makes anyway, and nothing per byte.
+/// stopped while it waits would blame whomever it waited on. A wait that ends while it spins
+/// costs nothing; one that sleeps, the clock read each sleeping poll makes anyway and one at
+/// its end; nothing per byte.
 #[derive(Default)]
 pub(crate) struct StallLog {
     /// This rank's own stall share (per mille), written into the headers it sends.
@@ -25,6 +26,8 @@ pub(crate) struct StallLog {
     blocked_on: Vec<usize>,
     /// (peer, stalled on it) of this call.
     pub stalls: Vec<(usize, Duration)>,
+    /// This call's stalls in all (each counted once, whatever the peers it was charged to).
+    pub stalled: Duration,
     /// (peer, its stall share per mille) from the headers of this call.
     pub peer_shares: Vec<(usize, u16)>,
 }
@@ -34,15 +37,18 @@ impl StallLog {
     pub fn begin_call(&mut self) {
         self.idle_since = None;
         self.stalls.clear();
+        self.stalled = Duration::ZERO;
         self.peer_shares.clear();
     }
 
-    /// An idle round: starts a stretch, blocked on the peers of `waits`, unless one is open.
-    pub(super) fn idle(&mut self, waits: &[(usize, Direction)]) {
+    /// A wait reached its sleeping phase at `now` (spins and yields done: anything shorter
+    /// is no stall, and costs no clock read): opens a stretch blocked on the peers of `waits`,
+    /// unless one is open.
+    pub(super) fn sleeping(&mut self, now: Instant, waits: &[(usize, Direction)]) {
         if self.idle_since.is_some() {
             return;
         }
-        self.idle_since = Some(Instant::now());
+        self.idle_since = Some(now);
         self.last_poll = None;
         self.lost = Duration::ZERO;
         self.blocked_on.clear();
@@ -62,8 +68,8 @@ impl StallLog {
         }
     }
 
-    /// Takes the part of the gap since the last poll (or the stretch's start, which only
-    /// spins and yields) that this rank meant to spend running out of the stretch.
+    /// Takes the part of the gap since the last poll (or the stretch's start) that this rank
+    /// meant to spend running out of the stretch.
     fn count_gap(&mut self, now: Instant) {
         /// Lateness of a wake-up that is only the scheduler's.
         const SLACK: Duration = Duration::from_millis(2);
@@ -92,11 +98,11 @@ impl StallLog {
         if waited < self.threshold || self.blocked_on.is_empty() {
             return;
         }
-        let each = waited / self.blocked_on.len() as u32;
+        self.stalled += waited;
         for &peer in &self.blocked_on {
             match self.stalls.iter_mut().find(|s| s.0 == peer) {
-                Some(s) => s.1 += each,
-                None => self.stalls.push((peer, each)),
+                Some(s) => s.1 += waited,
+                None => self.stalls.push((peer, waited)),
             }
         }
     }

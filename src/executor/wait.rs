@@ -105,7 +105,6 @@ impl OpRun<'_> {
             self.reuse.stalls.moved();
             return Ok(());
         }
-        self.reuse.stalls.idle(waits);
         *idle += 1;
         self.idle_wait(*idle, waits)
     }
@@ -128,6 +127,7 @@ impl OpRun<'_> {
             return Ok(());
         }
         let now = Instant::now();
+        self.reuse.stalls.sleeping(now, waits);
         let timeout = self.timeout;
         let (started, deadline) = *self.clock.get_or_insert((now, now + timeout));
         if now >= deadline {

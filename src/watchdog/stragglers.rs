@@ -141,13 +141,13 @@ impl Stragglers {
         }
     }
 
-    /// One collective call that ended at `now` ([`coarse_now`]) and took `took`: the stalls
-    /// per peer, and the stall shares (per mille) the peers' headers carried. Returns the
-    /// peers whose state changed.
+    /// One collective call that ended at `now` ([`coarse_now`]) and took `took`, of which
+    /// `stalled` in stalls: the stalls per peer (one stall may be charged to several), and
+    /// the stall shares (per mille) the peers' headers carried. Returns the peers whose state
+    /// changed.
     pub fn observe(
         &mut self,
-        now: Duration,
-        took: Duration,
+        (now, took, stalled): (Duration, Duration, Duration),
         stalls: &[(usize, Duration)],
         shares: &[(usize, u16)],
     ) -> Vec<Change> {
@@ -157,19 +157,32 @@ impl Stragglers {
             .map_or(0.0, |t| now.saturating_sub(t).as_secs_f64());
         self.last = Some(now);
         let step = (since / WINDOW_S).min(1.0 / WINDOW_CALLS);
-        let keep = (-step).exp();
+        // exp(-step) to within step³/6 (step ≤ 1/64), without the call to exp.
+        let keep = 1.0 - step + step * step / 2.0;
         self.age += step;
         self.seen += 1;
         self.calls = self.calls * keep + 1.0;
         self.time_s = self.time_s * keep + took.as_secs_f64();
-        let total: Duration = stalls.iter().map(|s| s.1).sum();
-        self.stalled_s = self.stalled_s * keep + total.as_secs_f64().min(took.as_secs_f64());
+        self.stalled_s = self.stalled_s * keep + stalled.as_secs_f64().min(took.as_secs_f64());
         let age = self.age;
-        for &(peer, per_mille) in shares {
-            self.peers.entry(peer).or_default().share = Some(f64::from(per_mille) / 1000.0);
+        // Shares are kept only for the peers that matter (stalled on, or named): no map
+        // lookup per header in a call without stalls.
+        let share_of = |peer: usize| {
+            shares
+                .iter()
+                .find(|s| s.0 == peer)
+                .map(|s| f64::from(s.1) / 1000.0)
+        };
+        for &peer in &self.named {
+            if let (Some(p), Some(x)) = (self.peers.get_mut(&peer), share_of(peer)) {
+                p.share = Some(x);
+            }
         }
         for &(peer, d) in stalls {
             let p = self.peers.entry(peer).or_default();
+            if let Some(x) = share_of(peer) {
+                p.share = Some(x);
+            }
             p.bring_to(age);
             p.stalled_s += d.as_secs_f64();
             p.stalled_calls += 1.0;
@@ -231,6 +244,11 @@ impl Stragglers {
         }
     }
 
+    /// Whether anyone is named now.
+    pub fn any_named(&self) -> bool {
+        !self.named.is_empty()
+    }
+
     /// The peers named now, by rank.
     pub fn current(&self) -> Vec<Straggler> {
         let mut v: Vec<Straggler> = self.named.iter().map(|&r| self.summary(r)).collect();
@@ -279,7 +297,8 @@ mod tests {
         ) -> Vec<Change> {
             self.t += ms(took);
             let stalls: Vec<(usize, Duration)> = stalls.iter().map(|&(p, d)| (p, ms(d))).collect();
-            self.s.observe(self.t, ms(took), &stalls, shares)
+            let stalled = stalls.iter().map(|s| s.1).max().unwrap_or_default();
+            self.s.observe((self.t, ms(took), stalled), &stalls, shares)
         }
     }
 
