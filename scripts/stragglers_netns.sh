@@ -129,7 +129,7 @@ if [ -z "$line" ]; then
 fi
 grep -E "^#? *[0-9]+ " "$WORK/out0" | tail -2
 echo "$line"
-first=$(grep -h "is a straggler" "$WORK"/err* | sed -E 's/\x1b\[[0-9;]*m//g' | awk '{print $1}' | sort | head -1)
+first=$({ grep -h "is a straggler" "$WORK"/err* || true; } | sed -E 's/\x1b\[[0-9;]*m//g' | awk '{print $1}' | sort | head -1)
 if [ "$CLEAN" = 1 ]; then
     echo "clean run of $N ranks on $HOSTS hosts: ${took} s"
     if [ "$line" != "# Stragglers: none" ] || [ -n "$first" ]; then

@@ -173,7 +173,7 @@ pub(super) fn child_main(args: &Args, id_hex: &str) -> ExitCode {
         return ExitCode::FAILURE;
     };
     match Communicator::init(&id, nranks, rank) {
-        Ok(comm) => bench_main(args, &comm),
+        Ok(comm) => rank_main(args, &comm),
         Err(e) => {
             eprintln!("collbench: rank {rank}: init failed: {e}");
             ExitCode::FAILURE

@@ -109,10 +109,15 @@ enum Subcommand {
     /// Draw bus bandwidth and time against message size as an SVG from one or more --json
     /// result files.
     Plot(PlotArgs),
+    /// Screen the job's hosts before it starts (with --np or under a launcher): each host's
+    /// memory and internal rate, and each host's network rate in ceil(log2 hosts) rounds of
+    /// pairwise exchanges, against the median; names what is out of line and exits 3 then.
+    Health(HealthArgs),
 }
 
 mod bench;
 mod device;
+mod health;
 mod launch;
 mod memory;
 mod plot;
@@ -120,6 +125,7 @@ mod simulate;
 mod tools;
 
 use bench::*;
+use health::*;
 use launch::*;
 use plot::*;
 use simulate::*;
@@ -188,7 +194,7 @@ fn main() -> ExitCode {
         Some(Subcommand::Explain(e)) => return explain_main(e),
         Some(Subcommand::Simulate(s)) => return simulate_main(s),
         Some(Subcommand::Plot(p)) => return plot_main(p),
-        None => {}
+        Some(Subcommand::Health(_)) | None => {}
     }
     if let Ok(id_hex) = std::env::var(ENV_ID) {
         return child_main(&args, &id_hex);
@@ -202,11 +208,19 @@ fn main() -> ExitCode {
         Err(e) => Err(e),
     };
     match comm {
-        Ok(comm) => bench_main(&args, &comm),
+        Ok(comm) => rank_main(&args, &comm),
         Err(e) => {
             eprintln!("collbench: init failed: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// What a rank runs: the health check, or the benchmark.
+fn rank_main(args: &Args, comm: &Communicator) -> ExitCode {
+    match &args.command {
+        Some(Subcommand::Health(h)) => health_main(h, comm),
+        _ => bench_main(args, comm),
     }
 }
 
