@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import torch
 
-from check_threads import make_groups
+from check_threads import make_groups, run_checks
 
 SLOW = 2
 CALLS = 120
@@ -70,17 +70,7 @@ def check_a_clean_run_names_no_one():
 
 
 def main():
-    passed = failed = 0
-    for check in (check_a_late_rank_is_named, check_a_clean_run_names_no_one):
-        try:
-            check()
-            passed += 1
-            print(f"ok   {check.__name__}")
-        except Exception as e:
-            failed += 1
-            print(f"FAIL {check.__name__}: {e}")
-    print(f"stragglers: {passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return run_checks("stragglers", (check_a_late_rank_is_named, check_a_clean_run_names_no_one))
 
 
 if __name__ == "__main__":

@@ -90,9 +90,11 @@ def check_each_group_keeps_its_timeout():
         g.abort()
 
 
-def main():
+def run_checks(label, checks):
+    """Runs each check, prints ok or FAIL per check and ``<label>: N passed, M failed``;
+    the exit status."""
     passed = failed = 0
-    for check in (check_init_in_threads, check_each_group_keeps_its_timeout):
+    for check in checks:
         try:
             check()
             passed += 1
@@ -100,8 +102,12 @@ def main():
         except Exception as e:
             failed += 1
             print(f"FAIL {check.__name__}: {e}")
-    print(f"threads: {passed} passed, {failed} failed")
+    print(f"{label}: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
+
+
+def main():
+    return run_checks("threads", (check_init_in_threads, check_each_group_keeps_its_timeout))
 
 
 if __name__ == "__main__":

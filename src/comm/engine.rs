@@ -163,6 +163,18 @@ impl Communicator {
         r
     }
 
+    /// Writes this rank's flight record where `STRATA_TRACE_DIR` says (nothing when unset).
+    fn write_trace(&self) {
+        let inner = &*self.inner;
+        watchdog::dump_trace(
+            inner.cfg.trace_dir.as_deref(),
+            &inner.comm_id,
+            &inner.peers[inner.rank],
+            &inner.peers[0],
+            &inner.health,
+        );
+    }
+
     /// Feeds a finished call's stalls to the straggler view, and says so when a peer becomes,
     /// or stops being, persistently slow.
     fn note_stalls(&self, st: &mut State, call: &Header, began: Duration) {
@@ -182,15 +194,8 @@ impl Communicator {
             self.inner.health.set_stragglers(st.stragglers.current());
         }
         if !changes.is_empty() {
-            let inner = &*self.inner;
-            inner.health.set_stragglers(st.stragglers.current());
-            watchdog::dump_trace(
-                inner.cfg.trace_dir.as_deref(),
-                &inner.comm_id,
-                &inner.peers[inner.rank],
-                &inner.peers[0],
-                &inner.health,
-            );
+            self.inner.health.set_stragglers(st.stragglers.current());
+            self.write_trace();
         }
         for change in changes {
             let (s, late) = match &change {
@@ -576,13 +581,7 @@ impl Communicator {
         if !inner.health.record_fault(e) {
             return inner.health.fault();
         }
-        watchdog::dump_trace(
-            inner.cfg.trace_dir.as_deref(),
-            &inner.comm_id,
-            &inner.peers[inner.rank],
-            &inner.peers[0],
-            &inner.health,
-        );
+        self.write_trace();
         let blamed = executor::blamed(e);
         tracing::error!(rank = inner.rank, op = desc, blamed = %blamed, "{e}");
         let frame = ControlFrame::Poison { error: e.clone() };
