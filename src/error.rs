@@ -63,6 +63,17 @@ fn timeout_detail(waiting_on: &[usize], diagnosis: &Option<String>) -> String {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The ranks this error blames: the failed rank of [`Error::PeerFailed`], the ranks a
+    /// [`Error::Timeout`] waited on, none otherwise. What a survivor passes to
+    /// [`crate::Communicator::shrink`].
+    pub fn failed_ranks(&self) -> Vec<usize> {
+        match self {
+            Error::PeerFailed { rank, .. } => vec![*rank],
+            Error::Timeout { waiting_on, .. } => waiting_on.clone(),
+            _ => Vec::new(),
+        }
+    }
+
     pub(crate) fn io(context: impl fmt::Display, e: std::io::Error) -> Self {
         Error::Transport(format!("{context}: {e}"))
     }

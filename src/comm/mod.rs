@@ -284,6 +284,7 @@ fn comm_id_of(secret: &Secret, label: &[u8]) -> String {
 mod collectives;
 pub(crate) mod device;
 mod engine;
+mod grow;
 mod init;
 mod listening;
 mod membership;
