@@ -89,6 +89,8 @@ struct Link {
     outbox: Vec<u8>,
     last_heard: Instant,
     last_report: Progress,
+    /// When `last_report` came (none yet: `None`).
+    last_report_at: Option<Instant>,
     /// The neighbour said goodbye (or the link already failed): no longer watched.
     closed: bool,
 }
@@ -106,8 +108,22 @@ impl Link {
             outbox: Vec::new(),
             last_heard: Instant::now(),
             last_report: Progress::default(),
+            last_report_at: None,
             closed: false,
         })
+    }
+
+    /// What the neighbour last said it was doing, and how long ago: a heartbeat comes once
+    /// an interval, so the report may be older than the failure by up to that much.
+    fn last_seen(&self) -> String {
+        match self.last_report_at {
+            Some(t) => format!(
+                "last seen {}, reported {:.1} s before",
+                self.last_report.describe(),
+                t.elapsed().as_secs_f64()
+            ),
+            None => "no progress heard from it yet".into(),
+        }
     }
 
     /// Queues one frame and writes what the socket takes now. A heartbeat is skipped while
@@ -532,7 +548,10 @@ impl Runner {
             let res = self.links[i].receive(frames);
             for f in frames.drain(..) {
                 match f {
-                    Frame::Heartbeat(p) => self.links[i].last_report = p,
+                    Frame::Heartbeat(p) => {
+                        self.links[i].last_report = p;
+                        self.links[i].last_report_at = Some(Instant::now());
+                    }
                     Frame::Goodbye => self.links[i].closed = true,
                     Frame::Abort {
                         origin,
@@ -577,11 +596,13 @@ impl Runner {
                 }
                 link.closed = true;
                 let peer = link.peer;
-                let last = link.last_report.describe();
+                let last = link.last_seen();
                 let pid = self.s.peers[peer].pid;
                 let e = self.peer_failed(
                     peer,
-                    format!("{reason} without a goodbye: process {pid} exited or was killed (last seen {last})"),
+                    format!(
+                        "{reason} without a goodbye: process {pid} exited or was killed ({last})"
+                    ),
                 );
                 self.fault(e);
             }
@@ -595,7 +616,7 @@ impl Runner {
             if l.closed || l.last_heard.elapsed() < limit {
                 continue;
             }
-            let (peer, last) = (l.peer, l.last_report.describe());
+            let (peer, last) = (l.peer, l.last_seen());
             let unacked = unacknowledged_for(&l.stream);
             self.links[i].closed = true;
             let silent = self.links[i].last_heard.elapsed().as_secs_f64();
@@ -613,8 +634,7 @@ impl Runner {
             let e = self.peer_failed(
                 peer,
                 format!(
-                    "no heartbeat for {silent:.1} s ({} missed at {} ms){cause} (last seen \
-                     {last})",
+                    "no heartbeat for {silent:.1} s ({} missed at {} ms){cause} ({last})",
                     self.misses,
                     self.interval.as_millis()
                 ),
