@@ -52,6 +52,9 @@ pub(crate) struct CommListener {
     shared: Arc<ListenerShared>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Where a connection wakes the accept loop at once when it must stop (else it notices
+    /// at its next poll, up to 100 ms later: the whole of an abort's cost).
+    wake_at: Option<std::net::SocketAddr>,
 }
 
 impl CommListener {
@@ -92,6 +95,12 @@ impl CommListener {
             }
         });
         let (st, hs) = (stop.clone(), cfg.handshake_timeout);
+        let wake_at = listener.local_addr().ok().map(|mut a| {
+            if a.ip().is_unspecified() {
+                a.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            a
+        });
         let thread = std::thread::Builder::new()
             .name(format!("strata-listen-{rank}"))
             .spawn(move || wire::accept_loop(listener, secret, hs, st, handle))
@@ -100,6 +109,7 @@ impl CommListener {
             shared,
             stop,
             thread: Some(thread),
+            wake_at,
         })
     }
 
@@ -133,6 +143,9 @@ impl CommListener {
 impl Drop for CommListener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        if let Some(addr) = self.wake_at {
+            let _ = TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(100));
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -197,6 +197,8 @@ pub(crate) fn accept_loop(
     let mut last_warned: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
+            // The owner's wake-up (or anyone) after the stop: no handshake, no warning.
+            Ok(_) if stop.load(Ordering::Acquire) => break,
             Ok((mut s, peer)) => {
                 if pending.load(Ordering::Acquire) >= MAX_PENDING_HANDSHAKES {
                     tracing::warn!(%peer, "too many unauthenticated connections; closing one");
