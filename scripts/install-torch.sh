@@ -9,17 +9,27 @@
 # still imports and runs CPU collectives is torch itself plus those wheels and its pure-Python
 # dependencies, without triton (1 GB, used only by torch.compile) and cuda-bindings: about
 # 4.4 GB instead of 5.4 GB. The venv is reused while it imports torch at the pinned version.
+# torchft (Meta's per-step fault tolerance, for strata_torch.torchft and its test) goes into the
+# same venv; its own requirements are small, and torch already satisfies its torch>=2.7.
 set -euo pipefail
 TORCH_VERSION="${STRATA_TORCH_VERSION:-2.15.0}"
+TORCHFT_VERSION=0.2.0
 venv="${XDG_CACHE_HOME:-$HOME/.cache}/strata/torch-$TORCH_VERSION-venv"
 py="$venv/bin/python"
+pip=("$py" -m pip install --quiet --disable-pip-version-check)
+ensure_torchft() {
+    if ! "$py" -c "import importlib.metadata as m; assert m.version('torchft') == '$TORCHFT_VERSION'" 2>/dev/null; then
+        echo "installing torchft $TORCHFT_VERSION" >&2
+        "${pip[@]}" "torchft==$TORCHFT_VERSION" >&2
+    fi
+}
 if "$py" -c "import torch, numpy; assert torch.__version__.split('+')[0] == '$TORCH_VERSION'" 2>/dev/null; then
+    ensure_torchft
     echo "$py"
     exit 0
 fi
 rm -rf "$venv"
 python3 -m venv "$venv"
-pip=("$py" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" --no-deps "torch==$TORCH_VERSION" >&2
 # torch's requirements for Linux, read from the wheel that was just installed, less triton and
 # cuda-bindings (see above).
@@ -37,4 +47,5 @@ mapfile -t reqs <<<"$reqs"
 echo "installing torch's requirements less triton and cuda-bindings (pip will say torch requires them)" >&2
 "${pip[@]}" numpy "${reqs[@]}" >&2
 "$py" -c "import torch, torch.distributed as d; assert d.is_available()" >&2
+ensure_torchft
 echo "$py"

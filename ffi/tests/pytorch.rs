@@ -212,6 +212,35 @@ fn a_late_rank_is_named_through_the_backend_and_a_clean_run_names_no_one() {
     assert!(text.contains("stragglers: 2 passed, 0 failed"), "{text}");
 }
 
+#[test]
+fn torchft_ddp_on_strata_heals_a_replica_that_failed_and_rejoined() {
+    let test = "torchft_ddp_on_strata_heals_a_replica_that_failed_and_rejoined";
+    let Some(python) = torch_python(test) else {
+        return;
+    };
+    let mut probe = python_cmd(&python);
+    probe.args(["-c", "import torchft"]);
+    if !probe.output().is_ok_and(|o| o.status.success()) {
+        println!("SKIPPED {test}: torchft is not installed (scripts/install-torch.sh installs it)");
+        return;
+    }
+    for backend in ["strata", "gloo"] {
+        let mut cmd = python_cmd(&python);
+        cmd.arg(repo().join("python/tests/check_torchft.py"))
+            .args(["--backend", backend]);
+        let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(300));
+        let summary: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("torchft") || l.starts_with("FAIL") || l.contains("abort"))
+            .collect();
+        println!("{}", summary.join("\n"));
+        assert!(ok, "{text}");
+        assert!(text.contains(" passed, 0 failed"), "{text}");
+        let want = if backend == "strata" { 2 } else { 1 };
+        assert!(text.contains(&format!("torchft: {want} passed")), "{text}");
+    }
+}
+
 /// The `nccl*` names in an ELF file's dynamic symbol table (`nm -D`, defined or undefined).
 fn nccl_symbols(file: &Path, defined: bool) -> std::collections::BTreeSet<String> {
     let out = Command::new("nm")

@@ -132,6 +132,15 @@ class ProcessGroupStrata(dist.ProcessGroup):
         self._check_open()
         return self._lib.stragglers(self._comm)
 
+    def async_error(self):
+        """The fault that broke this group's communicator (strata's message), or None while it
+        is healthy; "aborted" once aborted or shut down. Never blocks."""
+        if self._closed:
+            return "aborted"
+        if self._lib.async_error(self._comm) in (nccl.SUCCESS, nccl.IN_PROGRESS):
+            return None
+        return self._lib.last_error(self._comm) or "the communicator failed"
+
     def abort(self):
         """Ends every call in flight on this group now (ncclCommAbort)."""
         if not self._closed:
