@@ -45,15 +45,18 @@ fn train(
     let mut healing = false;
     while step < STEPS {
         if grow_at == Some(step) {
-            let id = comm.grow_id()?;
-            if comm.rank() == 0 {
+            // Rank 0 makes the id and hands it to the spare; the others get it from rank 0.
+            let id = if comm.rank() == 0 {
+                let id = comm.grow_id()?;
+                let io = |e: std::io::Error| strata::Error::Transport(e.to_string());
                 let tmp = handoff.with_extension("tmp");
-                std::fs::write(&tmp, id.to_hex())
-                    .map_err(|e| strata::Error::Transport(e.to_string()))?;
-                std::fs::rename(&tmp, handoff)
-                    .map_err(|e| strata::Error::Transport(e.to_string()))?;
-            }
-            comm = comm.grow(&id, RANKS)?;
+                std::fs::write(&tmp, id.to_hex()).map_err(io)?;
+                std::fs::rename(&tmp, handoff).map_err(io)?;
+                Some(id)
+            } else {
+                None
+            };
+            comm = comm.grow(id.as_ref(), RANKS)?;
             // The spare takes the model and the step from rank 0.
             comm.broadcast_in_place(&mut params, 0)?;
             comm.broadcast_in_place(&mut [step], 0)?;

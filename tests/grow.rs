@@ -1,6 +1,6 @@
-//! A communicator grows: three ranks make a fourth's id (`grow_id`), a new process joins with
-//! it, and the four all-reduce, the three keeping their numbers; the old communicator still
-//! works, and asking to grow to fewer ranks is refused.
+//! A communicator grows: rank 0 of three makes an id (`grow_id`), a new process joins with it,
+//! and the four all-reduce, the three keeping their numbers; the old communicator still
+//! works; growing to fewer ranks, or with no id or several, is refused on every rank.
 
 mod common;
 
@@ -20,19 +20,23 @@ fn three_ranks_grow_to_four_and_the_new_one_joins_after_them() {
         let grown = if rank < OLD {
             let id = UniqueId::from_hex(&std::env::var("STRATA_TEST_ID").unwrap()).unwrap();
             let old = Communicator::init(&id, OLD, rank).unwrap();
-            match old.grow(&id, OLD - 1) {
-                Err(Error::InvalidArgument(m)) => assert!(m.contains("fewer"), "{m}"),
-                Err(e) => panic!("growing to fewer ranks: {e}"),
-                Ok(_) => panic!("growing to fewer ranks succeeded"),
-            }
-            let gid = old.grow_id().unwrap();
-            if rank == 0 {
+            let refused = |r: Result<Communicator, Error>, why: &str| match r {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains(why), "{m}"),
+                Err(e) => panic!("{why}: {e}"),
+                Ok(_) => panic!("{why}: succeeded"),
+            };
+            refused(old.grow(None, OLD - 1), "already has 3");
+            refused(old.grow(None, NEW), "no rank passed an id");
+            // Every rank passing one (here, the init id) is as wrong as none.
+            refused(old.grow(Some(&id), NEW), "exactly one may");
+            let gid = (rank == 0).then(|| old.grow_id().unwrap());
+            if let Some(gid) = &gid {
                 // The spare learns the id out of band: here, a file.
                 let tmp = handoff.with_extension("tmp");
                 std::fs::write(&tmp, gid.to_hex()).unwrap();
                 std::fs::rename(&tmp, &handoff).unwrap();
             }
-            let grown = old.grow(&gid, NEW).unwrap();
+            let grown = old.grow(gid.as_ref(), NEW).unwrap();
             // The old communicator is still whole.
             let mut x = vec![1u32; 100];
             old.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();

@@ -14,7 +14,7 @@ use super::{
 use crate::handle::{CommHandle, lock};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
-use strata::{Communicator, Config, Error, UNIQUE_ID_BYTES, UniqueId};
+use strata::UniqueId;
 
 /// `NCCL_SUSPEND_MEM`: release what can be released while suspended.
 pub const SUSPEND_MEM: c_int = 0x01;
@@ -61,53 +61,6 @@ fn refused(comm: NcclComm, why: impl FnOnce() -> NcclResult) -> NcclResult {
     })
 }
 
-/// The 129-byte record each existing rank contributes to a grow: a flag, then the id it was
-/// given (the root's) or zeros.
-const OFFER_BYTES: usize = 1 + UNIQUE_ID_BYTES;
-
-/// An existing rank's side of `ncclCommGrow`: learn the root's id over the old communicator,
-/// then join the larger one under the same rank.
-fn grow(
-    old: &Communicator,
-    total: usize,
-    offered: Option<[u8; UNIQUE_ID_BYTES]>,
-    cfg: Config,
-) -> strata::Result<Communicator> {
-    if total < old.size() {
-        return Err(Error::InvalidArgument(format!(
-            "ncclCommGrow to {total} ranks: the communicator already has {}",
-            old.size()
-        )));
-    }
-    let mut mine = [0u8; OFFER_BYTES];
-    if let Some(id) = offered {
-        mine[0] = 1;
-        mine[1..].copy_from_slice(&id);
-    }
-    let mut all = vec![0u8; OFFER_BYTES * old.size()];
-    old.all_gather(&mine[..], &mut all)?;
-    let roots: Vec<usize> = (0..old.size())
-        .filter(|r| all[r * OFFER_BYTES] == 1)
-        .collect();
-    let root = match roots.as_slice() {
-        [r] => *r,
-        [] => {
-            return Err(Error::InvalidArgument(
-                "ncclCommGrow: no existing rank passed a uniqueId; the rank that called \
-                 ncclCommGetUniqueId passes it, the others pass NULL"
-                    .into(),
-            ));
-        }
-        many => {
-            return Err(Error::InvalidArgument(format!(
-                "ncclCommGrow: existing ranks {many:?} each passed a uniqueId; exactly one may"
-            )));
-        }
-    };
-    let id = UniqueId::from_bytes(&all[root * OFFER_BYTES + 1..(root + 1) * OFFER_BYTES])?;
-    Communicator::init_with_config(&id, total, old.rank(), cfg)
-}
-
 nccl_api! {
     /// `ncclCommGetUniqueId`: a new id for growing `comm`, served by this process (the one
     /// existing rank that calls it passes the id to `ncclCommGrow`, and to the new ranks).
@@ -118,7 +71,8 @@ nccl_api! {
         guarded(|| {
             let h = comm_of(comm)?;
             live(&h)?;
-            let id = UniqueId::new().map_err(|e| report(&e))?;
+            let c = h.wait_ready(super::init_limit()).map_err(|e| report(&e))?;
+            let id = c.grow_id().map_err(|e| report(&e))?;
             // SAFETY: per the contract.
             unsafe { put(unique_id, NcclUniqueId { internal: *id.as_bytes() }, "uniqueId")? };
             Ok(NcclResult::Success)
@@ -160,13 +114,16 @@ nccl_api! {
             let total = usize_of(n_ranks, "nRanks")?;
             // SAFETY: NULL or a readable id, per the contract.
             let offered = (!unique_id.is_null()).then(|| unsafe { unique_id.read_unaligned() }.internal);
+            let offered = offered
+                .map(|bytes| UniqueId::from_bytes(&bytes))
+                .transpose()
+                .map_err(|e| report(&e))?;
             // SAFETY: per the contract.
             let settings = unsafe { settings_of(config, h.blocking)? };
-            let cfg = Config::from_env().map_err(|e| report(&e))?;
             let child = CommHandle::create(settings.blocking, None);
             // SAFETY: checked writable above.
             unsafe { *newcomm = child.id as NcclComm };
-            let r = derive(h, Some(child), move |c| grow(c, total, offered, cfg).map(Some));
+            let r = derive(h, Some(child), move |c| c.grow(offered.as_ref(), total).map(Some));
             if r.is_err() {
                 // SAFETY: checked writable above.
                 unsafe { *newcomm = std::ptr::null_mut() };
