@@ -19,16 +19,20 @@
 #      every fixed algorithm, and of strata's automatic choice, 8 B to 64 MiB, with the cost
 #      model's prediction on every row, and the CPU load of the machine during the runs.
 # --quick runs 8 B to 4 MiB with a few algorithms (what CI runs to keep the script working).
+# --health H instead shapes host H's link to half its rate (both ways) and runs
+# `collbench health` on the 8 hosts, once with every link equal and once with H's at half.
 # Everything it creates is removed on exit, failure or interrupt; every run has a deadline.
 set -euo pipefail
 
 QUICK=0
 OUT=""
+HEALTH=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
         --out) OUT="$2"; shift ;;
-        *) echo "usage: $0 [--quick] [--out DIR]" >&2; exit 2 ;;
+        --health) HEALTH="$2"; shift ;;
+        *) echo "usage: $0 [--quick] [--out DIR] [--health HOST]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -147,6 +151,28 @@ run_job() {
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
     return $rc
 }
+
+if [ -n "$HEALTH" ]; then
+    all=()
+    for r in $(seq 0 $((HOSTS - 1))); do all+=("st-h$r"); done
+    echo
+    echo "## collbench health, every link as built"
+    run_job 120 "${all[@]}" -- health --bytes 2M || true
+    half=$((HOST_RATE / 2))
+    for pair in "st-h$HEALTH eth0" "$SW st-p$HEALTH"; do
+        set -- $pair
+        ip netns exec "$1" tc class change dev "$2" parent 1: classid 1:1 htb \
+            rate "${half}mbit" ceil "${half}mbit" quantum 60000
+        ip netns exec "$1" tc class change dev "$2" parent 1:1 classid 1:10 htb prio 1 \
+            rate "$((half - HOST_RATE / 20))mbit" ceil "${half}mbit" quantum 60000
+        ip netns exec "$1" tc class change dev "$2" parent 1:1 classid 1:5 htb prio 0 \
+            rate "$((HOST_RATE / 20))mbit" ceil "${half}mbit" quantum 1514
+    done
+    echo
+    echo "## collbench health, host h$HEALTH's link at $half Mbit/s each way"
+    run_job 120 "${all[@]}" -- health --bytes 2M || true
+    exit 0
+fi
 
 cpu_busy() { # prints "busy total" jiffies
     awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat

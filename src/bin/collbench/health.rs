@@ -8,9 +8,9 @@
 //!
 //! Naming a link end: a slow exchange a→b is a's egress or b's ingress. An end slow in every
 //! round it took part in (two or more) is named; a slow exchange neither explains is put on
-//! the end slow in the larger share of its rounds, or on both ends ("the path a→b") when
-//! nothing tells them apart, as when only these two hosts ever meet at a tier where the fault
-//! shows.
+//! the end slow in the larger share of its rounds, then on an end whose host is already named
+//! the other way (a link seldom fails one way only), else on both ends ("the path a→b"), as
+//! when only these two hosts ever meet at a tier where the fault shows.
 
 use super::*;
 
@@ -148,40 +148,33 @@ fn run(h: &HealthArgs, comm: &Communicator) -> Result<usize, String> {
     if let Some(lc) = &leaders {
         let i = lc.rank();
         let mut data = vec![0u8; h.bytes.max(1)];
-        let go = [1u8; 1];
-        let mut heard = [0u8; 1];
         for (k, slot) in ingress.iter_mut().enumerate() {
             let p = i ^ (1 << k);
-            if p >= lc.size() {
-                continue;
-            }
-            // Lower first sends, then receives. The receiver says go; the sender answers
-            // ready when it is (done with its own last receive) and sends at once; the
-            // receiver times from ready. Best of REPEATS: a link is never faster than it
-            // is, and a slow moment of a shared machine only makes one transfer slower.
-            let receive = |data: &mut [u8], mark: &mut [u8; 1]| -> Result<f64, String> {
-                lc.send(&go, p).map_err(err)?;
-                lc.recv(mark, p).map_err(err)?;
-                let t = Instant::now();
-                lc.recv(data, p).map_err(err)?;
-                Ok(data.len() as f64 / t.elapsed().as_secs_f64() / 1e6)
-            };
-            let send = |data: &[u8], mark: &mut [u8; 1]| -> Result<(), String> {
-                lc.recv(mark, p).map_err(err)?;
-                lc.send(&go, p).map_err(err)?;
-                lc.send(data, p).map_err(err)
-            };
+            let paired = p < lc.size();
+            // Every pair of the round moves the same way at once, between barriers of all
+            // the leaders, so that flows sharing a tier share it alike in every repeat
+            // (unsynchronised, a flow that finished early left the next the whole link, and
+            // one round's rates varied twofold). Lower to higher, then back; each receiver
+            // times from the barrier; best of REPEATS: a link is never faster than it is.
             let mut best = 0f64;
             for _ in 0..REPEATS {
-                if i < p {
-                    send(&data, &mut heard)?;
-                    best = best.max(receive(&mut data, &mut heard)?);
-                } else {
-                    best = best.max(receive(&mut data, &mut heard)?);
-                    send(&data, &mut heard)?;
+                for lower_sends in [true, false] {
+                    lc.barrier().map_err(err)?;
+                    if !paired {
+                        continue;
+                    }
+                    if (i < p) == lower_sends {
+                        lc.send(&data, p).map_err(err)?;
+                    } else {
+                        let t = Instant::now();
+                        lc.recv(&mut data, p).map_err(err)?;
+                        best = best.max(data.len() as f64 / t.elapsed().as_secs_f64() / 1e6);
+                    }
                 }
             }
-            *slot = best;
+            if paired {
+                *slot = best;
+            }
         }
     }
 
@@ -298,7 +291,7 @@ pub(super) fn judge(hosts: &[HostView], rounds: usize, tolerance: f64) -> Vec<Ou
     let mut named_out: Vec<bool> = egress.iter().map(|&c| always(c)).collect();
     let mut named_in: Vec<bool> = ingress.iter().map(|&c| always(c)).collect();
     let share = |(s, t): (usize, usize)| s as f64 / t.max(1) as f64;
-    let mut paths = Vec::new();
+    let mut ties = Vec::new();
     for e in exchanges.iter().filter(|e| slow(e)) {
         let (a, b) = (e.0, e.1);
         if named_out[a] || named_in[b] {
@@ -310,7 +303,21 @@ pub(super) fn judge(hosts: &[HostView], rounds: usize, tolerance: f64) -> Vec<Ou
         } else if sb > sa {
             named_in[b] = true;
         } else {
-            paths.push(*e);
+            ties.push(*e);
+        }
+    }
+    // A tie goes to an end whose host is already named the other way (a link seldom fails
+    // in one direction only); else it is the path's.
+    let mut paths = Vec::new();
+    for e in ties {
+        let (a, b) = (e.0, e.1);
+        if named_out[a] || named_in[b] {
+            continue;
+        }
+        match (named_in[a], named_out[b]) {
+            (true, false) => named_out[a] = true,
+            (false, true) => named_in[b] = true,
+            _ => paths.push(e),
         }
     }
     // The figure of a named end: its slowest exchange against that round's median.
@@ -491,6 +498,21 @@ mod tests {
             0.25,
         );
         assert!(out.is_empty(), "{out:?}");
+    }
+
+    #[test]
+    fn a_tie_goes_to_the_host_already_named_the_other_way() {
+        // Host 1's link is slow both ways, seen only with host 0 in round 0 (its other
+        // rounds cross a tier that hides it), but its sends are slow in round 1 too.
+        let h = hosts(&[
+            &[50.0, 100.0],
+            &[50.0, 100.0],
+            &[100.0, 100.0],
+            &[100.0, 50.0],
+        ]);
+        let out = judge(&h, 2, 0.25);
+        let named: Vec<(usize, &str)> = out.iter().map(|o| (o.host, o.what.as_str())).collect();
+        assert_eq!(named, vec![(1, "egress"), (1, "ingress")], "{out:?}");
     }
 
     #[test]
