@@ -213,6 +213,22 @@ fn a_late_rank_is_named_through_the_backend_and_a_clean_run_names_no_one() {
 }
 
 #[test]
+fn a_rank_stopped_half_the_time_is_named_through_the_backend_under_torchrun() {
+    let Some(python) =
+        torch_python("a_rank_stopped_half_the_time_is_named_through_the_backend_under_torchrun")
+    else {
+        return;
+    };
+    let out = torchrun(&python, 4, "python/tests/check_throttled.py", &[], 120);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("throttled:"))
+        .unwrap_or_else(|| panic!("{out}"));
+    println!("{line}");
+    assert!(line.contains("named: [2]"), "{line}");
+}
+
+#[test]
 fn torchft_ddp_on_strata_heals_a_replica_that_failed_and_rejoined() {
     let test = "torchft_ddp_on_strata_heals_a_replica_that_failed_and_rejoined";
     let Some(python) = torch_python(test) else {
