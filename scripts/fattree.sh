@@ -73,20 +73,22 @@ cargo build --release --bin collbench -q
 BIN=$ROOT/target/release/collbench
 [ -n "$OUT" ] && mkdir -p "$OUT"
 
-shape() { # namespace device rate_mbit
+shape() { # namespace device rate_mbit [change]
     # A parent class holds the link at its rate; pure TCP ACKs (IP packets under 128 bytes) go
     # first, as a switch's shallow queues would let them, instead of waiting behind the
     # opposite direction's data in a deep FIFO (which halves every bidirectional flow).
-    local ns=$1 dev=$2 rate=$3
-    ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: htb default 10 r2q 100
-    ip netns exec "$ns" tc class add dev "$dev" parent 1: classid 1:1 htb \
+    # `change` re-rates a link shaped before.
+    local ns=$1 dev=$2 rate=$3 verb=${4:-add}
+    [ "$verb" = add ] && ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: htb default 10 r2q 100
+    ip netns exec "$ns" tc class "$verb" dev "$dev" parent 1: classid 1:1 htb \
         rate "${rate}mbit" ceil "${rate}mbit" quantum 60000
-    ip netns exec "$ns" tc class add dev "$dev" parent 1:1 classid 1:5 htb prio 0 \
+    ip netns exec "$ns" tc class "$verb" dev "$dev" parent 1:1 classid 1:5 htb prio 0 \
         rate "$((rate / 20))mbit" ceil "${rate}mbit" quantum 1514
-    ip netns exec "$ns" tc class add dev "$dev" parent 1:1 classid 1:10 htb prio 1 \
+    ip netns exec "$ns" tc class "$verb" dev "$dev" parent 1:1 classid 1:10 htb prio 1 \
         rate "$((rate - rate / 20))mbit" ceil "${rate}mbit" quantum 60000
-    ip netns exec "$ns" tc filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
+    [ "$verb" = add ] && ip netns exec "$ns" tc filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
         match ip protocol 6 0xff match u16 0x0000 0xff80 at 2 flowid 1:5
+    return 0
 }
 
 # --- the fabric ---------------------------------------------------------------------------
@@ -159,15 +161,8 @@ if [ -n "$HEALTH" ]; then
     echo "## collbench health, every link as built"
     run_job 120 "${all[@]}" -- health --bytes 2M || true
     half=$((HOST_RATE / 2))
-    for pair in "st-h$HEALTH eth0" "$SW st-p$HEALTH"; do
-        set -- $pair
-        ip netns exec "$1" tc class change dev "$2" parent 1: classid 1:1 htb \
-            rate "${half}mbit" ceil "${half}mbit" quantum 60000
-        ip netns exec "$1" tc class change dev "$2" parent 1:1 classid 1:10 htb prio 1 \
-            rate "$((half - HOST_RATE / 20))mbit" ceil "${half}mbit" quantum 60000
-        ip netns exec "$1" tc class change dev "$2" parent 1:1 classid 1:5 htb prio 0 \
-            rate "$((HOST_RATE / 20))mbit" ceil "${half}mbit" quantum 1514
-    done
+    shape "st-h$HEALTH" eth0 "$half" change   # host -> leaf
+    shape "$SW" "st-p$HEALTH" "$half" change  # leaf -> host
     echo
     echo "## collbench health, host h$HEALTH's link at $half Mbit/s each way"
     run_job 120 "${all[@]}" -- health --bytes 2M || true

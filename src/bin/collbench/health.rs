@@ -2,9 +2,10 @@
 //! memory copy rate; the ranks of each host all-reduce among themselves (the host's internal
 //! rate); one rank per host then exchanges a fixed message with one other host per round,
 //! each way in turn, pairing host i with host i XOR 2^k in round k: ceil(log2 hosts) rounds,
-//! so the check grows with log p, not p². Each rate is compared with the median of its kind
-//! (and each exchange with the median of its round: rounds cross different tiers), and one
-//! table names what is out of line.
+//! so the check grows with log p, not p². Each rate is compared with the median of its kind,
+//! and each exchange with the topology file's figure for it when `STRATA_TOPO_FILE` gives
+//! one, else with the median of its round (rounds cross different tiers); one table names
+//! what is out of line.
 //!
 //! Naming a link end: a slow exchange a→b is a's egress or b's ingress. An end slow in every
 //! round it took part in (two or more) is named; a slow exchange neither explains is put on
@@ -217,10 +218,16 @@ fn run(h: &HealthArgs, comm: &Communicator) -> Result<usize, String> {
             }
         })
         .collect();
-    let outliers = judge(&views, rounds, h.tolerance);
+    let expected = fabric_expectations(comm, &hosts_leaders(&views), rounds);
+    let outliers = judge(&views, rounds, h.tolerance, expected.as_ref());
     let seconds = start.elapsed().as_secs_f64();
     if rank == 0 {
-        print_table(&views, &outliers, h, rounds, seconds);
+        let against = if expected.is_some() {
+            "the median (exchanges: of the topology file's figure, STRATA_TOPO_FILE)"
+        } else {
+            "the median"
+        };
+        print_table(&views, &outliers, h, (rounds, seconds), against);
         if let Some(path) = &h.json {
             let report = HealthReport {
                 hosts: &views,
@@ -237,11 +244,121 @@ fn run(h: &HealthArgs, comm: &Communicator) -> Result<usize, String> {
     Ok(outliers.len())
 }
 
+/// What each exchange should reach by the topology file: the host link, or its share of an
+/// oversubscribed uplink that the round's other flows from (and into) the same leaf or pod
+/// share in the same direction. Built in O(hosts × rounds).
+pub(super) struct Expected {
+    /// The host link's rate, MB/s.
+    host_link: f64,
+    /// Per round and host: the partner's tier and the per-flow rates out of and into the
+    /// host's groups, MB/s (the tightest of the tiers crossed).
+    per_round: Vec<Vec<f64>>,
+}
+
+impl Expected {
+    /// The rate `from` should reach sending to its partner in `round`, MB/s.
+    fn rate(&self, from: usize, _to: usize, round: usize) -> f64 {
+        self.per_round
+            .get(round)
+            .and_then(|r| r.get(from))
+            .copied()
+            .unwrap_or(self.host_link)
+    }
+}
+
+/// The leader rank of each host.
+fn hosts_leaders(views: &[HostView]) -> Vec<usize> {
+    views.iter().map(|v| v.ranks[0]).collect()
+}
+
+/// [`Expected`] from the communicator's fabric when `STRATA_TOPO_FILE` described it, else
+/// `None` (the rounds' medians are the reference then).
+fn fabric_expectations(comm: &Communicator, leaders: &[usize], rounds: usize) -> Option<Expected> {
+    use strata_topology::Tier;
+    if std::env::var_os("STRATA_TOPO_FILE").is_none() || !comm.tiers().fabric_known() {
+        return None;
+    }
+    let costs = comm.tiers().costs();
+    let h = leaders.len();
+    // A host's group below each shared tier: its leaf (under the pod tier) and its pod
+    // (under the aggregation tier).
+    let group = |x: usize, t: Tier| -> String {
+        let sw = &comm.peers()[leaders[x]].place.switches;
+        match t {
+            Tier::Aggregation => sw.first().cloned().unwrap_or_default(),
+            _ => sw.join("/"),
+        }
+    };
+    let shared = [Tier::Pod, Tier::Aggregation];
+    let mut members: std::collections::HashMap<(Tier, String), f64> = Default::default();
+    for x in 0..h {
+        for t in shared {
+            *members.entry((t, group(x, t))).or_default() += 1.0;
+        }
+    }
+    let host_link = costs.link(Tier::Leaf).bandwidth_gbps * 1e3;
+    let per_round = (0..rounds)
+        .map(|k| {
+            // Flows out of and into each group per direction (lower to higher, or back).
+            let mut flows: std::collections::HashMap<(Tier, String, bool, bool), f64> =
+                Default::default();
+            for x in 0..h {
+                let p = x ^ (1 << k);
+                if p >= h {
+                    continue;
+                }
+                let crossed = comm.tier(leaders[x], leaders[p]);
+                for t in shared.into_iter().filter(|&t| crossed >= t) {
+                    *flows.entry((t, group(x, t), x < p, true)).or_default() += 1.0;
+                    *flows.entry((t, group(p, t), x < p, false)).or_default() += 1.0;
+                }
+            }
+            (0..h)
+                .map(|x| {
+                    let p = x ^ (1 << k);
+                    if p >= h {
+                        return host_link;
+                    }
+                    let crossed = comm.tier(leaders[x], leaders[p]);
+                    let mut rate = host_link;
+                    for t in shared.into_iter().filter(|&t| crossed >= t) {
+                        let link = costs.link(t);
+                        for (end, out) in [(x, true), (p, false)] {
+                            let g = group(end, t);
+                            let n = flows
+                                .get(&(t, g.clone(), x < p, out))
+                                .copied()
+                                .unwrap_or(1.0);
+                            let capacity = link.bandwidth_gbps * 1e3 * members[&(t, g)]
+                                / link.oversubscription.max(1.0);
+                            let mut each = (capacity / n).min(link.bandwidth_gbps * 1e3);
+                            if n > 1.0 {
+                                each *= link.shared_efficiency;
+                            }
+                            rate = rate.min(each);
+                        }
+                    }
+                    rate
+                })
+                .collect()
+        })
+        .collect();
+    Some(Expected {
+        host_link,
+        per_round,
+    })
+}
+
 /// One measured transfer: (from host, to host, round, MB/s).
 type Exchange = (usize, usize, usize, f64);
 
 /// Finds what is out of line (see the module doc).
-pub(super) fn judge(hosts: &[HostView], rounds: usize, tolerance: f64) -> Vec<Outlier> {
+pub(super) fn judge(
+    hosts: &[HostView],
+    rounds: usize,
+    tolerance: f64,
+    expected: Option<&Expected>,
+) -> Vec<Outlier> {
     let floor = 1.0 - tolerance;
     let mut out = Vec::new();
     // Internal rates against the median of hosts like them, where hosts are machines.
@@ -276,7 +393,10 @@ pub(super) fn judge(hosts: &[HostView], rounds: usize, tolerance: f64) -> Vec<Ou
     let round_median: Vec<f64> = (0..rounds)
         .map(|k| median(exchanges.iter().filter(|e| e.2 == k).map(|e| e.3).collect()))
         .collect();
-    let slow = |e: &Exchange| e.3 < floor * round_median[e.2];
+    // What an exchange is measured against: the topology file's figure, else its round's
+    // median.
+    let reference = |e: &Exchange| expected.map_or(round_median[e.2], |x| x.rate(e.0, e.1, e.2));
+    let slow = |e: &Exchange| e.3 < floor * reference(e);
     // Per host: (slow, total) of its egress and of its ingress exchanges.
     let mut egress = vec![(0usize, 0usize); hosts.len()];
     let mut ingress = vec![(0usize, 0usize); hosts.len()];
@@ -325,7 +445,7 @@ pub(super) fn judge(hosts: &[HostView], rounds: usize, tolerance: f64) -> Vec<Ou
         exchanges
             .iter()
             .filter(|e| pick(e))
-            .map(|e| (e.3, round_median[e.2]))
+            .map(|e| (e.3, reference(e)))
             .min_by(|x, y| (x.0 / x.1).total_cmp(&(y.0 / y.1)))
     };
     for i in 0..hosts.len() {
@@ -340,9 +460,9 @@ pub(super) fn judge(hosts: &[HostView], rounds: usize, tolerance: f64) -> Vec<Ou
             out.push(outlier(i, "ingress", m, x, "MB/s"));
         }
     }
-    for (a, b, k, rate) in paths {
-        let what = format!("path to {} (either end)", hosts[b].name);
-        out.push(outlier(a, &what, rate, round_median[k], "MB/s"));
+    for e in paths {
+        let what = format!("path to {} (either end)", hosts[e.1].name);
+        out.push(outlier(e.0, &what, e.3, reference(&e), "MB/s"));
     }
     out
 }
@@ -357,11 +477,17 @@ fn outlier(host: usize, what: &str, measured: f64, expected: f64, unit: &'static
     }
 }
 
-fn print_table(hosts: &[HostView], outliers: &[Outlier], h: &HealthArgs, rounds: usize, s: f64) {
+fn print_table(
+    hosts: &[HostView],
+    outliers: &[Outlier],
+    h: &HealthArgs,
+    (rounds, s): (usize, f64),
+    against: &str,
+) {
     let ranks: usize = hosts.iter().map(|x| x.ranks.len()).sum();
     println!(
         "# collbench health: {} hosts, {ranks} ranks; {rounds} rounds of pairwise exchanges of \
-         {} bytes each way (host i with i XOR 2^k); out of line below {:.0}% of the median; {s:.1} s",
+         {} bytes each way (host i with i XOR 2^k); out of line below {:.0}% of {against}; {s:.1} s",
         hosts.len(),
         h.bytes,
         100.0 * (1.0 - h.tolerance)
@@ -479,7 +605,7 @@ mod tests {
             &[100.0, 100.0],
             &[50.0, 100.0],
         ]);
-        let out = judge(&h, 2, 0.25);
+        let out = judge(&h, 2, 0.25, None);
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!((out[0].host, out[0].what.as_str()), (2, "egress"));
         assert_eq!((out[0].measured, out[0].expected), (50.0, 100.0));
@@ -488,7 +614,7 @@ mod tests {
     #[test]
     fn a_slow_exchange_nothing_else_explains_names_the_path_and_a_clean_job_nothing() {
         // Two hosts: only 1 -> 0 is slow; either end could be at fault.
-        let out = judge(&hosts(&[&[40.0], &[100.0]]), 1, 0.25);
+        let out = judge(&hosts(&[&[40.0], &[100.0]]), 1, 0.25, None);
         assert_eq!(out.len(), 1, "{out:?}");
         assert!(out[0].what.starts_with("path to h0"), "{out:?}");
         // Noise within the tolerance names no one, with a non-power-of-two host count.
@@ -496,6 +622,7 @@ mod tests {
             &hosts(&[&[90.0, 101.0], &[100.0, 99.0], &[95.0, 97.0]]),
             2,
             0.25,
+            None,
         );
         assert!(out.is_empty(), "{out:?}");
     }
@@ -510,16 +637,33 @@ mod tests {
             &[100.0, 100.0],
             &[100.0, 50.0],
         ]);
-        let out = judge(&h, 2, 0.25);
+        let out = judge(&h, 2, 0.25, None);
         let named: Vec<(usize, &str)> = out.iter().map(|o| (o.host, o.what.as_str())).collect();
         assert_eq!(named, vec![(1, "egress"), (1, "ingress")], "{out:?}");
+    }
+
+    #[test]
+    fn a_job_slow_everywhere_is_named_against_the_topology_file_not_against_its_median() {
+        let h = hosts(&[&[50.0, 50.0], &[50.0, 50.0], &[50.0, 50.0], &[50.0, 50.0]]);
+        assert!(
+            judge(&h, 2, 0.25, None).is_empty(),
+            "alike: in line with each other"
+        );
+        let fabric = Expected {
+            host_link: 100.0,
+            per_round: vec![vec![100.0; 4]; 2],
+        };
+        let out = judge(&h, 2, 0.25, Some(&fabric));
+        let named: std::collections::BTreeSet<usize> = out.iter().map(|o| o.host).collect();
+        assert_eq!(named, (0..4).collect(), "{out:?}");
+        assert!(out.iter().all(|o| o.expected == 100.0), "{out:?}");
     }
 
     #[test]
     fn a_host_with_a_slow_memory_is_named() {
         let mut h = hosts(&[&[100.0], &[100.0]]);
         h[1].memcpy_gbs = 4.0;
-        let out = judge(&h, 1, 0.25);
+        let out = judge(&h, 1, 0.25, None);
         assert_eq!(out, vec![outlier(1, "memcpy", 4.0, 7.0, "GB/s")]);
     }
 }
