@@ -357,7 +357,17 @@ class ProcessGroupStrata(dist.ProcessGroup):
         return self._submit("all_gather", output_tensors, lambda: [r() for r in runs], _async_of(opts))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return self.allgather(output_lists, input_list, opts)
+        # c10d lays these out [rank][tensor]; allgather takes [tensor][rank].
+        self._check_list(output_lists, "all_gather_coalesced output list")
+        if len(output_lists) != self.size() or any(
+            len(outs) != len(input_list) for outs in output_lists
+        ):
+            raise ValueError(
+                f"strata: all_gather_coalesced wants {self.size()} output lists (one per rank) "
+                f"of {len(input_list)} tensors (one per input)"
+            )
+        by_input = [[output_lists[r][i] for r in range(self.size())] for i in range(len(input_list))]
+        return self.allgather(by_input, input_list, opts)
 
     # -- reduce-scatter -----------------------------------------------------------------------
 

@@ -9,7 +9,11 @@ import torch.distributed as dist
 
 
 def backend_error(message):
-    """The exception PyTorch raises for backend failures (a RuntimeError subclass)."""
+    """The exception PyTorch raises for backend failures (a RuntimeError subclass). A call
+    that overran its deadline says "Timed out" first, the words PyTorch (and its tests) look
+    for, then strata's account of whom it waited on."""
+    if " timed out after " in message and "Timed out" not in message:
+        message = f"strata: Timed out waiting for the group: {message}"
     return dist.DistBackendError(message)
 
 

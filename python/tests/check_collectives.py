@@ -244,6 +244,12 @@ def asynchronous_and_views():
             dist.all_reduce(t)
     cm.wait()
     same(ts[1], torch.full((20,), 2.0 * WORLD), "coalesced all_reduce")
+    # all_gather_coalesced: outputs laid out [rank][tensor], tensors of different shapes
+    outs = [[torch.empty(3), torch.empty(2, 2)] for _ in range(WORLD)]
+    dist.all_gather_coalesced(outs, [torch.full((3,), float(RANK)), torch.full((2, 2), 10.0 + RANK)])
+    for q in range(WORLD):
+        same(outs[q][0], torch.full((3,), float(q)), f"all_gather_coalesced from rank {q}, first")
+        same(outs[q][1], torch.full((2, 2), 10.0 + q), f"all_gather_coalesced from rank {q}, second")
 
 
 def bad_arguments():

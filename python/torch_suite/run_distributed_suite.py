@@ -1,0 +1,52 @@
+"""PyTorch's own distributed test suite (`torch.testing._internal.distributed.distributed_test`,
+the one `test/distributed/test_distributed_spawn.py` runs) on the strata backend.
+
+    BACKEND=strata WORLD_SIZE=3 TEMP_DIR=$(mktemp -d) PYTHONPATH=python STRATA_LIB=... \\
+        python python/torch_suite/run_distributed_suite.py [--gated-as-gloo] [unittest args]
+
+A third-party backend is admitted by naming it in `DistTestCases.backend_feature["plugin"]`,
+`["ddp"]` and `["subgroup"]` before the module is imported (plugin mode). With
+`--gated-as-gloo` (or `STRATA_SUITE_GATE=gloo`) the module is imported as for gloo, so every
+test gloo runs on CPU runs, and then its BACKEND is pointed at strata, so every group the tests
+make is strata's. Each test spawns WORLD_SIZE processes, which import this file again: the
+set-up below runs in each. Checked against torch 2.15.0 (needs `expecttest` from PyPI).
+"""
+
+import os
+import sys
+
+if "--gated-as-gloo" in sys.argv:
+    sys.argv.remove("--gated-as-gloo")
+    os.environ["STRATA_SUITE_GATE"] = "gloo"
+GATE = os.environ.get("STRATA_SUITE_GATE", "plugin")
+os.environ.setdefault("BACKEND", "strata")
+os.environ["BACKEND"] = "gloo" if GATE == "gloo" else "strata"
+
+import strata_torch  # noqa: E402,F401  (registers the backend)
+from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
+
+if GATE != "gloo":
+    for feature in ("plugin", "ddp", "subgroup"):
+        DistTestCases.backend_feature[feature].add("strata")
+
+from torch.testing._internal.common_utils import run_tests  # noqa: E402
+from torch.testing._internal.distributed import distributed_test  # noqa: E402
+from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
+    DistributedTest,
+    TestDistBackend,
+)
+
+if GATE == "gloo":
+    # Gated as for gloo; every process group the tests make is strata's.
+    distributed_test.BACKEND = "strata"
+    os.environ["BACKEND"] = "strata"
+
+
+class TestStrataWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+
+if __name__ == "__main__":
+    run_tests()
