@@ -7,8 +7,9 @@ the one `test/distributed/test_distributed_spawn.py` runs) on the strata backend
 A third-party backend is admitted by naming it in `DistTestCases.backend_feature["plugin"]`,
 `["ddp"]` and `["subgroup"]` before the module is imported (plugin mode). With
 `--gated-as-gloo` (or `STRATA_SUITE_GATE=gloo`) the module is imported as for gloo, so every
-test gloo runs on CPU runs, and then its BACKEND is pointed at strata, so every group the tests
-make is strata's. Each test spawns WORLD_SIZE processes, which import this file again: the
+test gloo runs on CPU runs (and the tests' own checks of BACKEND take gloo's branches), while
+every process group they make is strata's: a group asked of gloo, by name or by default, is
+made on strata. Each test spawns WORLD_SIZE processes, which import this file again: the
 set-up below runs in each. Checked against torch 2.15.0 (needs `expecttest` from PyPI).
 """
 
@@ -30,16 +31,28 @@ if GATE != "gloo":
         DistTestCases.backend_feature[feature].add("strata")
 
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
-from torch.testing._internal.distributed import distributed_test  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest,
     TestDistBackend,
 )
 
 if GATE == "gloo":
-    # Gated as for gloo; every process group the tests make is strata's.
-    distributed_test.BACKEND = "strata"
-    os.environ["BACKEND"] = "strata"
+    # Gated as for gloo, and the tests' own checks of BACKEND still read "gloo"; every
+    # process group they make is strata's: gloo asked for by name, or by default, is strata.
+    import torch.distributed as dist  # noqa: E402
+
+    def _as_strata(backend):
+        return "strata" if backend is None or str(backend).lower() == "gloo" else backend
+
+    _init, _new_group = dist.init_process_group, dist.new_group
+
+    def init_process_group(backend=None, *args, **kwargs):
+        return _init(_as_strata(backend), *args, **kwargs)
+
+    def new_group(ranks=None, timeout=None, backend=None, *args, **kwargs):
+        return _new_group(ranks, timeout, _as_strata(backend), *args, **kwargs)
+
+    dist.init_process_group, dist.new_group = init_process_group, new_group
 
 
 class TestStrataWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
