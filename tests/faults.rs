@@ -30,6 +30,16 @@ fn now_us() -> u64 {
         .as_micros() as u64
 }
 
+/// In a worker: joins the communicator the parent set up; (communicator, rank, size).
+fn join() -> (Communicator, usize, usize) {
+    let var = |k: &str| std::env::var(k).unwrap();
+    let rank: usize = var("STRATA_TEST_RANK").parse().unwrap();
+    let n: usize = var("STRATA_TEST_NRANKS").parse().unwrap();
+    let id = UniqueId::from_hex(&var("STRATA_TEST_ID")).unwrap();
+    let comm = Communicator::init(&id, n, rank).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    (comm, rank, n)
+}
+
 /// In a worker: all-reduces `STRATA_FAULT_ELEMS` f32 in a loop, checking every result, until
 /// a call fails; prints `READY` after the first and `FAILED <µs> <named rank> <error>` at the
 /// end. Returns false when not a worker.
@@ -37,12 +47,11 @@ fn worker() -> bool {
     if std::env::var_os(WORKER).is_none() {
         return false;
     }
-    let var = |k: &str| std::env::var(k).unwrap();
-    let rank: usize = var("STRATA_TEST_RANK").parse().unwrap();
-    let n: usize = var("STRATA_TEST_NRANKS").parse().unwrap();
-    let elems: usize = var("STRATA_FAULT_ELEMS").parse().unwrap();
-    let id = UniqueId::from_hex(&var("STRATA_TEST_ID")).unwrap();
-    let comm = Communicator::init(&id, n, rank).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    let elems: usize = std::env::var("STRATA_FAULT_ELEMS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (comm, rank, n) = join();
     let mut out = std::io::stdout();
     let want = (n * (n + 1) / 2) as f32;
     let mut buf = vec![0f32; elems];
@@ -447,11 +456,7 @@ fn abort_hops(logs: &[String]) -> Vec<u32> {
 #[test]
 fn a_rank_that_skips_a_collective_is_named_with_what_it_does() {
     if std::env::var_os(WORKER).is_some() {
-        let var = |k: &str| std::env::var(k).unwrap();
-        let rank: usize = var("STRATA_TEST_RANK").parse().unwrap();
-        let n: usize = var("STRATA_TEST_NRANKS").parse().unwrap();
-        let id = UniqueId::from_hex(&var("STRATA_TEST_ID")).unwrap();
-        let comm = Communicator::init(&id, n, rank).unwrap();
+        let (comm, rank, _) = join();
         let mut v = vec![1f32; 1000];
         comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
         if rank == 2 {
@@ -626,11 +631,7 @@ fn eight_ranks_lose_rank_3_and_the_seven_survivors_shrink_and_carry_on() {
 fn a_rank_out_of_file_descriptors_is_named_with_that_cause() {
     const VICTIM: usize = 2;
     if std::env::var_os(WORKER).is_some() {
-        let var = |k: &str| std::env::var(k).unwrap();
-        let rank: usize = var("STRATA_TEST_RANK").parse().unwrap();
-        let n: usize = var("STRATA_TEST_NRANKS").parse().unwrap();
-        let id = UniqueId::from_hex(&var("STRATA_TEST_ID")).unwrap();
-        let comm = Communicator::init(&id, n, rank).unwrap();
+        let (comm, rank, _) = join();
         if rank == VICTIM {
             // No descriptor left for anything new: the connections the first call opens fail.
             let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;

@@ -188,13 +188,13 @@ impl Communicator {
         log.own_share = st.stragglers.own_share_per_mille();
         // What `Communicator::stragglers` reads: fresh at a change, and at most a quarter of a
         // second old while anyone is named.
-        let named = st.stragglers.any_named();
-        if named && now.saturating_sub(st.stragglers_published) >= Duration::from_millis(250) {
+        let stale = st.stragglers.any_named()
+            && now.saturating_sub(st.stragglers_published) >= Duration::from_millis(250);
+        if stale || !changes.is_empty() {
             st.stragglers_published = now;
             self.inner.health.set_stragglers(st.stragglers.current());
         }
         if !changes.is_empty() {
-            self.inner.health.set_stragglers(st.stragglers.current());
             self.write_trace();
         }
         for change in changes {

@@ -245,7 +245,7 @@ impl Communicator {
             conns: (0..size).map(|_| None).collect(),
             seq: 0,
             device_seq: 0,
-            stragglers: crate::watchdog::stragglers::Stragglers::new(cfg.straggler_threshold),
+            stragglers: Default::default(),
             stragglers_published: Duration::ZERO,
             p2p_sent: HashMap::new(),
             p2p_received: HashMap::new(),

@@ -92,8 +92,8 @@ struct Peer {
 }
 
 /// One communicator's view of the peers it stalls on.
+#[derive(Default)]
 pub struct Stragglers {
-    threshold: Duration,
     /// Sum of -ln(decay) over all calls: a weight recorded at age `a` is worth
     /// `exp(a - age)` now, so nothing is decayed until it is read.
     age: f64,
@@ -108,26 +108,6 @@ pub struct Stragglers {
 }
 
 impl Stragglers {
-    /// A view counting idle stretches of at least `threshold` as stalls.
-    pub fn new(threshold: Duration) -> Self {
-        Self {
-            threshold,
-            age: 0.0,
-            last: None,
-            seen: 0,
-            calls: 0.0,
-            time_s: 0.0,
-            stalled_s: 0.0,
-            peers: HashMap::new(),
-            named: Vec::new(),
-        }
-    }
-
-    /// The shortest idle stretch that counts as a stall.
-    pub fn threshold(&self) -> Duration {
-        self.threshold
-    }
-
     /// This rank's stall share over the window, per mille: what its headers carry.
     pub fn own_share_per_mille(&self) -> u16 {
         (1000.0 * self.own_share()).round().clamp(0.0, 1000.0) as u16
@@ -284,7 +264,7 @@ mod tests {
     impl Run {
         fn new() -> Self {
             Self {
-                s: Stragglers::new(ms(5)),
+                s: Stragglers::default(),
                 t: Duration::ZERO,
             }
         }

@@ -74,6 +74,11 @@ struct HealthReport<'a> {
 /// Transfers each way per pair and round; the best counts.
 const REPEATS: usize = 3;
 
+/// Host `host`'s partner in round `round` of `hosts`: host XOR 2^round, if there is one.
+fn partner(host: usize, round: usize, hosts: usize) -> Option<usize> {
+    Some(host ^ (1 << round)).filter(|&p| p < hosts)
+}
+
 /// Rounds of pairwise exchanges that give every host a partner: ceil(log2 hosts).
 fn rounds_for(hosts: usize) -> usize {
     hosts.next_power_of_two().trailing_zeros() as usize
@@ -150,8 +155,7 @@ fn run(h: &HealthArgs, comm: &Communicator) -> Result<usize, String> {
         let i = lc.rank();
         let mut data = vec![0u8; h.bytes.max(1)];
         for (k, slot) in ingress.iter_mut().enumerate() {
-            let p = i ^ (1 << k);
-            let paired = p < lc.size();
+            let p = partner(i, k, lc.size());
             // Every pair of the round moves the same way at once, between barriers of all
             // the leaders, so that flows sharing a tier share it alike in every repeat
             // (unsynchronised, a flow that finished early left the next the whole link, and
@@ -161,9 +165,9 @@ fn run(h: &HealthArgs, comm: &Communicator) -> Result<usize, String> {
             for _ in 0..REPEATS {
                 for lower_sends in [true, false] {
                     lc.barrier().map_err(err)?;
-                    if !paired {
+                    let Some(p) = p else {
                         continue;
-                    }
+                    };
                     if (i < p) == lower_sends {
                         lc.send(&data, p).map_err(err)?;
                     } else {
@@ -173,7 +177,7 @@ fn run(h: &HealthArgs, comm: &Communicator) -> Result<usize, String> {
                     }
                 }
             }
-            if paired {
+            if p.is_some() {
                 *slot = best;
             }
         }
@@ -211,8 +215,10 @@ fn run(h: &HealthArgs, comm: &Communicator) -> Result<usize, String> {
                 internal_busbw_gbs: lead[2].is_finite().then_some(lead[2]),
                 ingress: (0..rounds)
                     .map(|k| {
-                        let p = hi ^ (1 << k);
-                        (lead[3 + k].is_finite() && p < hosts.len()).then(|| (p, lead[3 + k]))
+                        let rate = lead[3 + k];
+                        partner(hi, k, hosts.len())
+                            .filter(|_| rate.is_finite())
+                            .map(|p| (p, rate))
                     })
                     .collect(),
             }
@@ -303,10 +309,9 @@ fn fabric_expectations(comm: &Communicator, leaders: &[usize], rounds: usize) ->
             let mut flows: std::collections::HashMap<(Tier, String, bool, bool), f64> =
                 Default::default();
             for x in 0..h {
-                let p = x ^ (1 << k);
-                if p >= h {
+                let Some(p) = partner(x, k, h) else {
                     continue;
-                }
+                };
                 let crossed = comm.tier(leaders[x], leaders[p]);
                 for t in shared.into_iter().filter(|&t| crossed >= t) {
                     *flows.entry((t, group(x, t), x < p, true)).or_default() += 1.0;
@@ -315,10 +320,9 @@ fn fabric_expectations(comm: &Communicator, leaders: &[usize], rounds: usize) ->
             }
             (0..h)
                 .map(|x| {
-                    let p = x ^ (1 << k);
-                    if p >= h {
+                    let Some(p) = partner(x, k, h) else {
                         return host_link;
-                    }
+                    };
                     let crossed = comm.tier(leaders[x], leaders[p]);
                     let mut rate = host_link;
                     for t in shared.into_iter().filter(|&t| crossed >= t) {
@@ -578,10 +582,7 @@ mod tests {
                 ingress: r
                     .iter()
                     .enumerate()
-                    .map(|(k, &x)| {
-                        let p = i ^ (1 << k);
-                        (p < rates.len()).then_some((p, x))
-                    })
+                    .map(|(k, &x)| partner(i, k, rates.len()).map(|p| (p, x)))
                     .collect(),
             })
             .collect()
