@@ -41,8 +41,7 @@ fi
 
 cleanup() {
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    for h in $(seq 0 $((HOSTS - 1))); do ip netns del "st-f$h" 2>/dev/null || true; done
-    ip netns del "$SW" 2>/dev/null || true
+    del_star st-f "$SW" "$HOSTS"
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -53,16 +52,10 @@ BIN=$ROOT/target/release/collbench
 
 build_fabric() {
     cleanup_fabric
-    ip netns add "$SW"
-    ip -n "$SW" link add br0 type bridge
-    ip -n "$SW" link set br0 up
-    for h in $(seq 0 $((HOSTS - 1))); do
-        add_host "st-f$h" "st-fe$h" "st-fp$h" "$SW" br0 "198.18.1.$((h + 1))/24"
-    done
+    add_star st-f "$SW" "$HOSTS" 198.18.1.
 }
 cleanup_fabric() {
-    for h in $(seq 0 $((HOSTS - 1))); do ip netns del "st-f$h" 2>/dev/null || true; done
-    ip netns del "$SW" 2>/dev/null || true
+    del_star st-f "$SW" "$HOSTS"
 }
 
 now() { date +%s.%N; }

@@ -40,8 +40,7 @@ if [ -z "$NVRTC" ]; then
     exit 1
 fi
 cleanup() {
-    for h in 0 1; do ip netns del "st-d$h" 2>/dev/null || true; done
-    ip netns del "$SW" 2>/dev/null || true
+    del_star st-d "$SW" 2
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -55,11 +54,8 @@ cleanup
 mkdir -p "$WORK/lib"
 cp target/release/libstrata_cuda_standin.so "$WORK/lib/libcuda.so.1"
 cp target/release/libstrata_ibverbs_standin.so "$WORK/lib/libibverbs.so.1"
-ip netns add "$SW"
-ip -n "$SW" link add br0 type bridge
-ip -n "$SW" link set br0 up
+add_star st-d "$SW" 2 198.18.7.
 for h in 0 1; do
-    add_host "st-d$h" "st-de$h" "st-dp$h" "$SW" br0 "198.18.7.$((h + 1))/24"
     for l in 0 1; do
         ip -n "st-d$h" addr add "198.18.7.$((101 + 2 * h + l))/24" dev eth0
     done

@@ -15,3 +15,24 @@ add_host() {
     ip -n "$ns" link set lo up
     ip -n "$switch_ns" link set "$switch_if" master "$bridge" up
 }
+
+# add_star PREFIX SWITCH_NS COUNT SUBNET: COUNT emulated hosts PREFIX0 … on one bridge `br0`
+# in a new SWITCH_NS, host h at SUBNET<h + 1>/24 (SUBNET like `198.18.5.`), its veth made as
+# PREFIXe<h> and attached as PREFIXp<h>.
+add_star() {
+    local prefix=$1 sw=$2 count=$3 subnet=$4 h
+    ip netns add "$sw"
+    ip -n "$sw" link add br0 type bridge
+    ip -n "$sw" link set br0 up
+    for h in $(seq 0 $((count - 1))); do
+        add_host "$prefix$h" "${prefix}e$h" "${prefix}p$h" "$sw" br0 "$subnet$((h + 1))/24"
+    done
+}
+
+# del_star PREFIX SWITCH_NS COUNT: removes what add_star made, quietly (for cleanups, and
+# before building in case an earlier run was killed).
+del_star() {
+    local prefix=$1 sw=$2 count=$3 h
+    for h in $(seq 0 $((count - 1))); do ip netns del "$prefix$h" 2>/dev/null || true; done
+    ip netns del "$sw" 2>/dev/null || true
+}

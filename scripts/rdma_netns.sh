@@ -37,8 +37,7 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 cleanup() {
-    for h in $(seq 0 $((HOSTS - 1))); do ip netns del "st-r$h" 2>/dev/null || true; done
-    ip netns del "$SW" 2>/dev/null || true
+    del_star st-r "$SW" "$HOSTS"
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -49,12 +48,7 @@ BIN=$ROOT/target/release/collbench
 
 cleanup
 mkdir -p "$WORK"
-ip netns add "$SW"
-ip -n "$SW" link add br0 type bridge
-ip -n "$SW" link set br0 up
-for h in $(seq 0 $((HOSTS - 1))); do
-    add_host "st-r$h" "st-re$h" "st-rp$h" "$SW" br0 "198.18.3.$((h + 1))/24"
-done
+add_star st-r "$SW" "$HOSTS" 198.18.3.
 
 PORT=29900
 # run TRANSPORT SIZE: prints the out-of-place busbw (GB/s) of one run.

@@ -64,8 +64,7 @@ cleanup() {
     [ -n "$THROTTLE" ] && kill "$THROTTLE" 2>/dev/null || true
     [ -n "${victim:-}" ] && kill -CONT "$victim" 2>/dev/null || true
     for p in "${PIDS[@]}" $(job_ranks); do kill -9 "$p" 2>/dev/null || true; done
-    for h in $(seq 0 $((HOSTS - 1))); do ip netns del "st-s$h" 2>/dev/null || true; done
-    ip netns del "$SW" 2>/dev/null || true
+    del_star st-s "$SW" "$HOSTS"
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -74,14 +73,8 @@ trap 'exit 130' INT TERM
 cargo build --release --bin collbench -q
 BIN=$ROOT/target/release/collbench
 
-for h in $(seq 0 $((HOSTS - 1))); do ip netns del "st-s$h" 2>/dev/null || true; done
-ip netns del "$SW" 2>/dev/null || true
-ip netns add "$SW"
-ip -n "$SW" link add br0 type bridge
-ip -n "$SW" link set br0 up
-for h in $(seq 0 $((HOSTS - 1))); do
-    add_host "st-s$h" "st-se$h" "st-sp$h" "$SW" br0 "198.18.5.$((h + 1))/24"
-done
+del_star st-s "$SW" "$HOSTS"
+add_star st-s "$SW" "$HOSTS" 198.18.5.
 
 for r in $(seq 0 $((N - 1))); do
     h=$((r / PER_HOST))
