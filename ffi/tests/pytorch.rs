@@ -229,6 +229,22 @@ fn a_rank_stopped_half_the_time_is_named_through_the_backend_under_torchrun() {
 }
 
 #[test]
+fn monitored_barrier_names_the_ranks_that_did_not_arrive_and_leaves_the_group_working() {
+    let Some(python) = torch_python(
+        "monitored_barrier_names_the_ranks_that_did_not_arrive_and_leaves_the_group_working",
+    ) else {
+        return;
+    };
+    let out = torchrun(&python, 4, "python/tests/check_monitored_barrier.py", &[], 120);
+    for rank in 0..4 {
+        assert!(
+            out.contains(&format!("monitored_barrier: rank {rank} ok")),
+            "rank {rank}: {out}"
+        );
+    }
+}
+
+#[test]
 fn torchft_ddp_on_strata_heals_a_replica_that_failed_and_rejoined() {
     let test = "torchft_ddp_on_strata_heals_a_replica_that_failed_and_rejoined";
     let Some(python) = torch_python(test) else {

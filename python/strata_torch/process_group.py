@@ -12,8 +12,10 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as C10dBackend
 
 from . import _nccl as nccl
+from . import monitored, sparse
 from .tensors import (
     PLAIN_REDUCTIONS,
     op_type,
@@ -57,13 +59,18 @@ def _async_of(opts):
     return bool(getattr(opts, "asyncOp", True))
 
 
-class ProcessGroupStrata(dist.ProcessGroup):
-    """A process group on one strata communicator (see the module doc)."""
+class ProcessGroupStrata(C10dBackend):
+    """A c10d backend on one strata communicator (see the module doc): torch.distributed
+    wraps it in its own ProcessGroup for the CPU device, as it does gloo's, so
+    ``dist.group.WORLD._get_backend(torch.device("cpu"))`` is this object. It also works
+    alone: every method below may be called on it directly."""
 
     supports_coalescing = True
 
     def __init__(self, store, rank, size, timeout=timedelta(minutes=10)):
         super().__init__(rank, size)
+        self._store = store
+        self._monitored_barriers = 0
         self._lib = library()
         self._timeout = timeout
         self._number = next(_GROUP_NUMBERS)
@@ -99,29 +106,6 @@ class ProcessGroupStrata(dist.ProcessGroup):
 
     def getBackendName(self):
         return "strata"
-
-    def name(self):
-        return "strata"
-
-    def _get_backend_name(self):
-        return "strata"
-
-    def _get_backend(self, device):
-        return self
-
-    # c10d keeps a group's name and description in its C++ backends, which a Python group
-    # has none of: keep them here (the trampoline calls these overrides).
-    def setGroupName(self, name):
-        self._group_name = name
-
-    def getGroupName(self):
-        return getattr(self, "_group_name", "")
-
-    def setGroupDesc(self, desc):
-        self._group_desc = desc
-
-    def getGroupDesc(self):
-        return getattr(self, "_group_desc", "")
 
     def stragglers(self):
         """The ranks of this group this rank names as persistently slow (see strata's
@@ -242,11 +226,26 @@ class ProcessGroupStrata(dist.ProcessGroup):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         op = _reduce_op_of(opts)
+        if any(t.is_sparse for t in tensors):
+            return self._allreduce_sparse(tensors, op, _async_of(opts))
         run = self._allreduce_plain(tensors[0], op) if len(tensors) == 1 else None
         if run is None:
             runs = [self._allreduce_one(t, op) for t in tensors]
             run = lambda: [r() for r in runs]  # noqa: E731
         return self._submit("all_reduce", tensors, run, _async_of(opts))
+
+    def _allreduce_sparse(self, tensors, op, async_op):
+        for t in tensors:
+            sparse.check_sparse(t, op)
+
+        def gather(output, input_):
+            self._all_gather_flat(output, input_, "sparse all_reduce")()
+
+        def run():
+            for t in tensors:
+                sparse.sparse_allreduce(gather, self.size(), t)
+
+        return self._submit("all_reduce (sparse)", tensors, run, async_op)
 
     def _allreduce_plain(self, t, op):
         """The common case with few checks (a dense, contiguous CPU tensor of a type strata
@@ -592,6 +591,22 @@ class ProcessGroupStrata(dist.ProcessGroup):
             self._lib.AllReduce(_ptr(token), _ptr(token), 1, nccl.UINT8, nccl.SUM, self._comm, None, comm=self._comm)
 
         return self._submit("barrier", [token], run, _async_of(opts))
+
+    def monitored_barrier(self, opts=None, wait_all_ranks=False):
+        """A barrier that names the ranks that did not arrive within the timeout (``opts``
+        is BarrierOptions or a timedelta; see ``monitored.py``). Blocks; never touches the
+        communicator, so it answers even while a collective is stuck."""
+        self._check_open()
+        timeout = opts if isinstance(opts, timedelta) else getattr(opts, "timeout", self._timeout)
+        self._monitored_barriers += 1
+
+        def describe():
+            fault = self.async_error()
+            return f"this rank's communicator: {fault}" if fault else ""
+
+        monitored.monitored_barrier(
+            self._store, self.rank(), self.size(), self._monitored_barriers, timeout, wait_all_ranks, describe
+        )
 
     # -- coalescing (batch_isend_irecv, _coalescing_manager) ----------------------------------
 

@@ -253,8 +253,11 @@ def asynchronous_and_views():
 
 
 def bad_arguments():
+    # torch.distributed sends a meta tensor to its own meta kernel (for tracing), for gloo's
+    # groups and strata's alike; strata's backend, called directly, refuses it.
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     for name, call, err in [
-        ("meta tensor", lambda: dist.all_reduce(torch.empty(3, device="meta")), ValueError),
+        ("meta tensor", lambda: backend.allreduce([torch.empty(3, device="meta")]), ValueError),
         ("all_gather_into_tensor size", lambda: dist.all_gather_into_tensor(torch.empty(WORLD * 3 + 1), torch.empty(3)), ValueError),
         ("reduce_scatter_tensor size", lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.empty(3 * WORLD + 2)), ValueError),
         ("all_to_all_single splits", lambda: dist.all_to_all_single(torch.empty(WORLD), torch.empty(WORLD), [1] * WORLD, [2] * WORLD), ValueError),
@@ -297,6 +300,33 @@ def reductions_small(group):
     same(x, torch.full((9,), float(max(ranks))), "evens max")
 
 
+def sparse_sums():
+    """COO all_reduce as gloo's: each rank holds rank+1 entries (one repeated, so the input is
+    uncoalesced) of a 6 x 2 matrix with 2-wide dense rows; all end with the coalesced sum."""
+    def mine(r):
+        rows = torch.tensor([[i % 6 for i in range(r + 1)] + [r % 6]])
+        vals = torch.arange(r + 2, dtype=torch.float64).reshape(-1, 1).repeat(1, 2) + r
+        return torch.sparse_coo_tensor(rows, vals, (6, 2), check_invariants=True)
+    x = mine(RANK)
+    dist.all_reduce(x)
+    want = sum(mine(r).to_dense() for r in range(WORLD))
+    check(x.is_sparse and x.is_coalesced(), "sparse all_reduce leaves a coalesced COO tensor")
+    same(x.to_dense(), want, "sparse all_reduce sum")
+    try:
+        dist.all_reduce(mine(RANK), op=dist.ReduceOp.MAX)
+    except ValueError as e:
+        check("sums only" in str(e), f"sparse MAX refused with the reason: {e}")
+    else:
+        check(False, "sparse MAX was accepted")
+    shape = (6, 2) if RANK else (7, 2)  # rank 0 disagrees: every rank raises the same error
+    try:
+        dist.all_reduce(torch.sparse_coo_tensor(torch.tensor([[0]]), torch.ones(1, 2), shape, check_invariants=True))
+    except dist.DistBackendError as e:
+        check("differ across ranks" in str(e), f"sparse shapes that differ: {e}")
+    else:
+        check(False, "sparse all_reduce of different shapes was accepted")
+
+
 def main():
     dist.init_process_group("strata", timeout=timedelta(seconds=120))
     check(dist.get_backend() == "strata", f"backend {dist.get_backend()}")
@@ -307,6 +337,7 @@ def main():
     point_to_point()
     asynchronous_and_views()
     bad_arguments()
+    sparse_sums()
     sub_groups()
     dist.destroy_process_group()
     print(f"rank {RANK}/{WORLD}: {CHECKS} checks passed (strata NCCL API {strata_torch.nccl_version()})", flush=True)
