@@ -284,6 +284,9 @@ ncclResult_t strataCommSetTimeout(ncclComm_t comm, double seconds);
  * its NUL into `json` (`capacity` bytes); `*length` gets the text's length without the NUL,
  * and a buffer too small is ncclInvalidArgument. */
 ncclResult_t strataCommGetStragglers(ncclComm_t comm, char* json, size_t capacity, size_t* length);
+/* strata's own: receives `count` elements into host memory from whichever rank's ncclSend to
+ * this rank arrives first (MPI_ANY_SOURCE) and writes that rank to `*source`; not in a group. */
+ncclResult_t strataRecvAny(void* recvbuff, size_t count, ncclDataType_t datatype, int* source, ncclComm_t comm);
 
 /* Queries. ncclCommCuDevice is ncclInvalidUsage in this host-memory build. */
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);

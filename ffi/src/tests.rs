@@ -128,6 +128,57 @@ fn strata_comm_get_stragglers_writes_json_and_refuses_a_short_buffer() {
 }
 
 #[test]
+fn strata_recv_any_names_each_sender_and_refuses_a_group_and_null_pointers() {
+    let comms = init_all(3);
+    let (c1, c2) = (comms[1] as usize, comms[2] as usize);
+    let senders: Vec<_> = [(c1, 1i32), (c2, 2)]
+        .into_iter()
+        .map(|(c, r)| {
+            std::thread::spawn(move || {
+                let data = [r * 10; 5];
+                // SAFETY: a valid buffer of 5 int32 (ncclInt32 = 2).
+                unsafe { ncclSend(data.as_ptr().cast(), 5, 2, 0, c as NcclComm, null_mut()) }
+            })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let (mut buf, mut source) = ([0i32; 5], -1);
+        // SAFETY: a valid buffer of 5 int32 and an out-pointer.
+        let r = unsafe { strataRecvAny(buf.as_mut_ptr().cast(), 5, 2, &mut source, comms[0]) };
+        assert_eq!(r, NcclResult::Success, "{}", last_error(comms[0]));
+        assert_eq!(buf, [source * 10; 5], "the data is the sender's");
+        got.push(source);
+    }
+    for s in senders {
+        assert_eq!(s.join().unwrap(), NcclResult::Success);
+    }
+    got.sort_unstable();
+    assert_eq!(got, [1, 2]);
+    let mut buf = [0i32; 5];
+    // SAFETY: NULL pointers and a group are refused before anything is received.
+    unsafe {
+        assert_eq!(
+            strataRecvAny(buf.as_mut_ptr().cast(), 5, 2, null_mut(), comms[0]),
+            NcclResult::InvalidArgument
+        );
+        let mut source = 0;
+        assert_eq!(
+            strataRecvAny(null_mut(), 5, 2, &mut source, comms[0]),
+            NcclResult::InvalidArgument
+        );
+        assert_eq!(ncclGroupStart(), NcclResult::Success);
+        assert_eq!(
+            strataRecvAny(buf.as_mut_ptr().cast(), 5, 2, &mut source, comms[0]),
+            NcclResult::InvalidUsage
+        );
+        // A group with a failed call runs nothing and reports the failure at its end.
+        assert_eq!(ncclGroupEnd(), NcclResult::InvalidUsage);
+    }
+    destroy(&comms);
+}
+
+#[test]
 fn a_config_is_read_by_its_size_and_a_bad_magic_is_rejected() {
     let mut full = NcclConfig {
         blocking: 0,

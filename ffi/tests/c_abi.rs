@@ -56,7 +56,11 @@ const PYTORCH_IMPORTS: [&str; 34] = [
 /// against the installed torch itself).
 /// strata's own functions, declared in its nccl.h under their own prefix (no NCCL program
 /// calls them, so they cannot clash).
-const STRATA_EXTENSIONS: [&str; 2] = ["strataCommSetTimeout", "strataCommGetStragglers"];
+const STRATA_EXTENSIONS: [&str; 3] = [
+    "strataCommSetTimeout",
+    "strataCommGetStragglers",
+    "strataRecvAny",
+];
 
 const OTHERS: [&str; 20] = [
     "CommGetUniqueId",

@@ -235,7 +235,13 @@ fn monitored_barrier_names_the_ranks_that_did_not_arrive_and_leaves_the_group_wo
     ) else {
         return;
     };
-    let out = torchrun(&python, 4, "python/tests/check_monitored_barrier.py", &[], 120);
+    let out = torchrun(
+        &python,
+        4,
+        "python/tests/check_monitored_barrier.py",
+        &[],
+        120,
+    );
     for rank in 0..4 {
         assert!(
             out.contains(&format!("monitored_barrier: rank {rank} ok")),

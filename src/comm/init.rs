@@ -257,6 +257,7 @@ impl Communicator {
             small_calls: 0,
             exec: executor::ExecBuffers::with_stall_threshold(cfg.straggler_threshold),
             splits: 0,
+            any_source_last: 0,
             shrinks: 0,
         };
         let health = listener.health();

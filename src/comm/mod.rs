@@ -96,6 +96,8 @@ struct State {
     small_calls: u64,
     exec: executor::ExecBuffers,
     splits: u64,
+    /// The peer the last receive from any source took its message from.
+    any_source_last: usize,
     shrinks: u64,
 }
 

@@ -204,3 +204,142 @@ impl Communicator {
         self.conclude(st, &local, result)
     }
 }
+
+impl Communicator {
+    /// Receives `buf.len()` elements from whichever rank's send to this rank arrives first
+    /// (MPI's `MPI_ANY_SOURCE`, gloo's `recvAnysource`) and returns that rank. The message must
+    /// have the element type and count of `buf`, as with [`Communicator::recv`]. Connects to
+    /// every peer on first use (any of them may send); fails after the communicator's timeout
+    /// if none does, and at once if the communicator has a fault.
+    pub fn recv_any<T: Element>(&self, buf: &mut [T]) -> Result<usize> {
+        self.recv_any_as(T::DTYPE, bytemuck::cast_slice_mut(buf))
+    }
+
+    /// [`Communicator::recv_any`] into the bytes of `data`, read as elements of `dtype`.
+    pub fn recv_any_as(&self, dtype: DataType, data: &mut [u8]) -> Result<usize> {
+        let source = self.pending_sender(dtype, data.len())?;
+        self.send_recv(&mut [Transfer::Recv {
+            peer: source,
+            dtype,
+            data,
+        }])?;
+        Ok(source)
+    }
+
+    /// Waits for a peer whose next message to this rank is a send, and returns it. Peers are
+    /// looked at in turn, starting after the one chosen last, so a steady sender cannot starve
+    /// the others; their messages stay in the connection for the receive that follows.
+    fn pending_sender(&self, dtype: DataType, bytes: usize) -> Result<usize> {
+        let inner = &*self.inner;
+        let (p, me) = (inner.size, inner.rank);
+        if p < 2 {
+            return Err(Error::InvalidArgument(
+                "recv from any source in a communicator of 1 rank: no other rank can send".into(),
+            ));
+        }
+        if !bytes.is_multiple_of(dtype.size()) {
+            return Err(Error::InvalidArgument(format!(
+                "recv buffer of {bytes} bytes is not a whole number of {dtype} elements"
+            )));
+        }
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let mut guard = self.lock_state()?;
+        let st = &mut *guard;
+        let call = Header {
+            collective: Collective::Recv,
+            seq: 0,
+            dtype,
+            count: (bytes / dtype.size()) as u64,
+            op: 0,
+            param: me as u64,
+            algorithm: Algorithm::Direct,
+        };
+        // Ranks above this one wait for it to dial them; those below dial it when they send.
+        let higher: Vec<usize> = (me + 1..p).collect();
+        self.ensure_connections(st, &higher, &call)?;
+        let started = Instant::now();
+        let deadline = started + self.timeout();
+        let mut nap = Duration::from_micros(20);
+        loop {
+            for q in 0..me {
+                if st.conns[q].is_none() {
+                    st.conns[q] = inner.listener.take(q);
+                }
+            }
+            let mut closed = 0;
+            for k in 1..p {
+                let q = (st.any_source_last + k) % p;
+                let Some(conn) = st.conns[q].as_mut() else {
+                    continue;
+                };
+                let mut head = [0u8; HEADER_BYTES];
+                let n = match conn.data.peek(&mut head) {
+                    Ok(n) => n,
+                    // A peer that closed its end sends nothing more; a dead one is reported
+                    // by the watchdog. Either way the others may still send.
+                    Err(e) if is_closed(&e) => {
+                        closed += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(self.peer_io_error(q, "recv from any source", e)),
+                };
+                let expected = st.p2p_received.get(&q).copied().unwrap_or(0) + 1;
+                if n == HEADER_BYTES
+                    && Header::decode(&head).is_some_and(|h| {
+                        h.collective == Collective::Send
+                            && h.param == me as u64
+                            && h.seq == expected
+                    })
+                {
+                    st.any_source_last = q;
+                    return Ok(q);
+                }
+            }
+            if inner.health.interrupt.load(Ordering::Acquire) {
+                return Err(self.async_error().unwrap_or(Error::Aborted(None)));
+            }
+            executor::check_control(&mut st.conns, &inner.peers)?;
+            if closed == p - 1 {
+                return Err(Error::Transport(
+                    "recv from any source: every other rank has closed its connection".into(),
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    op: "recv from any source".into(),
+                    seq: 0,
+                    waiting_on: (0..p).filter(|&q| q != me).collect(),
+                    after_s: started.elapsed().as_secs_f64(),
+                    diagnosis: None,
+                });
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// The error for a failed connection to `peer` while doing `what`.
+    fn peer_io_error(&self, peer: usize, what: &str, e: std::io::Error) -> Error {
+        let info = &self.inner.peers[peer];
+        if e.kind() == std::io::ErrorKind::Unsupported {
+            return Error::InvalidArgument(format!("{what}: rank {peer}: {e}"));
+        }
+        Error::PeerFailed {
+            rank: peer,
+            host: info.host.hostname.clone(),
+            pid: info.pid,
+            reason: format!("{what}: {e}"),
+        }
+    }
+}
+
+/// Whether `e` says the other end of a connection is gone.
+fn is_closed(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted
+    )
+}

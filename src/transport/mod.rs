@@ -125,6 +125,19 @@ pub(crate) trait Transport: Send {
             done += b.len();
         })
     }
+    /// Copies up to `dst.len()` received bytes into `dst` without consuming them (the next
+    /// receive gets them again) and returns how many; never blocks. Receive from any source
+    /// looks at each peer's next header this way; a transport that cannot look ahead says so.
+    fn peek(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        let _ = dst;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "the {} transport cannot look at a message before receiving it",
+                self.name()
+            ),
+        ))
+    }
     /// What to sleep on until the given direction can make progress (a transport may arm a
     /// notification here).
     fn wait_for(&mut self, dir: Direction) -> Wait;

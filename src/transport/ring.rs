@@ -345,6 +345,34 @@ impl Transport for RingEndpoint {
         Ok(consumed)
     }
 
+    fn peek(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        let (mut slot, mut seq, mut offset) =
+            (self.rx_slot, self.rx_tail.wrapping_add(1), self.rx_offset);
+        let mut done = 0;
+        while done < dst.len() {
+            let hdr = self.slot_header(self.rx, slot);
+            if hdr.seq.load(Ordering::Acquire) != seq {
+                break;
+            }
+            let len = (hdr.len.load(Ordering::Relaxed) as usize).min(self.payload_capacity());
+            let take = len.saturating_sub(offset).min(dst.len() - done);
+            // SAFETY: a posted slot past the tail belongs to the consumer (this side) until the
+            // tail moves, which peeking never does; the range lies inside its posted length.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    self.slot_ptr(self.rx, slot).add(SLOT_HEADER + offset),
+                    take,
+                )
+            };
+            dst[done..done + take].copy_from_slice(bytes);
+            done += take;
+            offset = 0;
+            seq = seq.wrapping_add(1);
+            slot = self.next_slot(slot);
+        }
+        Ok(done)
+    }
+
     fn wait_for(&mut self, dir: Direction) -> Wait {
         match dir {
             Direction::Recv => {

@@ -526,3 +526,72 @@ pub unsafe extern "C" fn strataCommGetStragglers(
         Ok(NcclResult::Success)
     })
 }
+
+/// `strataRecvAny` (strata's own, not NCCL's): receives `count` elements of `datatype` into
+/// host memory `recvbuff` from whichever rank's `ncclSend` to this rank arrives first (MPI's
+/// `MPI_ANY_SOURCE`) and writes that rank to `*source`. Not inside a group, and not on GPU
+/// memory; on a non-blocking communicator it runs after the calls queued before it and
+/// `*source` is written when `ncclCommGetAsyncError` says success.
+///
+/// # Safety
+/// `recvbuff` must be writable for `count` elements of `datatype` (or NULL with `count` 0)
+/// and `source` writable, until the call completes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn strataRecvAny(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    source: *mut c_int,
+    comm: NcclComm,
+) -> NcclResult {
+    guarded(|| {
+        let h = comm_of(comm)?;
+        live(&h)?;
+        let dtype = dtype_of(datatype)?;
+        let bytes = count
+            .checked_mul(dtype.size())
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| invalid(format!("count {count} of {dtype} overflows")))?;
+        if bytes > 0 && recvbuff.is_null() {
+            return Err(invalid(format!("recv buffer is NULL with count {count}")));
+        }
+        if source.is_null() {
+            return Err(invalid("source is NULL"));
+        }
+        if group::active() {
+            return Err(fail(
+                NcclResult::InvalidUsage,
+                "strataRecvAny cannot be part of a group: which peer it pairs with is known only when a message arrives",
+            ));
+        }
+        if bytes > 0 && device::any_device(&[recvbuff as *const u8]) {
+            return Err(invalid("strataRecvAny receives into host memory only"));
+        }
+        let (buf, out) = (recvbuff as usize, source as usize);
+        let run = move |c: &Communicator| -> strata::Result<()> {
+            let data: &mut [u8] = if bytes == 0 {
+                &mut []
+            } else {
+                // SAFETY: writable for `bytes` bytes until the call completes, per the contract.
+                unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, bytes) }
+            };
+            let from = c.recv_any_as(dtype, data)?;
+            // SAFETY: writable, per the contract.
+            unsafe { *(out as *mut c_int) = from as c_int };
+            Ok(())
+        };
+        if h.blocking {
+            let c = h.wait_ready(init_limit()).map_err(|e| report(&e))?;
+            return run(&c)
+                .map(|()| NcclResult::Success)
+                .map_err(|e| report(&e));
+        }
+        let handle = h.clone();
+        h.submit(Box::new(move || {
+            let c = handle.wait_ready(init_limit())?;
+            run(&c)
+        }))
+        .map(|()| NcclResult::InProgress)
+        .map_err(|e| report(&e))
+    })
+}

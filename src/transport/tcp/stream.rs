@@ -190,6 +190,16 @@ impl Transport for TcpTransport {
         }
     }
 
+    fn peek(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        if self.st_end - self.st_start < dst.len() {
+            self.fill_staging()?;
+        }
+        let n = (self.st_end - self.st_start).min(dst.len());
+        let s = self.st_start;
+        dst[..n].copy_from_slice(&bytemuck::cast_slice::<u64, u8>(&self.staging)[s..s + n]);
+        Ok(n)
+    }
+
     fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<usize> {
         let staged = (self.st_end - self.st_start).min(dst.len());
         if staged > 0 {
