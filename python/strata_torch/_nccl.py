@@ -129,6 +129,10 @@ class Library:
         fn.argtypes = [P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
         fn.restype = I
         self._get_stragglers = self._checked(fn, "strataCommGetStragglers")
+        fn = self._lib.strataRecvAny
+        fn.argtypes = [P, N, I, ctypes.POINTER(I), P]
+        fn.restype = I
+        self._recv_any = self._checked(fn, "strataRecvAny")
 
     def last_error(self, comm=None):
         """strata's message for the last failure on ``comm`` (or on this thread)."""
@@ -185,6 +189,12 @@ class Library:
                 # Not a short buffer: raise the library's error.
                 self._get_stragglers(comm, buf, capacity, ctypes.byref(length), comm=comm)
             capacity = length.value + 1
+
+    def recv_any(self, buf, count, dtype_code, comm):
+        """strataRecvAny: receives into ``buf`` from whichever rank sends first; returns it."""
+        source = I(-1)
+        self._recv_any(buf, count, dtype_code, ctypes.byref(source), comm, comm=comm)
+        return source.value
 
     def async_error(self, comm):
         """ncclCommGetAsyncError: the communicator's first fault (0 while healthy)."""

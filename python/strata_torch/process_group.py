@@ -12,10 +12,10 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Backend as C10dBackend
 
 from . import _nccl as nccl
 from . import monitored, sparse
+from .cpu_backend import _CpuBackend
 from .tensors import (
     PLAIN_REDUCTIONS,
     op_type,
@@ -59,11 +59,14 @@ def _async_of(opts):
     return bool(getattr(opts, "asyncOp", True))
 
 
-class ProcessGroupStrata(C10dBackend):
-    """A c10d backend on one strata communicator (see the module doc): torch.distributed
-    wraps it in its own ProcessGroup for the CPU device, as it does gloo's, so
-    ``dist.group.WORLD._get_backend(torch.device("cpu"))`` is this object. It also works
-    alone: every method below may be called on it directly."""
+class ProcessGroupStrata(dist.ProcessGroup):
+    """A process group on one strata communicator (see the module doc).
+
+    torch.distributed calls its methods directly and gets its Work objects back as they are.
+    It also registers a c10d Backend for the CPU device (``_CpuBackend``, which hands every
+    call back to it), so that the group has device types as a C++ group has: what asks for
+    a CPU-capable group (``dist.monitored_barrier``, the flight recorder) or calls through
+    the C++ dispatcher finds one."""
 
     supports_coalescing = True
 
@@ -78,6 +81,9 @@ class ProcessGroupStrata(C10dBackend):
         self._comm = self._init_comm(store, rank, size)
         self._worker = Worker(f"strata-pg{self._number}-r{rank}")
         self._closed = False
+        self._cpu_backend = _CpuBackend(self)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, self._cpu_backend)
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
 
     # -- set-up and teardown ------------------------------------------------------------------
 
@@ -106,6 +112,15 @@ class ProcessGroupStrata(C10dBackend):
 
     def getBackendName(self):
         return "strata"
+
+    def name(self):
+        return "strata"
+
+    def _get_backend_name(self):
+        return "strata"
+
+    def _get_backend(self, device):
+        return self
 
     def stragglers(self):
         """The ranks of this group this rank names as persistently slow (see strata's
@@ -582,7 +597,21 @@ class ProcessGroupStrata(C10dBackend):
         return self._submit("recv", tensors, run, True, staged=[dst], p2p=True)
 
     def recv_anysource(self, tensors, tag=0):
-        raise ValueError("strata: recv from any source is not supported (name the source rank)")
+        """Receives from whichever rank's send arrives first (strataRecvAny); the Work's
+        ``_source_rank()`` names it once complete."""
+        (t,) = tensors
+        check_cpu(t, "recv tensor")
+        dst = Staged(t, copy_in=False)
+        source = []
+
+        def run():
+            b = as_bytes(dst.tensor)
+            source.append(self._lib.recv_any(_ptr(b), b.numel(), nccl.UINT8, self._comm))
+
+        # Not p2p: it never joins a GroupStart..End batch (strataRecvAny refuses one).
+        work = self._submit("recv from any source", tensors, run, True, staged=[dst])
+        work._source_box = source
+        return work
 
     def barrier(self, opts=None):
         token = torch.zeros(1, dtype=torch.uint8)

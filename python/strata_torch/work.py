@@ -65,8 +65,17 @@ class StrataWork(dist.Work):
         self.wait()
         return self._outputs
 
+    # Set by recv from any source: a list that gets the sender's rank when the call runs.
+    _source_box = None
+
     def source_rank(self):
-        raise ValueError("strata: source_rank is only defined for recv from any source")
+        """The rank a receive from any source took its message from (waits for it)."""
+        if self._source_box is None:
+            raise ValueError("strata: source_rank is only defined for recv from any source")
+        self.wait()
+        return self._source_box[0]
+
+    _source_rank = source_rank
 
     def synchronize(self):
         self.wait()
