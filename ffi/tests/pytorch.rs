@@ -86,10 +86,16 @@ fn torchrun(python: &Path, n: usize, script: &str, args: &[&str], limit_s: u64) 
 /// thread still joinable; seen in CI with torch 2.15.0, once twice in a row). The reference
 /// script now leaves Gloo without tearing it down; should that failure still come, it is
 /// retried once, saying so. Any other failure, or a second one, fails the test.
-fn torchrun_reference(python: &Path, n: usize, script: &str, args: &[&str], limit_s: u64) {
+fn torchrun_reference(
+    python: &Path,
+    n: usize,
+    script: &str,
+    args: &[&str],
+    limit_s: u64,
+) -> String {
     let (ok, text) = try_torchrun(python, n, script, args, limit_s);
     if ok {
-        return;
+        return text;
     }
     let teardown_abort = text.contains("terminate called without an active exception");
     assert!(
@@ -97,7 +103,7 @@ fn torchrun_reference(python: &Path, n: usize, script: &str, args: &[&str], limi
         "torchrun {script} {args:?} on {n} processes failed:\n{text}"
     );
     println!("the Gloo reference run {args:?} aborted in Gloo's teardown; running it once more");
-    torchrun(python, n, script, args, limit_s);
+    torchrun(python, n, script, args, limit_s)
 }
 
 fn scratch_dir(name: &str) -> PathBuf {
@@ -226,6 +232,81 @@ fn a_rank_stopped_half_the_time_is_named_through_the_backend_under_torchrun() {
         .unwrap_or_else(|| panic!("{out}"));
     println!("{line}");
     assert!(line.contains("named: [2]"), "{line}");
+}
+
+/// The `RESULT <mode> <json>` line a check_parallel.py run printed.
+fn parallel_result(out: &str, mode: &str) -> serde_json::Value {
+    let prefix = format!("RESULT {mode} ");
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no result line:\n{out}"));
+    serde_json::from_str(line).unwrap()
+}
+
+/// Every number in `v`, depth first (the parameters' nested lists, in key order).
+fn numbers(v: &serde_json::Value, out: &mut Vec<f64>) {
+    match v {
+        serde_json::Value::Number(n) => out.push(n.as_f64().unwrap_or(f64::NAN)),
+        serde_json::Value::Array(a) => a.iter().for_each(|x| numbers(x, out)),
+        serde_json::Value::Object(o) => o.values().for_each(|x| numbers(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn a_2d_mesh_with_tensor_parallelism_and_fsdp2_and_a_pipeline_train_as_on_gloo() {
+    let Some(python) =
+        torch_python("a_2d_mesh_with_tensor_parallelism_and_fsdp2_and_a_pipeline_train_as_on_gloo")
+    else {
+        return;
+    };
+    for mode in ["mesh", "pipeline"] {
+        let script = "python/tests/check_parallel.py";
+        let ours = parallel_result(
+            &torchrun(
+                &python,
+                4,
+                script,
+                &["--backend", "strata", "--mode", mode],
+                300,
+            ),
+            mode,
+        );
+        let theirs = parallel_result(
+            &torchrun_reference(
+                &python,
+                4,
+                script,
+                &["--backend", "gloo", "--mode", mode],
+                300,
+            ),
+            mode,
+        );
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        numbers(&ours["params"], &mut a);
+        numbers(&theirs["params"], &mut b);
+        assert!(
+            a.len() > 100 && a.len() == b.len(),
+            "{mode}: {} against {} numbers",
+            a.len(),
+            b.len()
+        );
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        println!(
+            "{mode}: parameters differ by at most {worst:.2e}; step {:.2} ms on strata, {:.2} ms on gloo",
+            ours["step_ms"].as_f64().unwrap_or(f64::NAN),
+            theirs["step_ms"].as_f64().unwrap_or(f64::NAN)
+        );
+        assert!(
+            worst <= 1e-5,
+            "{mode}: strata's parameters differ from gloo's by {worst}"
+        );
+    }
 }
 
 #[test]
