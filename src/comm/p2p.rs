@@ -269,7 +269,8 @@ impl Communicator {
                 }
             }
             let mut closed = 0;
-            for k in 1..p {
+            // The peer chosen last comes last, not never.
+            for k in 1..=p {
                 let q = (st.any_source_last + k) % p;
                 let Some(conn) = st.conns[q].as_mut() else {
                     continue;
