@@ -486,7 +486,9 @@ impl Communicator {
                 }
                 next_probe = Instant::now() + Duration::from_secs(1);
             }
-            inner.listener.wait(Duration::from_millis(20));
+            inner
+                .listener
+                .wait_for_any(&missing, Duration::from_millis(20));
         }
     }
 

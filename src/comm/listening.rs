@@ -73,9 +73,9 @@ impl Listening {
         self.conns.take_all()
     }
 
-    /// Waits up to `d` for any new connection.
-    pub fn wait(&self, d: Duration) {
-        self.conns.wait(d)
+    /// Waits up to `d` for a new connection, unless one from `peers` is already there to take.
+    pub fn wait_for_any(&self, peers: &[usize], d: Duration) {
+        self.conns.wait_for_any(peers, d)
     }
 
     /// The communicator id this listener serves.

@@ -132,9 +132,14 @@ impl CommListener {
         &self.shared.comm
     }
 
-    /// Waits up to `d` for any new connection.
-    pub fn wait(&self, d: Duration) {
+    /// Waits up to `d` for a new connection, unless one from `peers` is already waiting to
+    /// be taken: checked under the lock the acceptor notifies under, so a connection that
+    /// arrives between a caller's `take` and this wait is not slept through.
+    pub fn wait_for_any(&self, peers: &[usize], d: Duration) {
         if let Ok(g) = self.shared.ready.lock() {
+            if peers.iter().any(|p| g.contains_key(p)) {
+                return;
+            }
             let _ = self.shared.cv.wait_timeout(g, d);
         }
     }
