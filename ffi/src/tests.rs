@@ -498,7 +498,7 @@ fn an_argument_fuzz_of_every_entry_point_gets_codes_never_crashes() {
         let mut out_ptr: *mut c_void = null_mut();
         let mut out_comm: NcclComm = null_mut();
         let mut state = NcclResult::Success;
-        let which = rng.next() % 30;
+        let which = rng.next() % 31;
         // SAFETY: every pointer is NULL or points into `buf` (1 MiB) or a local, and every
         // count either fits `buf` for any element size or overflows, which must be caught.
         let code = unsafe {
@@ -582,6 +582,17 @@ fn an_argument_fuzz_of_every_entry_point_gets_codes_never_crashes() {
                     };
                     ncclGroupSimulateEnd(if ptr.is_null() { null_mut() } else { &mut sim })
                 }
+                29 => strataRecvAny(
+                    ptr,
+                    count,
+                    dt,
+                    if ptr.is_null() {
+                        null_mut()
+                    } else {
+                        &mut out_int
+                    },
+                    comm,
+                ),
                 _ => {
                     // Destroy or abort the live communicator, then make a new one.
                     let code = if rng.next().is_multiple_of(2) {
