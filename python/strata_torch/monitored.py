@@ -76,7 +76,20 @@ def monitored_barrier(store, rank, size, number, timeout, wait_all_ranks, descri
                         f"{_detail(describe)}"
                     )
                 time.sleep(_POLL_S)
+    # Every rank has arrived at this barrier, so each is past the one before: its release
+    # key and this barrier's arrival keys are no longer read by anyone.
+    _forget(store, [f"{prefix}/arrived/{r}" for r in others] + [f"strata/monitored_barrier/{number - 1}/release"])
     store.set(release, "1")
+
+
+def _forget(store, keys):
+    """Deletes ``keys`` from the store (a job calling this every step must not grow the
+    store); a store that cannot delete keeps them."""
+    for key in keys:
+        try:
+            store.delete_key(key)
+        except (RuntimeError, NotImplementedError, AttributeError):
+            return
 
 
 def _detail(describe):

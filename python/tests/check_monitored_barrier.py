@@ -1,6 +1,7 @@
 """One rank of a check (run by torchrun, 4 processes) of ``dist.monitored_barrier`` on strata.
 
-1. Every rank arrives: both forms pass.
+1. Every rank arrives: both forms pass, and calling it again leaves the store's key count as
+   it was.
 2. Ranks 2 and 3 stay away (busy for 1.5 s) while ranks 0 and 1 call it with a 0.5 s
    timeout: with ``wait_all_ranks`` rank 0 names ranks 2 and 3, and rank 1 says it arrived
    but was not released by rank 0 (gloo's words, which PyTorch's tests match).
@@ -37,6 +38,14 @@ def main():
     assert WORLD == 4, "run with 4 processes"
     dist.monitored_barrier(timeout=timedelta(seconds=30))
     dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
+    # A job may call it every step: the store it runs over must not grow.
+    store = dist.distributed_c10d._get_default_store()
+    dist.barrier()
+    keys = store.num_keys()
+    for i in range(6):
+        dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=i % 2 == 0)
+    dist.barrier()
+    assert store.num_keys() == keys, f"the store grew from {keys} to {store.num_keys()} keys"
     for wait_all in (True, False):
         if RANK in AWAY:
             time.sleep(1.5)
