@@ -1,7 +1,7 @@
 """One rank of a check (run by torchrun, 4 processes) of ``dist.monitored_barrier`` on strata.
 
-1. Every rank arrives: both forms pass, and calling it again leaves the store's key count as
-   it was.
+1. Every rank arrives: both forms pass, and calling it 6 more times does not grow the store
+   (without the clean-up each call would leave 4 keys).
 2. Ranks 2 and 3 stay away (busy for 1.5 s) while ranks 0 and 1 call it with a 0.5 s
    timeout: with ``wait_all_ranks`` rank 0 names ranks 2 and 3, and rank 1 says it arrived
    but was not released by rank 0 (gloo's words, which PyTorch's tests match).
@@ -45,7 +45,7 @@ def main():
     for i in range(6):
         dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=i % 2 == 0)
     dist.barrier()
-    assert store.num_keys() == keys, f"the store grew from {keys} to {store.num_keys()} keys"
+    assert store.num_keys() <= keys, f"the store grew from {keys} to {store.num_keys()} keys"
     for wait_all in (True, False):
         if RANK in AWAY:
             time.sleep(1.5)
