@@ -18,6 +18,11 @@ def _ms(seconds):
     return int(round(seconds * 1000))
 
 
+def _key(number, *parts):
+    """The store key of barrier ``number``'s ``parts`` (``release``, or ``arrived`` and a rank)."""
+    return "/".join(["strata/monitored_barrier", str(number), *map(str, parts)])
+
+
 def _arrived(store, key):
     return store.check([key])
 
@@ -29,10 +34,9 @@ def monitored_barrier(store, rank, size, number, timeout, wait_all_ranks, descri
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
     start = time.monotonic()
     deadline = start + max(seconds, 0.0)
-    prefix = f"strata/monitored_barrier/{number}"
-    release = f"{prefix}/release"
+    release = _key(number, "release")
     if rank != 0:
-        store.set(f"{prefix}/arrived/{rank}", "1")
+        store.set(_key(number, "arrived", rank), "1")
         while not _arrived(store, release):
             if time.monotonic() >= deadline:
                 raise RuntimeError(
@@ -46,7 +50,7 @@ def monitored_barrier(store, rank, size, number, timeout, wait_all_ranks, descri
     if wait_all_ranks:
         missing = others
         while missing:
-            missing = [r for r in missing if not _arrived(store, f"{prefix}/arrived/{r}")]
+            missing = [r for r in missing if not _arrived(store, _key(number, "arrived", r))]
             if missing and time.monotonic() >= deadline:
                 break
             if missing:
@@ -60,7 +64,7 @@ def monitored_barrier(store, rank, size, number, timeout, wait_all_ranks, descri
             )
     else:
         for r in others:
-            key = f"{prefix}/arrived/{r}"
+            key = _key(number, "arrived", r)
             spent_before = time.monotonic() >= deadline
             while not _arrived(store, key):
                 now = time.monotonic()
@@ -78,7 +82,7 @@ def monitored_barrier(store, rank, size, number, timeout, wait_all_ranks, descri
                 time.sleep(_POLL_S)
     # Every rank has arrived at this barrier, so each is past the one before: its release
     # key and this barrier's arrival keys are no longer read by anyone.
-    _forget(store, [f"{prefix}/arrived/{r}" for r in others] + [f"strata/monitored_barrier/{number - 1}/release"])
+    _forget(store, [_key(number, "arrived", r) for r in others] + [_key(number - 1, "release")])
     store.set(release, "1")
 
 
