@@ -12,7 +12,24 @@ mod common;
 use common::{built_cdylib, profile_dir, rand_suffix, run_bounded, skip};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
+
+/// How the tests of this file share the machine: cargo runs them on parallel threads, and two
+/// 4-process torch runs on a 2-core machine starve each other's ranks. A test that judges
+/// timing (whom a slow rank's peers name) must not run beside another: its own ranks' stalls
+/// would then come from the other run, and in CI the throttled rank once went unnamed.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+/// Held by a test that may run beside the other tests of this file.
+fn beside_others() -> RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held by a test that judges timing: no other test of this file runs meanwhile.
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The Python interpreter with torch, or None (after saying why) when there is none.
 fn torch_python(test: &str) -> Option<PathBuf> {
@@ -119,6 +136,7 @@ fn every_collective_dtype_and_op_on_2_3_and_4_processes() {
     let Some(python) = torch_python("every_collective_dtype_and_op_on_2_3_and_4_processes") else {
         return;
     };
+    let _machine = beside_others();
     for n in [2, 3, 4] {
         let out = torchrun(&python, n, "python/tests/check_collectives.py", &[], 300);
         let passed: Vec<&str> = out
@@ -148,6 +166,7 @@ fn ddp_and_fsdp_training_end_where_gloo_ends() {
     let Some(python) = torch_python(test) else {
         return;
     };
+    let _machine = beside_others();
     let dir = scratch_dir("train");
     let out = dir.to_str().unwrap();
     for (backend, extra, steps) in [
@@ -182,6 +201,7 @@ fn a_mismatch_a_dead_rank_and_a_hung_rank_raise_errors_that_name_them() {
     else {
         return;
     };
+    let _machine = beside_others();
     let mut cmd = python_cmd(&python);
     cmd.arg(repo().join("python/tests/check_errors.py"));
     let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(240));
@@ -196,6 +216,7 @@ fn ranks_of_one_group_made_from_threads_of_one_process_do_not_wait_on_each_other
     let Some(python) = torch_python(test) else {
         return;
     };
+    let _machine = beside_others();
     let mut cmd = python_cmd(&python);
     cmd.arg(repo().join("python/tests/check_threads.py"));
     let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(180));
@@ -210,6 +231,7 @@ fn a_late_rank_is_named_through_the_backend_and_a_clean_run_names_no_one() {
     let Some(python) = torch_python(test) else {
         return;
     };
+    let _machine = alone();
     let mut cmd = python_cmd(&python);
     cmd.arg(repo().join("python/tests/check_stragglers.py"));
     let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(240));
@@ -225,6 +247,7 @@ fn a_rank_stopped_half_the_time_is_named_through_the_backend_under_torchrun() {
     else {
         return;
     };
+    let _machine = alone();
     let out = torchrun(&python, 4, "python/tests/check_throttled.py", &[], 120);
     let line = out
         .lines()
@@ -261,6 +284,7 @@ fn a_2d_mesh_with_tensor_parallelism_and_fsdp2_and_a_pipeline_train_as_on_gloo()
     else {
         return;
     };
+    let _machine = beside_others();
     for mode in ["mesh", "pipeline"] {
         let script = "python/tests/check_parallel.py";
         let ours = parallel_result(
@@ -316,6 +340,7 @@ fn monitored_barrier_names_the_ranks_that_did_not_arrive_and_leaves_the_group_wo
     ) else {
         return;
     };
+    let _machine = beside_others();
     let out = torchrun(
         &python,
         4,
@@ -337,6 +362,7 @@ fn torchft_ddp_on_strata_heals_a_replica_that_failed_and_rejoined() {
     let Some(python) = torch_python(test) else {
         return;
     };
+    let _machine = beside_others();
     let mut probe = python_cmd(&python);
     probe.args(["-c", "import torchft"]);
     if !probe.output().is_ok_and(|o| o.status.success()) {
@@ -387,6 +413,7 @@ fn installed_torch_imports_every_function_from_the_drop_in_and_runs_on_it() {
     let Some(python) = torch_python(test) else {
         return;
     };
+    let _machine = beside_others();
     let out = Command::new(&python)
         .args(["-c", "import torch, os; print(torch.__version__); print(os.path.join(os.path.dirname(torch.__file__), 'lib', 'libtorch_cuda.so'))"])
         .output()
