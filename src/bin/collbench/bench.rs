@@ -144,7 +144,21 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
     }
     let mut rows = Vec::new();
     let mut total_wrong = 0u64;
-    let total_rows = sizes.len() * dtypes.len() * algos.len();
+    // The operators of one type's rows (`-o all`: six for a reducing collective).
+    let ops_for = |dtype: DataType| -> Result<Vec<ReduceOp>, String> {
+        if !collective.reduces() {
+            return Ok(vec![ReduceOp::Sum]);
+        }
+        let all = ["sum", "prod", "min", "max", "avg", "premulsum"]
+            .map(|s| ReduceOp::parse(s, dtype).unwrap_or(ReduceOp::Sum));
+        list(
+            &args.redop,
+            all.to_vec(),
+            |s| ReduceOp::parse(s, dtype),
+            "reduction",
+        )
+    };
+    let total_rows = sizes.len() * algos.len() * ops_for(dtypes[0])?.len() * dtypes.len();
     let started = Instant::now();
     let mut last_progress = Instant::now();
     for &algo in &algos {
@@ -167,19 +181,7 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
         }
         let first_row = rows.len();
         for &dtype in &dtypes {
-            let ops = if collective.reduces() {
-                let all = ["sum", "prod", "min", "max", "avg", "premulsum"]
-                    .map(|s| ReduceOp::parse(s, dtype).unwrap_or(ReduceOp::Sum));
-                list(
-                    &args.redop,
-                    all.to_vec(),
-                    |s| ReduceOp::parse(s, dtype),
-                    "reduction",
-                )?
-            } else {
-                vec![ReduceOp::Sum]
-            };
-            for op in ops {
+            for op in ops_for(dtype)? {
                 for &size in &sizes {
                     let row = bench_row(args, comm, collective, dtype, op, size)?;
                     total_wrong += row.out_of_place.wrong + row.in_place.map_or(0, |m| m.wrong);
