@@ -426,10 +426,14 @@ fn sends_and_receives_on_device_buffers_progress_together_in_one_stream_program(
                 send: false,
             });
         }
-        let before = gpu::standin_stats().unwrap();
+        // The stand-in counts what crosses host memory; a real driver has no such counters.
+        let real = std::env::var_os("STRATA_GPU_TESTS_REAL").is_some();
+        let before = (!real).then(|| gpu::standin_stats().expect("the stand-in's counters"));
         comm.enqueue_transfers(&batch, &stream).unwrap();
-        let moved = counted_since(&before, &stream);
-        assert_eq!(moved.host_bytes(), 0, "{moved:?}");
+        if let Some(before) = before {
+            let moved = counted_since(&before, &stream);
+            assert_eq!(moved.host_bytes(), 0, "{moved:?}");
+        }
         for (q, r) in recvs.iter().enumerate() {
             let mut out = vec![0u8; bytes];
             r.download(&mut out, &stream).unwrap();
