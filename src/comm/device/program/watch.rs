@@ -260,8 +260,9 @@ impl Watch {
                 calls.push(None);
                 continue;
             }
-            let Ok(w) = release.read(base, layout.flag_words()) else {
-                return (Vec::new(), None, None);
+            let w = match release.read(base, layout.flag_words()) {
+                Ok(w) => w,
+                Err(e) => return (Vec::new(), Some(format!("no diagnosis: {e}")), None),
             };
             let header: Vec<u8> = w[4 * p..4 * p + CALL_WORDS]
                 .iter()
@@ -348,44 +349,92 @@ fn mismatched(calls: &[Option<Header>]) -> Option<String> {
     None
 }
 
-/// The monitor's own stream and pinned words, for writing and reading the flag area.
+/// How long the monitor waits for a copy of a flag area after a timeout. A copy that does
+/// not come back in this time is queued behind work that cannot move (seen once on an H200
+/// with three ranks time-sliced on it: the monitor waited on its read forever, so it never
+/// released its stream); the diagnosis then goes without it rather than hold up the release.
+const READ_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The monitor's streams and pinned words for writing and reading the flag area: one pair
+/// each way, so a read that cannot finish never holds a release back behind it on a stream.
 struct Release {
-    stream: Stream,
-    pinned: PinnedBuffer,
+    writes: Stream,
+    written: PinnedBuffer,
+    reads: Stream,
+    read_into: PinnedBuffer,
+    read_done: Event,
+    /// A read missed its deadline: its copy may still land in `read_into`, so no other read
+    /// is tried.
+    stuck: std::cell::Cell<bool>,
 }
 
 impl Release {
     fn new(device: i32, words: usize) -> Result<Self> {
         set_device(device)?;
         Ok(Self {
-            stream: Stream::new(device)?,
-            pinned: PinnedBuffer::new(4 * words.max(1))?,
+            writes: Stream::new(device)?,
+            written: PinnedBuffer::new(4 * words.max(1))?,
+            reads: Stream::new(device)?,
+            read_into: PinnedBuffer::new(4 * words.max(1))?,
+            read_done: Event::new(false)?,
+            stuck: std::cell::Cell::new(false),
         })
     }
 
     /// Writes `values` over the flag area at `flags`, on the monitor's stream (no waiting).
     fn write(&self, flags: u64, values: &[u32]) {
-        let n = values.len().min(self.pinned.len() / 4);
-        // SAFETY: the pinned buffer holds at least `n` words; only this thread writes it.
-        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.pinned.as_ptr().cast(), n) };
+        let n = values.len().min(self.written.len() / 4);
+        // SAFETY: the pinned buffer holds at least `n` words; only this thread writes it, and
+        // the copy before has finished or reads what this one writes too (same values).
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.written.as_ptr().cast(), n) };
         // SAFETY: the flag area is `n` words of this communicator's program buffer, alive
         // while the monitor runs; the source is pinned memory of that size.
         let _ = call("cuMemcpyHtoDAsync", || unsafe {
-            sys::cuMemcpyHtoDAsync_v2(flags, self.pinned.as_ptr().cast(), 4 * n, self.stream.raw())
+            sys::cuMemcpyHtoDAsync_v2(
+                flags,
+                self.written.as_ptr().cast(),
+                4 * n,
+                self.writes.raw(),
+            )
         });
     }
 
-    /// Reads `words` words of the flag area (after a fault: this waits for the copy).
+    /// Reads `words` words of the flag area (after a fault), waiting at most
+    /// [`READ_DEADLINE`] for the copy.
     fn read(&self, flags: u64, words: usize) -> Result<Vec<u32>> {
-        let n = words.min(self.pinned.len() / 4);
+        if self.stuck.get() {
+            return Err(Error::Transport(
+                "an earlier read of the flag areas never finished".into(),
+            ));
+        }
+        let n = words.min(self.read_into.len() / 4);
         // SAFETY: as in `write`, the other way.
         call("cuMemcpyDtoHAsync", || unsafe {
-            sys::cuMemcpyDtoHAsync_v2(self.pinned.as_ptr().cast(), flags, 4 * n, self.stream.raw())
+            sys::cuMemcpyDtoHAsync_v2(
+                self.read_into.as_ptr().cast(),
+                flags,
+                4 * n,
+                self.reads.raw(),
+            )
         })?;
-        self.stream.synchronize()?;
+        self.read_done.record(&self.reads)?;
+        let asked = Instant::now();
+        while !self.read_done.is_complete()? {
+            if asked.elapsed() > READ_DEADLINE {
+                self.stuck.set(true);
+                return Err(Error::Transport(format!(
+                    "a copy of the flag area did not come back within {:.0} s (the GPU queue it \
+                     went through is held)",
+                    READ_DEADLINE.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
         let mut out = vec![0u32; n];
         // SAFETY: `n` words just copied into the pinned buffer.
-        unsafe { std::ptr::copy_nonoverlapping(self.pinned.as_ptr().cast(), out.as_mut_ptr(), n) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.read_into.as_ptr().cast(), out.as_mut_ptr(), n)
+        };
         Ok(out)
     }
 }
