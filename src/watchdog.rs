@@ -325,6 +325,11 @@ struct Runner {
     started: Instant,
     interval: Duration,
     misses: u32,
+    /// Link targets whose listener refused the connection, with when it first did: tried
+    /// again each heartbeat, and a fault only after as many intervals as a silent link gets.
+    /// A sub-communicator is made without a rendezvous, so a member may exit (its program
+    /// done) before another's watchdog first dials it.
+    refused: Vec<(usize, Instant)>,
 }
 
 impl Runner {
@@ -342,6 +347,7 @@ impl Runner {
             started: Instant::now(),
             interval,
             misses,
+            refused: Vec::new(),
         }
     }
 
@@ -435,13 +441,63 @@ impl Runner {
                 );
                 self.fault(e);
             }
+            // The target destroyed this communicator already: as if it had said goodbye.
+            Err(e) if e.to_string().contains(crate::connection::DESTROYED) => {
+                tracing::debug!(rank = self.s.rank, target, "watchdog link: {e}");
+            }
+            // The target is alive but has not made this communicator: its members disagree.
+            Err(e) if e.to_string().contains(crate::connection::NOT_SERVED) => {
+                let peer = &self.s.peers[target];
+                self.fault(Error::Mismatch(format!(
+                    "rank {target} (host {}, pid {}) has not made this communicator within {:.1} s: \
+                     the members of a sub-communicator disagree on its member list or tag, or \
+                     rank {target} never made it",
+                    peer.host.hostname,
+                    peer.pid,
+                    hs.as_secs_f64()
+                )));
+            }
+            Err(e) if wire::is_refused(&e) && !self.refused_too_long(target) => {
+                tracing::debug!(
+                    rank = self.s.rank,
+                    target,
+                    "watchdog link refused, again later: {e}"
+                );
+            }
             Err(e) => {
+                self.refused.retain(|r| r.0 != target);
                 let cause = wire::unreachable_cause(&e);
                 let e = self.peer_failed(
                     target,
                     format!("its listener did not take the watchdog link ({e}); {cause}"),
                 );
                 self.fault(e);
+            }
+        }
+    }
+
+    /// Whether `target` has refused its link for longer than a silent link may be silent;
+    /// remembers the first refusal.
+    fn refused_too_long(&mut self, target: usize) -> bool {
+        let now = Instant::now();
+        let since = match self.refused.iter().find(|r| r.0 == target) {
+            Some(&(_, first)) => first,
+            None => {
+                self.refused.push((target, now));
+                now
+            }
+        };
+        now.duration_since(since) > self.interval * self.misses
+    }
+
+    /// Dials again the link targets that refused.
+    fn retry_refused(&mut self) {
+        let targets: Vec<usize> = self.refused.iter().map(|r| r.0).collect();
+        for target in targets {
+            let before = self.links.len();
+            self.connect(target);
+            if self.links.len() > before {
+                self.refused.retain(|r| r.0 != target);
             }
         }
     }
@@ -495,6 +551,7 @@ impl Runner {
                     l.send(&beat);
                 }
                 next_beat = now + self.interval;
+                self.retry_refused();
             }
             self.drain_wake();
             self.read_links(&mut frames);

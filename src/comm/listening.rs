@@ -34,6 +34,26 @@ impl Listening {
         secret: Secret,
         cfg: &Config,
     ) -> Result<Self> {
+        Self::with_routes(rank, nranks, cfg, |routes| {
+            CommListener::start(listener, comm, rank, nranks, secret, cfg, routes)
+        })
+    }
+
+    /// Serves rank `rank` of `nranks` of communicator `comm` through this listener's socket,
+    /// with services of its own: a communicator made from this one's table.
+    pub fn attach(&self, comm: String, rank: usize, nranks: usize, cfg: &Config) -> Result<Self> {
+        Self::with_routes(rank, nranks, cfg, |routes| {
+            self.conns.attach(comm, rank, nranks, cfg, routes)
+        })
+    }
+
+    /// The services of one communicator, served by the listener `listen` makes of them.
+    fn with_routes(
+        rank: usize,
+        nranks: usize,
+        cfg: &Config,
+        listen: impl FnOnce(Routes) -> Result<CommListener>,
+    ) -> Result<Self> {
         let health = Arc::new(Health::default());
         let tree_in = Arc::new(TreeInbox::default());
         let watchdog_in = LinkInbox::default();
@@ -52,9 +72,8 @@ impl Listening {
                 diagnosis::census_handler(diagnoser.clone(), health.clone()),
             )
             .add(Route::Shrink, shrinks.handler());
-        let conns = CommListener::start(listener, comm, rank, nranks, secret, cfg, routes)?;
         Ok(Self {
-            conns,
+            conns: listen(routes)?,
             health,
             tree_in,
             watchdog_in,

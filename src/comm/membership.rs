@@ -90,6 +90,67 @@ impl Communicator {
         })
     }
 
+    /// A communicator of the ranks `members` of this one (rank `i` of it is rank
+    /// `members[i]` here), made by its members alone and with no message: each member builds
+    /// the same table from this communicator's, and the new communicator is served by this
+    /// one's listener, so nothing waits for anyone at creation. This is how a framework's
+    /// sub-group is made when only its members take part (PyTorch's `new_group`), where
+    /// [`Communicator::split`] needs every rank.
+    ///
+    /// Every member must call it with the same `members` and `tag`, and `tag` must be new
+    /// among this communicator's live sub-communicators (PyTorch's group name is). Members
+    /// that disagree make different communicators, whose first call times out naming the
+    /// ranks that never connected, rather than compute with a wrong table.
+    pub fn subgroup(&self, members: &[usize], tag: &str) -> Result<Communicator> {
+        let p = self.size();
+        let mut seen = vec![false; p];
+        for &m in members {
+            if m >= p || std::mem::replace(&mut seen[m], true) {
+                return Err(Error::InvalidArgument(format!(
+                    "sub-communicator members {members:?}: each must be a distinct rank below {p}"
+                )));
+            }
+        }
+        let rank = members
+            .iter()
+            .position(|&m| m == self.rank())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "rank {} is not among the sub-communicator's members {members:?}",
+                    self.rank()
+                ))
+            })?;
+        let list: Vec<String> = members.iter().map(usize::to_string).collect();
+        let label = format!("{}/group/{tag}/{}", self.inner.comm_id, list.join(","));
+        let comm_id = comm_id_of(&self.inner.secret, label.as_bytes());
+        let peers: Vec<PeerInfo> = members
+            .iter()
+            .enumerate()
+            .map(|(new, &old)| PeerInfo {
+                rank: new,
+                ..self.inner.peers[old].clone()
+            })
+            .collect();
+        let listener =
+            self.inner
+                .listener
+                .attach(comm_id.clone(), rank, peers.len(), &self.inner.cfg)?;
+        let child = Self::from_parts(
+            rank,
+            peers,
+            comm_id,
+            self.inner.secret,
+            self.inner.cfg.clone(),
+            listener,
+            self.inner.tiers.costs(),
+        )?;
+        for (mine, theirs) in child.inner.algo_choice.iter().zip(&self.inner.algo_choice) {
+            mine.store(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        child.set_timeout(self.timeout())?;
+        Ok(child)
+    }
+
     /// Makes every rank's call in progress and every later call fail, as a fault would: the
     /// watchdog carries it to all ranks. Use it before [`Communicator::shrink`] so that no
     /// survivor is still inside a call of this communicator. Returns at once.

@@ -47,14 +47,86 @@ struct ListenerShared {
     cv: Condvar,
 }
 
-/// A communicator's listener: accepts, authenticates and builds incoming connections.
-pub(crate) struct CommListener {
-    shared: Arc<ListenerShared>,
+/// How a listener refuses a connection for a communicator it does not serve (after waiting
+/// for it to be made): the dialer names the cause from it.
+pub(crate) const NOT_SERVED: &str = "no such communicator here";
+
+/// How a listener refuses a connection for a communicator destroyed here: like a peer's
+/// goodbye, not a fault of its own.
+pub(crate) const DESTROYED: &str = "communicator destroyed here";
+
+/// The communicators one listening socket serves, by id: its own, and those made from its
+/// table without a rendezvous ([`CommListener::attach`]).
+#[derive(Default)]
+struct Served {
+    by_comm: Mutex<ServedTable>,
+    cv: Condvar,
+}
+
+/// The communicators served now, and the last ones that were (a late connection for one of
+/// those is refused at once instead of waiting for it to be made).
+#[derive(Default)]
+struct ServedTable {
+    now: HashMap<String, Arc<ListenerShared>>,
+    gone: std::collections::VecDeque<String>,
+}
+
+/// How many destroyed communicators a listener remembers.
+const GONE_KEPT: usize = 256;
+
+impl Served {
+    /// The communicator `comm`, waiting up to `wait` for it to be attached (a member of a
+    /// new sub-communicator may dial a peer that has not made its own yet); else why not.
+    fn find(
+        &self,
+        comm: &str,
+        wait: Duration,
+    ) -> std::result::Result<Arc<ListenerShared>, &'static str> {
+        let deadline = Instant::now() + wait;
+        let mut m = self.by_comm.lock().map_err(|_| NOT_SERVED)?;
+        loop {
+            if let Some(sh) = m.now.get(comm) {
+                return Ok(sh.clone());
+            }
+            if m.gone.iter().any(|g| g == comm) {
+                return Err(DESTROYED);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(NOT_SERVED);
+            }
+            m = self.cv.wait_timeout(m, left).map_err(|_| NOT_SERVED)?.0;
+        }
+    }
+}
+
+/// The accept thread of one listening socket, shared by every communicator it serves and
+/// stopped when the last of them is gone.
+struct AcceptThread {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Where a connection wakes the accept loop at once when it must stop (else it notices
     /// at its next poll, up to 100 ms later: the whole of an abort's cost).
     wake_at: Option<std::net::SocketAddr>,
+}
+
+impl Drop for AcceptThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(addr) = self.wake_at {
+            let _ = TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(100));
+        }
+        if let Some(t) = self.thread.get_mut().ok().and_then(Option::take) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A communicator's listener: accepts, authenticates and builds incoming connections.
+pub(crate) struct CommListener {
+    shared: Arc<ListenerShared>,
+    served: Arc<Served>,
+    accept: Arc<AcceptThread>,
 }
 
 impl CommListener {
@@ -77,24 +149,16 @@ impl CommListener {
         cfg: &Config,
         routes: Routes,
     ) -> Result<Self> {
-        let shared = Arc::new(ListenerShared {
-            comm,
-            rank,
-            nranks,
-            cfg: cfg.clone(),
-            routes,
-            ready: Mutex::new(HashMap::new()),
-            streams: Mutex::new(HashMap::new()),
-            cv: Condvar::new(),
-        });
+        let served = Arc::new(Served::default());
+        let shared = serve(&served, comm, rank, nranks, cfg, routes)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let sh = shared.clone();
+        let (by_id, hs) = (served.clone(), cfg.handshake_timeout);
         let handle: Arc<dyn Fn(TcpStream) + Send + Sync> = Arc::new(move |s| {
-            if let Err(e) = route(&sh, s) {
-                tracing::warn!(rank = sh.rank, error = %e, "refused an incoming connection");
+            if let Err(e) = route(&by_id, hs, s) {
+                tracing::warn!(rank, error = %e, "refused an incoming connection");
             }
         });
-        let (st, hs) = (stop.clone(), cfg.handshake_timeout);
+        let st = stop.clone();
         let wake_at = listener.local_addr().ok().map(|mut a| {
             if a.ip().is_unspecified() {
                 a.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
@@ -107,9 +171,31 @@ impl CommListener {
             .map_err(|e| Error::io("spawning the listener", e))?;
         Ok(Self {
             shared,
-            stop,
-            thread: Some(thread),
-            wake_at,
+            served,
+            accept: Arc::new(AcceptThread {
+                stop,
+                thread: Mutex::new(Some(thread)),
+                wake_at,
+            }),
+        })
+    }
+
+    /// Serves communicator `comm` (rank `rank` of `nranks`) through this listener's socket
+    /// too: a communicator made from this one's table, whose peers dial the addresses they
+    /// already know. Connections for it that arrive before it is attached wait for it up to
+    /// the handshake timeout. Refused if `comm` is served already.
+    pub fn attach(
+        &self,
+        comm: String,
+        rank: usize,
+        nranks: usize,
+        cfg: &Config,
+        routes: Routes,
+    ) -> Result<Self> {
+        Ok(Self {
+            shared: serve(&self.served, comm, rank, nranks, cfg, routes)?,
+            served: self.served.clone(),
+            accept: self.accept.clone(),
         })
     }
 
@@ -146,23 +232,57 @@ impl CommListener {
 }
 
 impl Drop for CommListener {
+    /// No longer serves this communicator; the socket's accept thread stops with the last
+    /// communicator it serves.
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(addr) = self.wake_at {
-            let _ = TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(100));
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if let Ok(mut m) = self.served.by_comm.lock() {
+            m.now.remove(&self.shared.comm);
+            if m.gone.len() >= GONE_KEPT {
+                m.gone.pop_front();
+            }
+            m.gone.push_back(self.shared.comm.clone());
         }
     }
+}
+
+/// Registers communicator `comm` with `served`.
+fn serve(
+    served: &Served,
+    comm: String,
+    rank: usize,
+    nranks: usize,
+    cfg: &Config,
+    routes: Routes,
+) -> Result<Arc<ListenerShared>> {
+    let shared = Arc::new(ListenerShared {
+        comm: comm.clone(),
+        rank,
+        nranks,
+        cfg: cfg.clone(),
+        routes,
+        ready: Mutex::new(HashMap::new()),
+        streams: Mutex::new(HashMap::new()),
+        cv: Condvar::new(),
+    });
+    let mut m = served.by_comm.lock().map_err(|_| poisoned())?;
+    if m.now.contains_key(&comm) {
+        return Err(Error::InvalidArgument(format!(
+            "communicator {comm} is served already: a sub-communicator's tag must be new"
+        )));
+    }
+    m.gone.retain(|g| *g != comm);
+    m.now.insert(comm, shared.clone());
+    served.cv.notify_all();
+    Ok(shared)
 }
 
 fn poisoned() -> Error {
     Error::Transport("listener lock poisoned".into())
 }
 
-/// Reads what an authenticated connection is for, checks that it belongs here, and serves it.
-fn route(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
+/// Reads what an authenticated connection is for, finds the communicator it names (waiting
+/// up to `wait` for it), checks that it belongs there, and serves it.
+fn route(served: &Served, wait: Duration, mut s: TcpStream) -> Result<()> {
     let Msg::Connect {
         comm,
         from,
@@ -173,7 +293,18 @@ fn route(sh: &ListenerShared, mut s: TcpStream) -> Result<()> {
         return Err(Error::Transport("expected a Connect frame".into()));
     };
     let route = kind.route();
-    if comm != sh.comm || to != sh.rank || from >= sh.nranks {
+    let sh = match served.find(&comm, wait) {
+        Ok(sh) => sh,
+        Err(why) => {
+            let text = format!(
+                "{} for comm {comm} rank {from}->{to}: {why}",
+                route.describe()
+            );
+            return Err(refuse(&mut s, text));
+        }
+    };
+    let sh = &*sh;
+    if to != sh.rank || from >= sh.nranks {
         return Err(refuse(
             &mut s,
             format!(

@@ -15,7 +15,7 @@ mod listener;
 
 pub(crate) use crate::wire::ControlFrame;
 pub(crate) use dial::{connect, probe};
-pub(crate) use listener::{CommListener, Routes};
+pub(crate) use listener::{CommListener, DESTROYED, NOT_SERVED, Routes};
 
 use crate::error::{Error, Result};
 use crate::transport::Transport;

@@ -294,14 +294,17 @@ pub(crate) fn is_out_of_descriptors(e: &Error) -> bool {
 /// listens there any more. Anything else (a handshake cut or never answered) may be a process
 /// alive but out of descriptors or stuck, whose queued connections are reset only when it exits.
 pub(crate) fn unreachable_cause(e: &Error) -> &'static str {
-    let refused = e
-        .to_string()
-        .contains(&format!("(os error {})", libc::ECONNREFUSED));
-    if refused {
+    if is_refused(e) {
         "nothing listens there: it has exited or destroyed its communicator"
     } else {
         "it may be out of file descriptors or stuck, or it exited meanwhile"
     }
+}
+
+/// Whether a connection failed because nothing listened at the address (ECONNREFUSED).
+pub(crate) fn is_refused(e: &Error) -> bool {
+    e.to_string()
+        .contains(&format!("(os error {})", libc::ECONNREFUSED))
 }
 
 /// Opens an authenticated connection to `peer`'s listener for communicator `comm` and asks
