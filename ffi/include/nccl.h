@@ -287,6 +287,11 @@ ncclResult_t strataCommGetStragglers(ncclComm_t comm, char* json, size_t capacit
 /* strata's own: receives `count` elements into host memory from whichever rank's ncclSend to
  * this rank arrives first (MPI_ANY_SOURCE) and writes that rank to `*source`; not in a group. */
 ncclResult_t strataRecvAny(void* recvbuff, size_t count, ncclDataType_t datatype, int* source, ncclComm_t comm);
+/* strata's own: a communicator of the ranks parentRanks[0..nranks) of comm (rank i of it is
+ * parentRanks[i]), made by those ranks alone with no message (each builds the table from comm's;
+ * comm's listener serves it), as PyTorch's new_group needs; ncclCommSplit needs every rank. Every
+ * member passes the same list and a tag new among comm's live sub-communicators. */
+ncclResult_t strataCommSubgroup(ncclComm_t comm, int nranks, const int* parentRanks, const char* tag, ncclComm_t* newcomm);
 
 /* Queries. ncclCommCuDevice is ncclInvalidUsage in this host-memory build. */
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);

@@ -179,6 +179,73 @@ fn strata_recv_any_names_each_sender_and_refuses_a_group_and_null_pointers() {
 }
 
 #[test]
+fn strata_comm_subgroup_is_made_by_its_members_alone_and_refuses_bad_lists() {
+    let comms = init_all(3);
+    // Ranks 2 and 0, in that order; rank 1 takes no part.
+    let made: Vec<_> = [(comms[2] as usize, 0i32), (comms[0] as usize, 1)]
+        .into_iter()
+        .map(|(c, expect)| {
+            std::thread::spawn(move || {
+                let members = [2, 0];
+                let mut sub: NcclComm = null_mut();
+                // SAFETY: a list of 2 ranks, a NUL-terminated tag and an out-pointer.
+                let r = unsafe {
+                    strataCommSubgroup(
+                        c as NcclComm,
+                        2,
+                        members.as_ptr(),
+                        c"pair".as_ptr(),
+                        &mut sub,
+                    )
+                };
+                assert_eq!(r, NcclResult::Success, "{}", last_error(c as NcclComm));
+                let (mut rank, mut x) = (-1, [f32::from(expect as u8) + 1.0; 3]);
+                // SAFETY: a live communicator, valid buffers (ncclFloat32 = 7, ncclSum = 0).
+                unsafe {
+                    assert_eq!(ncclCommUserRank(sub, &mut rank), NcclResult::Success);
+                    let p = x.as_mut_ptr().cast();
+                    assert_eq!(
+                        ncclAllReduce(p, p, 3, 7, 0, sub, null_mut()),
+                        NcclResult::Success
+                    );
+                }
+                assert_eq!((rank, x), (expect, [3.0; 3]));
+                sub as usize
+            })
+        })
+        .collect();
+    let subs: Vec<NcclComm> = made
+        .into_iter()
+        .map(|t| t.join().unwrap() as NcclComm)
+        .collect();
+    let mut sub: NcclComm = null_mut();
+    // SAFETY: bad arguments are refused before anything is made.
+    unsafe {
+        let not_member = [0, 2];
+        assert_eq!(
+            strataCommSubgroup(comms[1], 2, not_member.as_ptr(), c"x".as_ptr(), &mut sub),
+            NcclResult::InvalidArgument
+        );
+        assert!(sub.is_null());
+        let twice = [1, 1];
+        assert_eq!(
+            strataCommSubgroup(comms[1], 2, twice.as_ptr(), c"x".as_ptr(), &mut sub),
+            NcclResult::InvalidArgument
+        );
+        assert_eq!(
+            strataCommSubgroup(comms[1], 1, [1].as_ptr(), std::ptr::null(), &mut sub),
+            NcclResult::InvalidArgument
+        );
+        assert_eq!(
+            strataCommSubgroup(comms[1], 0, [1].as_ptr(), c"x".as_ptr(), &mut sub),
+            NcclResult::InvalidArgument
+        );
+    }
+    destroy(&subs);
+    destroy(&comms);
+}
+
+#[test]
 fn a_config_is_read_by_its_size_and_a_bad_magic_is_rejected() {
     let mut full = NcclConfig {
         blocking: 0,
@@ -498,7 +565,7 @@ fn an_argument_fuzz_of_every_entry_point_gets_codes_never_crashes() {
         let mut out_ptr: *mut c_void = null_mut();
         let mut out_comm: NcclComm = null_mut();
         let mut state = NcclResult::Success;
-        let which = rng.next() % 31;
+        let which = rng.next() % 32;
         // SAFETY: every pointer is NULL or points into `buf` (1 MiB) or a local, and every
         // count either fits `buf` for any element size or overflows, which must be caught.
         let code = unsafe {
@@ -593,6 +660,21 @@ fn an_argument_fuzz_of_every_entry_point_gets_codes_never_crashes() {
                     },
                     comm,
                 ),
+                30 => strataCommSubgroup(
+                    comm,
+                    rng.pick(&ints),
+                    ptr.cast(),
+                    if rng.next().is_multiple_of(3) {
+                        std::ptr::null()
+                    } else {
+                        c"fuzz".as_ptr()
+                    },
+                    if ptr.is_null() {
+                        null_mut()
+                    } else {
+                        &mut out_comm
+                    },
+                ),
                 _ => {
                     // Destroy or abort the live communicator, then make a new one.
                     let code = if rng.next().is_multiple_of(2) {
@@ -618,7 +700,7 @@ fn an_argument_fuzz_of_every_entry_point_gets_codes_never_crashes() {
             if which == 20 && code == NcclResult::Success {
                 assert_eq!(ncclMemFree(out_ptr), NcclResult::Success);
             }
-            if which == 25 && !out_comm.is_null() {
+            if (which == 25 || which == 30) && !out_comm.is_null() {
                 ncclCommDestroy(out_comm);
             }
             if which == 22 && code == NcclResult::Success {

@@ -51,17 +51,18 @@ const PYTORCH_IMPORTS: [&str; 34] = [
     "ReduceScatter",
 ];
 
-/// Newer functions strata also exports: the rest of NCCL 2.30's header and device API, of which
-/// torch 2.15 imports the 2.29 and 2.30 additions (ffi/tests/pytorch.rs checks that list
-/// against the installed torch itself).
 /// strata's own functions, declared in its nccl.h under their own prefix (no NCCL program
 /// calls them, so they cannot clash).
-const STRATA_EXTENSIONS: [&str; 3] = [
+const STRATA_EXTENSIONS: [&str; 4] = [
     "strataCommSetTimeout",
     "strataCommGetStragglers",
     "strataRecvAny",
+    "strataCommSubgroup",
 ];
 
+/// Newer functions strata also exports: the rest of NCCL 2.30's header and device API, of which
+/// torch 2.15 imports the 2.29 and 2.30 additions (ffi/tests/pytorch.rs checks that list
+/// against the installed torch itself).
 const OTHERS: [&str; 20] = [
     "CommGetUniqueId",
     "CommGrow",

@@ -595,3 +595,70 @@ pub unsafe extern "C" fn strataRecvAny(
         .map_err(|e| report(&e))
     })
 }
+
+/// `strataCommSubgroup` (strata's own, not NCCL's): a communicator of the ranks
+/// `parentRanks[0..nranks)` of `comm` (rank `i` of it is `parentRanks[i]`), made by those
+/// ranks alone and with no message: each builds the same table from `comm`'s, and `comm`'s
+/// listener serves it. It is what a framework's sub-group needs when only its members take
+/// part (PyTorch's `new_group`); `ncclCommSplit` needs every rank of `comm`. Every member
+/// passes the same list and `tag`, and `tag` is new among `comm`'s live sub-communicators;
+/// members that disagree get communicators whose first call fails naming the mismatch.
+///
+/// # Safety
+/// `parentRanks` must be readable for `nranks` ints, `tag` a NUL-terminated string, and
+/// `newcomm` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn strataCommSubgroup(
+    comm: NcclComm,
+    nranks: c_int,
+    parent_ranks: *const c_int,
+    tag: *const std::ffi::c_char,
+    newcomm: *mut NcclComm,
+) -> NcclResult {
+    guarded(|| {
+        let h = comm_of(comm)?;
+        live(&h)?;
+        // SAFETY: per the contract.
+        unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
+        let n = usize_of(nranks, "nranks")?;
+        if n == 0 || parent_ranks.is_null() {
+            return Err(invalid(
+                "a sub-communicator needs nranks > 0 and a parentRanks list",
+            ));
+        }
+        // The list is read only as far as the parent could have members.
+        let size = match h.shape.get() {
+            Some(&(_, size)) => size,
+            None => h.wait_ready(init_limit()).map_err(|e| report(&e))?.size(),
+        };
+        if n > size {
+            return Err(invalid(format!(
+                "nranks {n} is more than the parent's {size} ranks"
+            )));
+        }
+        if tag.is_null() {
+            return Err(invalid("tag is NULL"));
+        }
+        // SAFETY: a NUL-terminated string, per the contract.
+        let tag = unsafe { std::ffi::CStr::from_ptr(tag) }
+            .to_string_lossy()
+            .into_owned();
+        let mut members = Vec::with_capacity(n);
+        for i in 0..n {
+            // SAFETY: the caller passes nranks ranks.
+            let r = unsafe { parent_ranks.add(i).read_unaligned() };
+            members.push(usize_of(r, "parent rank")?);
+        }
+        let child = CommHandle::create(h.blocking, None);
+        // SAFETY: checked writable above.
+        unsafe { *newcomm = child.id as NcclComm };
+        let r = derive(h, Some(child), move |c| {
+            c.subgroup(&members, &tag).map(Some)
+        });
+        if r.is_err() {
+            // SAFETY: checked writable above.
+            unsafe { *newcomm = std::ptr::null_mut() };
+        }
+        r
+    })
+}
