@@ -133,6 +133,10 @@ class Library:
         fn.argtypes = [P, N, I, ctypes.POINTER(I), P]
         fn.restype = I
         self._recv_any = self._checked(fn, "strataRecvAny")
+        fn = self._lib.strataCommSubgroup
+        fn.argtypes = [P, I, ctypes.POINTER(I), ctypes.c_char_p, ctypes.POINTER(P)]
+        fn.restype = I
+        self._subgroup = self._checked(fn, "strataCommSubgroup")
 
     def last_error(self, comm=None):
         """strata's message for the last failure on ``comm`` (or on this thread)."""
@@ -168,6 +172,14 @@ class Library:
         ctypes.memmove(ctypes.addressof(uid), unique_id, UNIQUE_ID_BYTES)
         comm = P()
         self.CommInitRank(ctypes.byref(comm), nranks, uid, rank)
+        return comm.value
+
+    def subgroup(self, parent, parent_ranks, tag):
+        """strataCommSubgroup: the communicator of ``parent``'s ranks ``parent_ranks`` (rank i
+        of it is ``parent_ranks[i]``), made by those ranks alone with no message; returns it."""
+        ranks = (I * len(parent_ranks))(*parent_ranks)
+        comm = P()
+        self._subgroup(parent, len(parent_ranks), ranks, tag.encode(), ctypes.byref(comm), comm=parent)
         return comm.value
 
     def set_timeout(self, comm, seconds):

@@ -70,7 +70,7 @@ class ProcessGroupStrata(dist.ProcessGroup):
 
     supports_coalescing = True
 
-    def __init__(self, store, rank, size, timeout=timedelta(minutes=10)):
+    def __init__(self, store, rank, size, timeout=timedelta(minutes=10), parent=None):
         super().__init__(rank, size)
         self._store = store
         self._monitored_barriers = 0
@@ -78,7 +78,7 @@ class ProcessGroupStrata(dist.ProcessGroup):
         self._timeout = timeout
         self._number = next(_GROUP_NUMBERS)
         self._coalesced = None
-        self._comm = self._init_comm(store, rank, size)
+        self._comm = self._init_comm(store, rank, size, parent)
         self._worker = Worker(f"strata-pg{self._number}-r{rank}")
         self._closed = False
         self._cpu_backend = _CpuBackend(self)
@@ -87,8 +87,22 @@ class ProcessGroupStrata(dist.ProcessGroup):
 
     # -- set-up and teardown ------------------------------------------------------------------
 
-    def _init_comm(self, store, rank, size):
-        """Rank 0 makes the unique id and shares it through the c10d store; all join."""
+    def _init_comm(self, store, rank, size, parent=None):
+        """From ``parent`` = (a strata group, this group's ranks in it, a name the members
+        share): made by the members alone (strataCommSubgroup). Else rank 0 makes the unique
+        id and shares it through the c10d store, and all join."""
+        if parent is not None:
+            group, ranks, tag = parent
+            try:
+                comm = self._lib.subgroup(group._comm, ranks, tag)
+            except nccl.NcclError as e:
+                raise dist.DistBackendError(f"strata: sub-group {tag} of ranks {ranks}: {e}") from e
+            if len(ranks) != size or ranks.index(group.rank()) != rank:
+                self._lib.CommDestroy(comm)
+                raise dist.DistBackendError(
+                    f"strata: sub-group {tag}: rank {rank}/{size} is not place "
+                    f"{ranks.index(group.rank())} of {ranks}")
+            return self._set_timeout_or_destroy(comm, rank, size)
         if rank == 0:
             uid = self._lib.unique_id()
             store.set(UNIQUE_ID_KEY, uid)
@@ -103,6 +117,10 @@ class ProcessGroupStrata(dist.ProcessGroup):
             comm = self._lib.init_rank(size, uid, rank)
         except nccl.NcclError as e:
             raise dist.DistBackendError(f"strata: init of rank {rank}/{size}: {e}") from e
+        return self._set_timeout_or_destroy(comm, rank, size)
+
+    def _set_timeout_or_destroy(self, comm, rank, size):
+        """Gives ``comm`` the group's timeout; destroys it if that fails."""
         try:
             self._lib.set_timeout(comm, max(self._timeout.total_seconds(), 0.001))
         except nccl.NcclError as e:
@@ -110,6 +128,9 @@ class ProcessGroupStrata(dist.ProcessGroup):
             raise dist.DistBackendError(f"strata: rank {rank}/{size}: {e}") from e
         return comm
 
+    def _strata_parent(self):
+        """This group, if its communicator can make sub-groups (open); else None."""
+        return None if self._closed else self
     def getBackendName(self):
         return "strata"
 

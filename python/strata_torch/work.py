@@ -118,8 +118,10 @@ class Worker:
         self._queue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._pending = 0
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self._name = name
+        # Started at the first call that is queued: a group that only ever runs calls inline
+        # (most sub-groups) never pays for a thread, and making one does not wait for it.
+        self._thread = None
 
     def _loop(self):
         while True:
@@ -140,13 +142,20 @@ class Worker:
             self._pending += 1
             work._queued()
             self._queue.put((run, work))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
         return work
 
     def stop(self):
         """Ends the thread once the queued calls have run."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is None:
+            return
         self._queue.put(None)
-        if self._thread is not threading.current_thread():
-            self._thread.join()
+        if thread is not threading.current_thread():
+            thread.join()
 
 
 def _run_caught(run):
