@@ -537,9 +537,11 @@ impl ShmMemory {
                     std::ptr::null_mut(),
                     len,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    // Fault every page in now: a ring's first lap would otherwise take a page
-                    // fault per page on both sides in the middle of a timed operation.
-                    libc::MAP_SHARED | libc::MAP_POPULATE,
+                    // Pages fault in as the ring first reaches them (the space itself is
+                    // reserved above): a new connection whose first calls are small touches
+                    // a few slots, not all of them. Populating both sides' mappings up front
+                    // cost a 2-rank sub-group's first all-reduce about 1.5 ms of its 3-5.
+                    libc::MAP_SHARED,
                     fd,
                     0,
                 )
