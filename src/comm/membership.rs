@@ -72,7 +72,20 @@ impl Communicator {
             self.inner.secret,
             &self.inner.cfg,
         )?;
-        Self::from_parts(
+        self.child(rank, peers, comm_id, listener).map(Some)
+    }
+
+    /// A communicator made from this one: its own table and listener, this one's secret,
+    /// configuration and fabric costs, and, to start with, this one's current algorithm
+    /// choices and timeout.
+    fn child(
+        &self,
+        rank: usize,
+        peers: Vec<PeerInfo>,
+        comm_id: String,
+        listener: Listening,
+    ) -> Result<Communicator> {
+        let child = Self::from_parts(
             rank,
             peers,
             comm_id,
@@ -80,14 +93,12 @@ impl Communicator {
             self.inner.cfg.clone(),
             listener,
             self.inner.tiers.costs(),
-        )
-        .map(|child| {
-            // The child starts with the parent's current algorithm choices.
-            for (mine, theirs) in child.inner.algo_choice.iter().zip(&self.inner.algo_choice) {
-                mine.store(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
-            }
-            Some(child)
-        })
+        )?;
+        for (mine, theirs) in child.inner.algo_choice.iter().zip(&self.inner.algo_choice) {
+            mine.store(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        child.set_timeout(self.timeout())?;
+        Ok(child)
     }
 
     /// A communicator of the ranks `members` of this one (rank `i` of it is rank
@@ -135,20 +146,7 @@ impl Communicator {
             self.inner
                 .listener
                 .attach(comm_id.clone(), rank, peers.len(), &self.inner.cfg)?;
-        let child = Self::from_parts(
-            rank,
-            peers,
-            comm_id,
-            self.inner.secret,
-            self.inner.cfg.clone(),
-            listener,
-            self.inner.tiers.costs(),
-        )?;
-        for (mine, theirs) in child.inner.algo_choice.iter().zip(&self.inner.algo_choice) {
-            mine.store(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-        child.set_timeout(self.timeout())?;
-        Ok(child)
+        self.child(rank, peers, comm_id, listener)
     }
 
     /// Makes every rank's call in progress and every later call fail, as a fault would: the
@@ -247,19 +245,7 @@ impl Communicator {
             peers.len(),
             RankList(&gone)
         );
-        let child = Self::from_parts(
-            rank,
-            peers,
-            comm_id,
-            inner.secret,
-            inner.cfg.clone(),
-            listener,
-            inner.tiers.costs(),
-        )?;
-        for (mine, theirs) in child.inner.algo_choice.iter().zip(&inner.algo_choice) {
-            mine.store(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-        Ok(child)
+        self.child(rank, peers, comm_id, listener)
     }
 
     /// Splits this communicator into the four groups of a 4D parallel layout, in [TP, CP, PP,
