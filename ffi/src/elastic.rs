@@ -121,14 +121,9 @@ nccl_api! {
             // SAFETY: per the contract.
             let settings = unsafe { settings_of(config, h.blocking)? };
             let child = CommHandle::create(settings.blocking, None);
+            let make = move |c: &strata::Communicator| c.grow(offered.as_ref(), total).map(Some);
             // SAFETY: checked writable above.
-            unsafe { *newcomm = child.id as NcclComm };
-            let r = derive(h, Some(child), move |c| c.grow(offered.as_ref(), total).map(Some));
-            if r.is_err() {
-                // SAFETY: checked writable above.
-                unsafe { *newcomm = std::ptr::null_mut() };
-            }
-            r
+            unsafe { derive(h, Some(child), newcomm, make) }
         })
     }
 

@@ -65,10 +65,33 @@ pub(crate) unsafe fn init_rank(
     }
 }
 
-/// Makes a child communicator from `h` with `make` (a split or a shrink): now for a blocking
-/// parent, on the parent's worker for a non-blocking one. `child` is the child's handle, or
-/// `None` for a rank that takes part but gets no communicator.
-pub(crate) fn derive(
+/// Makes a child communicator from `h` with `make` (a split, shrink, grow or sub-group): now
+/// for a blocking parent, on the parent's worker for a non-blocking one. `child` is the child's
+/// handle, or `None` for a rank that takes part but gets no communicator. `*newcomm` names
+/// the child at once (a non-blocking caller polls it) and is NULL again if the call fails.
+///
+/// # Safety
+/// `newcomm` must be writable (the callers check it with `put` first).
+pub(crate) unsafe fn derive(
+    h: Arc<CommHandle>,
+    child: Option<Arc<CommHandle>>,
+    newcomm: *mut NcclComm,
+    make: impl FnOnce(&Communicator) -> strata::Result<Option<Communicator>> + Send + 'static,
+) -> Ffi {
+    if let Some(ch) = &child {
+        // SAFETY: writable, per the contract.
+        unsafe { *newcomm = ch.id as NcclComm };
+    }
+    let r = derive_now_or_later(h, child, make);
+    if r.is_err() {
+        // SAFETY: as above.
+        unsafe { *newcomm = std::ptr::null_mut() };
+    }
+    r
+}
+
+/// [`derive`] once the handle is written: runs `make` and settles the child with its result.
+fn derive_now_or_later(
     h: Arc<CommHandle>,
     child: Option<Arc<CommHandle>>,
     make: impl FnOnce(&Communicator) -> strata::Result<Option<Communicator>> + Send + 'static,
@@ -301,16 +324,8 @@ nccl_api! {
             let settings = unsafe { settings_of(config, h.blocking)? };
             let color = u32::try_from(color).ok();
             let child = color.map(|_| CommHandle::create(settings.blocking, None));
-            if let Some(ch) = &child {
-                // SAFETY: checked writable above.
-                unsafe { *newcomm = ch.id as NcclComm };
-            }
-            let r = derive(h, child, move |c| c.split(color, key));
-            if r.is_err() {
-                // SAFETY: checked writable above.
-                unsafe { *newcomm = std::ptr::null_mut() };
-            }
-            r
+            // SAFETY: checked writable above.
+            unsafe { derive(h, child, newcomm, move |c| c.split(color, key)) }
         })
     }
 
@@ -352,13 +367,7 @@ nccl_api! {
                 }
             let child = CommHandle::create(settings.blocking, None);
             // SAFETY: checked writable above.
-            unsafe { *newcomm = child.id as NcclComm };
-            let r = derive(h, Some(child), move |c| c.shrink(&exclude).map(Some));
-            if r.is_err() {
-                // SAFETY: checked writable above.
-                unsafe { *newcomm = std::ptr::null_mut() };
-            }
-            r
+            unsafe { derive(h, Some(child), newcomm, move |c| c.shrink(&exclude).map(Some)) }
         })
     }
 
@@ -650,15 +659,8 @@ pub unsafe extern "C" fn strataCommSubgroup(
             members.push(usize_of(r, "parent rank")?);
         }
         let child = CommHandle::create(h.blocking, None);
+        let make = move |c: &Communicator| c.subgroup(&members, &tag).map(Some);
         // SAFETY: checked writable above.
-        unsafe { *newcomm = child.id as NcclComm };
-        let r = derive(h, Some(child), move |c| {
-            c.subgroup(&members, &tag).map(Some)
-        });
-        if r.is_err() {
-            // SAFETY: checked writable above.
-            unsafe { *newcomm = std::ptr::null_mut() };
-        }
-        r
+        unsafe { derive(h, Some(child), newcomm, make) }
     })
 }
