@@ -431,6 +431,13 @@ impl Runner {
                 other => Err(Error::Transport(format!("answered {other:?}"))),
             }
         });
+        // A refusal is tried again at the next heartbeat until it has lasted as long as a
+        // silent link may; any other outcome settles the target.
+        let try_later =
+            matches!(&opened, Err(e) if wire::is_refused(e)) && !self.refused_too_long(target);
+        if !try_later {
+            self.refused.retain(|r| r.0 != target);
+        }
         match opened {
             Ok(stream) => self.add_link(target, stream),
             // The socket could not be made here: this rank is at fault, not the target.
@@ -457,7 +464,7 @@ impl Runner {
                     hs.as_secs_f64()
                 )));
             }
-            Err(e) if wire::is_refused(&e) && !self.refused_too_long(target) => {
+            Err(e) if try_later => {
                 tracing::debug!(
                     rank = self.s.rank,
                     target,
@@ -465,7 +472,6 @@ impl Runner {
                 );
             }
             Err(e) => {
-                self.refused.retain(|r| r.0 != target);
                 let cause = wire::unreachable_cause(&e);
                 let e = self.peer_failed(
                     target,
@@ -494,11 +500,7 @@ impl Runner {
     fn retry_refused(&mut self) {
         let targets: Vec<usize> = self.refused.iter().map(|r| r.0).collect();
         for target in targets {
-            let before = self.links.len();
             self.connect(target);
-            if self.links.len() > before {
-                self.refused.retain(|r| r.0 != target);
-            }
         }
     }
 

@@ -110,8 +110,9 @@ impl Communicator {
     ///
     /// Every member must call it with the same `members` and `tag`, and `tag` must be new
     /// among this communicator's live sub-communicators (PyTorch's group name is). Members
-    /// that disagree make different communicators, whose first call times out naming the
-    /// ranks that never connected, rather than compute with a wrong table.
+    /// that disagree make different communicators: within the handshake timeout their
+    /// watchdogs report a mismatch naming the rank that never made this one, and their calls
+    /// fail with it rather than compute with a wrong table.
     pub fn subgroup(&self, members: &[usize], tag: &str) -> Result<Communicator> {
         let p = self.size();
         let mut seen = vec![false; p];

@@ -350,9 +350,10 @@ fn mismatched(calls: &[Option<Header>]) -> Option<String> {
 }
 
 /// How long the monitor waits for a copy of a flag area after a timeout. A copy that does
-/// not come back in this time is queued behind work that cannot move (seen once on an H200
-/// with three ranks time-sliced on it: the monitor waited on its read forever, so it never
-/// released its stream); the diagnosis then goes without it rather than hold up the release.
+/// not come back in this time is queued behind work that cannot move; the diagnosis then goes
+/// without it rather than hold up the release. (On an H200 with three ranks time-sliced on it,
+/// one rank's monitor never released its stream when the read had no deadline; a read that
+/// never finished is the likely cause, not a proven one.)
 const READ_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The monitor's streams and pinned words for writing and reading the flag area: one pair
