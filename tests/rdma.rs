@@ -145,6 +145,48 @@ injected_fault_test!(
     ["Work Request Flushed Error (IBV_WC_WR_FLUSH_ERR", "lane "]
 );
 
+/// A rank that sends its last message and destroys its communicator at once loses nothing:
+/// the destroy waits until the NIC has delivered what it still holds. The stand-in holds each
+/// write 300 ms here (a congested link), so the write is always outstanding at the destroy;
+/// a destroy that did not wait would flush it unsent, and the receiver would be told that
+/// the sender left while it waited.
+#[test]
+fn a_rank_that_destroys_its_communicator_right_after_sending_loses_nothing() {
+    const ELEMS: usize = 4096;
+    if let Some(w) = worker() {
+        if w.rank == 0 {
+            let v: Vec<f32> = (0..ELEMS).map(|i| i as f32).collect();
+            w.comm.send(&v, 1).unwrap();
+            let t = std::time::Instant::now();
+            drop(w);
+            println!("DESTROYED_IN_MS={}", t.elapsed().as_millis());
+        } else {
+            let mut v = vec![0f32; ELEMS];
+            w.comm.recv(&mut v, 0).unwrap();
+            let wrong = (0..ELEMS).filter(|&i| v[i] != i as f32).count();
+            assert_eq!(wrong, 0, "{wrong} of {ELEMS} elements wrong");
+            println!("RECEIVED");
+        }
+        return;
+    }
+    let name = "a_rank_that_destroys_its_communicator_right_after_sending_loses_nothing";
+    if is_worker() || skip_on_real_devices(name, "slows the stand-in's NIC") {
+        return;
+    }
+    let env = [VERBS, STANDIN, ("STRATA_IBV_STANDIN_FAULT", "slow:300")];
+    let res = spawn(name, 2, 2, &env, Duration::from_secs(60));
+    assert_all_ok(&res);
+    assert!(res[1].1.contains("RECEIVED"), "{res:?}");
+    // The destroy waited for the write the stand-in held back.
+    let waited: u64 = res[0]
+        .1
+        .lines()
+        .find_map(|l| l.split("DESTROYED_IN_MS=").nth(1))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("rank 0 says how long its destroy took: {res:?}"));
+    assert!(waited >= 100, "the destroy took {waited} ms: {res:?}");
+}
+
 #[test]
 fn forcing_verbs_without_a_device_fails_init_in_one_line() {
     if is_worker() {

@@ -25,6 +25,8 @@ use strata_topology::{HostIdentity, RankPlace, Tier, TierCosts, TierMatrix};
 
 /// Most schedules kept per communicator.
 const SCHEDULE_CACHE: usize = 512;
+/// How long destroying a communicator waits for its connections' last data to be delivered.
+const FINISH_SENDING: Duration = Duration::from_secs(5);
 
 /// One collective call, independent of the buffers.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -497,7 +499,27 @@ impl Communicator {
 impl Drop for Inner {
     fn drop(&mut self) {
         if let Ok(st) = self.state.get_mut() {
+            // Data the NIC still holds is delivered before the goodbye and the teardown: the
+            // last call's sends may complete at this rank before the peer has them. A
+            // communicator that failed or was aborted owes no one its data and goes at once.
+            let broken =
+                self.health.fault().is_some() || self.health.user_abort.load(Ordering::Acquire);
+            let within = if broken {
+                Duration::ZERO
+            } else {
+                FINISH_SENDING
+            };
+            let deadline = Instant::now() + within;
             for c in st.conns.iter_mut().flatten() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if !c.finish_sending(left) && !broken {
+                    tracing::warn!(
+                        "rank {}: data to rank {} was still on its way after {FINISH_SENDING:?}; \
+                         destroying the communicator drops it",
+                        self.rank,
+                        c.peer
+                    );
+                }
                 c.send_control(&ControlFrame::Goodbye);
             }
         }

@@ -55,6 +55,21 @@ impl Connection {
         })
     }
 
+    /// Waits, up to `within`, until nothing this side sent is still on its way to the peer
+    /// ([`Transport::sending`]), so a goodbye never overtakes the data and tearing the
+    /// connection down loses nothing. A connection that fails meanwhile has nothing left to
+    /// deliver. Returns whether the data was all delivered.
+    pub fn finish_sending(&mut self, within: Duration) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            match self.data.sending() {
+                Ok(false) | Err(_) => return true,
+                Ok(true) if start.elapsed() >= within => return false,
+                Ok(true) => std::thread::sleep(Duration::from_micros(100)),
+            }
+        }
+    }
+
     /// Sends a control frame (best effort: the peer may already be gone).
     pub fn send_control(&mut self, frame: &ControlFrame) {
         let Ok(body) = serde_json::to_vec(frame) else {

@@ -147,6 +147,14 @@ pub(crate) trait Transport: Send {
     fn background(&mut self) -> io::Result<Option<Wait>> {
         Ok(None)
     }
+    /// Whether bytes `send_some` accepted are still on their way: handed to a NIC that has
+    /// not yet reported them delivered (it progresses the connection to find out). A rank
+    /// must not tear such a connection down, or the bytes are lost: a queue pair destroyed
+    /// with writes outstanding flushes them unsent. Shared memory and TCP, whose accepted
+    /// bytes the peer or the kernel already holds, have none.
+    fn sending(&mut self) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// `head` then `tail` through `send_some`: what a transport without a way to send both as

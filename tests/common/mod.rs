@@ -259,10 +259,19 @@ pub fn spawn_watched(
         .collect()
 }
 
+/// Asserts every rank succeeded; on a failure it shows every rank's output, the healthy ones
+/// too, since the rank that failed is often not the rank that caused it.
 pub fn assert_all_ok(results: &[(bool, String)]) {
-    for (r, (ok, out)) in results.iter().enumerate() {
-        assert!(ok, "rank {r} failed:\n{out}");
+    let failed: Vec<usize> = (0..results.len()).filter(|&r| !results[r].0).collect();
+    if failed.is_empty() {
+        return;
     }
+    let mut all = String::new();
+    for (r, (ok, out)) in results.iter().enumerate() {
+        let verdict = if *ok { "ok" } else { "FAILED" };
+        all.push_str(&format!("===== rank {r}: {verdict}\n{out}\n"));
+    }
+    panic!("ranks {failed:?} failed\n{all}");
 }
 
 pub const COLLECTIVES: [Collective; 8] = Collective::WITH_BUFFERS;

@@ -564,6 +564,11 @@ impl Transport for RdmaTransport {
         self.arm()
     }
 
+    fn sending(&mut self) -> io::Result<bool> {
+        self.progress()?;
+        Ok(self.tx_busy.iter().any(|&b| b))
+    }
+
     fn background(&mut self) -> io::Result<Option<Wait>> {
         // A failure is reported here even with bytes still to deliver: the call may not read
         // this connection again before its deadline (a failed write of this rank's own leaves

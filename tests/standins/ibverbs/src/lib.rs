@@ -31,7 +31,9 @@
 //! `STRATA_IBV_STANDIN_FAULT` to inject a fault into this process's NIC: `rkey:N` corrupts the
 //! remote key of its Nth RDMA write, `drop:N` stops its NIC transmitting from the Nth write on
 //! (a pulled cable: the initiator sees the retry count exceeded), `qperr:N` puts the QP of its
-//! Nth write into the error state (a fatal QP error: everything outstanding is flushed).
+//! Nth write into the error state (a fatal QP error: everything outstanding is flushed), and
+//! `slow:MS` holds each write MS milliseconds before it leaves (a congested link; a QP
+//! destroyed meanwhile flushes it unsent).
 
 #![allow(clippy::missing_safety_doc)] // the verbs API's own contracts apply
 

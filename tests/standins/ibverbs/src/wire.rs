@@ -197,6 +197,9 @@ enum Fault {
     Drop(u64),
     /// A fatal error on the QP at the Nth write: the QP goes to the error state and flushes.
     QpError(u64),
+    /// Every write waits this many milliseconds before it leaves (a congested link): a QP
+    /// destroyed meanwhile flushes it unsent, as a real NIC does.
+    Slow(u64),
 }
 
 fn fault() -> &'static Fault {
@@ -208,6 +211,7 @@ fn fault() -> &'static Fault {
             Some(("rkey", k)) => n(k).map_or(Fault::None, Fault::Rkey),
             Some(("drop", k)) => n(k).map_or(Fault::None, Fault::Drop),
             Some(("qperr", k)) => n(k).map_or(Fault::None, Fault::QpError),
+            Some(("slow", ms)) => n(ms).map_or(Fault::None, Fault::Slow),
             _ => Fault::None,
         }
     })
@@ -244,6 +248,9 @@ fn send_loop(
     let mut conn: Option<TcpStream> = None;
     let mut broken = false;
     while let Ok(Job::Write(job)) = rx.recv() {
+        if let Fault::Slow(ms) = fault() {
+            std::thread::sleep(Duration::from_millis(*ms));
+        }
         let failed = qp
             .st
             .lock()
