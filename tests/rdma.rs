@@ -3,13 +3,16 @@
 //! * Over the libibverbs stand-in (`tests/standins/ibverbs`, loaded as `libibverbs.so.1`
 //!   through the same `dlopen` path as rdma-core): every collective × type × reduction at 2, 3
 //!   and 4 processes (the 1 MiB cases at 2), on InfiniBand and RoCE ports, with small slots and
-//!   several queue pairs so the credits wrap; a bad remote key, a pulled cable and a QP error
-//!   injected into the stand-in's NIC, each named with the device or lane and the verbs status;
-//!   a device that is missing; a dma-buf registration. Everything here is
-//!   protocol-level: the stand-in's wire is a Unix socket, so no figure from it is NIC speed.
+//!   several queue pairs so the credits wrap; receive from any source; a bad remote key, a
+//!   pulled cable and a QP error injected into the stand-in's NIC, each named with the device
+//!   or lane and the verbs status; a rank that destroys its communicator while its last write
+//!   is still held by a slow link, whose peer still gets it; a device that is missing; a
+//!   dma-buf registration. Everything here is protocol-level: the stand-in's wire is a TCP
+//!   connection per queue pair, so no figure from it is NIC speed.
 //! * Over libfabric's real `tcp` provider across 4 emulated hosts (network namespaces on a
-//!   bridge; needs root, `ip` and libfabric, and says so when it skips): the matrix, and a
-//!   peer killed in the middle of 4 MiB all-reduces named on every survivor.
+//!   bridge; needs root, `ip` and libfabric, and says so when it skips): the matrix and
+//!   receive from any source, and a peer killed in the middle of 4 MiB all-reduces named on
+//!   every survivor.
 //!
 //! With `STRATA_RDMA_TESTS_REAL=1` (`scripts/rdma-check.sh`) the verbs matrices run on the
 //! machine's own rdma-core and devices, and the tests that need the stand-in say they skip.
@@ -144,6 +147,66 @@ injected_fault_test!(
     &[("STRATA_IBV_STANDIN_FAULT", "qperr:30")],
     ["Work Request Flushed Error (IBV_WC_WR_FLUSH_ERR", "lane "]
 );
+
+/// Receive from any source over RDMA: the receiver looks at each peer's next message in its
+/// granted slots without consuming it. Every message arrives once with its sender, in order
+/// per sender, and a large one after the small ones crosses many slots. Rank 0 receives;
+/// every peer must be joined to it by `transport`.
+fn receive_from_any_source(w: &Worker, transport: &str) {
+    let (r, c) = (w.rank, &w.comm);
+    if r == 0 {
+        let mut seen = Vec::new();
+        for _ in 0..3 * (w.n - 1) {
+            let mut buf = vec![0u32; 1000];
+            let src = c.recv_any(&mut buf).unwrap();
+            assert!(buf.iter().all(|&x| x == buf[0]), "torn message from {src}");
+            seen.push((src, buf[0]));
+        }
+        for sender in 1..w.n {
+            let from: Vec<u32> = seen.iter().filter(|m| m.0 == sender).map(|m| m.1).collect();
+            let want: Vec<u32> = (0..3).map(|i| sender as u32 * 100 + i).collect();
+            assert_eq!(from, want, "messages from rank {sender} in {seen:?}");
+        }
+        c.barrier().unwrap();
+        let mut big = vec![0u8; 1 << 20];
+        assert_eq!(c.recv_any(&mut big).unwrap(), 2);
+        assert!(big.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        for q in 1..w.n {
+            assert_eq!(c.transport_to(q), Some(transport), "rank {q}");
+        }
+        println!("ANY_SOURCE_OK");
+    } else {
+        for i in 0..3u32 {
+            c.send(&vec![r as u32 * 100 + i; 1000], 0).unwrap();
+        }
+        c.barrier().unwrap();
+        if r == 2 {
+            let big: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+            c.send(&big, 0).unwrap();
+        }
+    }
+}
+
+#[test]
+fn receive_from_any_source_over_verbs_names_every_sender_in_order() {
+    if let Some(w) = worker() {
+        receive_from_any_source(&w, "verbs");
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    let env = [
+        VERBS,
+        STANDIN,
+        ("STRATA_RDMA_SLOTS", "4"),
+        ("STRATA_RDMA_SLOT_SIZE", "4096"),
+    ];
+    let name = "receive_from_any_source_over_verbs_names_every_sender_in_order";
+    let res = spawn(name, 4, 4, &env, Duration::from_secs(60));
+    assert_all_ok(&res);
+    assert!(res[0].1.contains("ANY_SOURCE_OK"), "{res:?}");
+}
 
 /// A rank that sends its last message and destroys its communicator at once loses nothing:
 /// the destroy waits until the NIC has delivered what it still holds. The stand-in holds each
@@ -385,6 +448,7 @@ fn matrix_4_hosts_over_libfabric_tcp() {
         matrix(&w, true);
         let t = w.comm.transport_to((w.rank + 1) % w.n);
         assert_eq!(t, Some("ofi"), "rank {}", w.rank);
+        receive_from_any_source(&w, "ofi");
         return;
     }
     if is_worker() {
@@ -397,13 +461,15 @@ fn matrix_4_hosts_over_libfabric_tcp() {
             return;
         }
     };
-    assert_all_ok(&spawn(
+    let res = spawn(
         "matrix_4_hosts_over_libfabric_tcp",
         HOSTS,
         HOSTS,
         &OFI_HOSTS,
         Duration::from_secs(500),
-    ));
+    );
+    assert_all_ok(&res);
+    assert!(res[0].1.contains("ANY_SOURCE_OK"), "{res:?}");
 }
 
 #[test]

@@ -280,7 +280,7 @@ impl Communicator {
                     Ok(n) => n,
                     // A peer that closed its end sends nothing more; a dead one is reported
                     // by the watchdog. Either way the others may still send.
-                    Err(e) if is_closed(&e) => {
+                    Err(e) if is_closed(&e) || conn.gone => {
                         closed += 1;
                         continue;
                     }
