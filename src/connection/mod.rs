@@ -58,7 +58,7 @@ impl Connection {
     /// Waits, up to `within`, until nothing this side sent is still on its way to the peer
     /// ([`Transport::sending`]), so a goodbye never overtakes the data and tearing the
     /// connection down loses nothing. A connection that fails meanwhile has nothing left to
-    /// deliver. Returns whether the data was all delivered.
+    /// wait for. Returns `false` only when the time ran out with data still on its way.
     pub fn finish_sending(&mut self, within: Duration) -> bool {
         let start = std::time::Instant::now();
         loop {
