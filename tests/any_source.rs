@@ -9,47 +9,15 @@ use strata::{Error, TransportPolicy};
 mod in_process;
 use in_process::*;
 
+#[path = "common/any_source.rs"]
+mod exchange;
+
 fn every_message_once_with_its_sender(transport: TransportPolicy) {
     let comms = init_threads(4, transport);
-    let got = on_all(&comms, |c| {
-        let r = c.rank();
-        if r == 0 {
-            let mut seen = Vec::new();
-            for _ in 0..3 * 3 {
-                let mut buf = vec![0u32; 1000];
-                let src = c.recv_any(&mut buf).unwrap();
-                assert!(
-                    buf.iter().all(|&x| x == buf[0]),
-                    "a torn message from {src}"
-                );
-                seen.push((src, buf[0]));
-            }
-            // A large message (several ring slots, several TCP reads) after the small ones: a
-            // message of another length while small ones are awaited would be a mismatch.
-            c.barrier().unwrap();
-            let mut big = vec![0u8; 3 << 20];
-            let src = c.recv_any(&mut big).unwrap();
-            assert_eq!(src, 2);
-            assert!(big.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
-            seen
-        } else {
-            for i in 0..3u32 {
-                c.send(&vec![r as u32 * 100 + i; 1000], 0).unwrap();
-            }
-            c.barrier().unwrap();
-            if r == 2 {
-                let big: Vec<u8> = (0..3 << 20).map(|i| (i % 251) as u8).collect();
-                c.send(&big, 0).unwrap();
-            }
-            Vec::new()
-        }
+    // 3 MiB: several ring slots and several TCP reads.
+    on_all(&comms, |c| {
+        exchange::every_message_once_with_its_sender(c, 3 << 20)
     });
-    let seen = &got[0];
-    for sender in 1..4usize {
-        let from: Vec<u32> = seen.iter().filter(|m| m.0 == sender).map(|m| m.1).collect();
-        let want: Vec<u32> = (0..3).map(|i| sender as u32 * 100 + i).collect();
-        assert_eq!(from, want, "messages from rank {sender} in {seen:?}");
-    }
 }
 
 #[test]

@@ -149,41 +149,15 @@ injected_fault_test!(
 );
 
 /// Receive from any source over RDMA: the receiver looks at each peer's next message in its
-/// granted slots without consuming it. Every message arrives once with its sender, in order
-/// per sender, and a large one after the small ones crosses many slots. Rank 0 receives;
-/// every peer must be joined to it by `transport`.
+/// granted slots without consuming it (`common::any_source`'s exchange, with a 1 MiB message that
+/// crosses many slots). Every peer must be joined to rank 0 by `transport`.
 fn receive_from_any_source(w: &Worker, transport: &str) {
-    let (r, c) = (w.rank, &w.comm);
-    if r == 0 {
-        let mut seen = Vec::new();
-        for _ in 0..3 * (w.n - 1) {
-            let mut buf = vec![0u32; 1000];
-            let src = c.recv_any(&mut buf).unwrap();
-            assert!(buf.iter().all(|&x| x == buf[0]), "torn message from {src}");
-            seen.push((src, buf[0]));
-        }
-        for sender in 1..w.n {
-            let from: Vec<u32> = seen.iter().filter(|m| m.0 == sender).map(|m| m.1).collect();
-            let want: Vec<u32> = (0..3).map(|i| sender as u32 * 100 + i).collect();
-            assert_eq!(from, want, "messages from rank {sender} in {seen:?}");
-        }
-        c.barrier().unwrap();
-        let mut big = vec![0u8; 1 << 20];
-        assert_eq!(c.recv_any(&mut big).unwrap(), 2);
-        assert!(big.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    any_source::every_message_once_with_its_sender(&w.comm, 1 << 20);
+    if w.rank == 0 {
         for q in 1..w.n {
-            assert_eq!(c.transport_to(q), Some(transport), "rank {q}");
+            assert_eq!(w.comm.transport_to(q), Some(transport), "rank {q}");
         }
         println!("ANY_SOURCE_OK");
-    } else {
-        for i in 0..3u32 {
-            c.send(&vec![r as u32 * 100 + i; 1000], 0).unwrap();
-        }
-        c.barrier().unwrap();
-        if r == 2 {
-            let big: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-            c.send(&big, 0).unwrap();
-        }
     }
 }
 

@@ -49,6 +49,7 @@ use std::time::{Duration, Instant};
 use strata::check;
 use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId};
 
+pub mod any_source;
 pub mod gpu;
 pub mod netns;
 
