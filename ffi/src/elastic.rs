@@ -9,7 +9,7 @@
 
 use super::{
     Ffi, NcclComm, NcclConfig, NcclResult, NcclUniqueId, comm_of, entry::derive, entry::init_rank,
-    fail, guarded, invalid, live, put, report, settings_of, usize_of,
+    entry::live_parent, fail, guarded, invalid, live, put, report, settings_of, usize_of,
 };
 use crate::handle::{CommHandle, lock};
 use std::ffi::{c_int, c_void};
@@ -102,10 +102,8 @@ nccl_api! {
                 // SAFETY: per the contract.
                 return unsafe { init_rank(newcomm, n_ranks, &id, rank, config) };
             }
-            let h = comm_of(comm)?;
-            live(&h)?;
             // SAFETY: per the contract.
-            unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
+            let h = unsafe { live_parent(comm, newcomm)? };
             if rank != -1 {
                 return Err(invalid(format!(
                     "ncclCommGrow: an existing rank passes rank -1 (it keeps its rank), not {rank}"

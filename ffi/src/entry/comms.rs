@@ -65,6 +65,23 @@ pub(crate) unsafe fn init_rank(
     }
 }
 
+/// The live communicator `comm` that a child (split, grow, sub-group) is about to be made
+/// from, with `*newcomm` set to NULL first, so that any failure from here on leaves NULL
+/// there.
+///
+/// # Safety
+/// `newcomm` must be NULL (refused) or writable.
+pub(crate) unsafe fn live_parent(
+    comm: NcclComm,
+    newcomm: *mut NcclComm,
+) -> Result<Arc<CommHandle>, NcclResult> {
+    let h = comm_of(comm)?;
+    live(&h)?;
+    // SAFETY: per this function's contract.
+    unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
+    Ok(h)
+}
+
 /// Makes a child communicator from `h` with `make` (a split, shrink, grow or sub-group): now
 /// for a blocking parent, on the parent's worker for a non-blocking one. `child` is the child's
 /// handle, or `None` for a rank that takes part but gets no communicator. `*newcomm` names
@@ -311,10 +328,8 @@ nccl_api! {
         config: *mut NcclConfig,
     ) -> NcclResult {
         guarded(|| {
-            let h = comm_of(comm)?;
-            live(&h)?;
             // SAFETY: per the contract.
-            unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
+            let h = unsafe { live_parent(comm, newcomm)? };
             if color < -1 {
                 return Err(invalid(format!(
                     "color {color} is negative (NCCL_SPLIT_NOCOLOR is -1)"
@@ -625,10 +640,8 @@ pub unsafe extern "C" fn strataCommSubgroup(
     newcomm: *mut NcclComm,
 ) -> NcclResult {
     guarded(|| {
-        let h = comm_of(comm)?;
-        live(&h)?;
         // SAFETY: per the contract.
-        unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
+        let h = unsafe { live_parent(comm, newcomm)? };
         let n = usize_of(nranks, "nranks")?;
         if n == 0 || parent_ranks.is_null() {
             return Err(invalid(
