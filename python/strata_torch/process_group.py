@@ -131,6 +131,7 @@ class ProcessGroupStrata(dist.ProcessGroup):
     def _strata_parent(self):
         """This group, if its communicator can make sub-groups (open); else None."""
         return None if self._closed else self
+
     def getBackendName(self):
         return "strata"
 
