@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compiles every CUDA kernel in src/gpu/kernels with NVRTC and assembles it for sm_80 and sm_90
+# Compiles every CUDA kernel in src/gpu/kernels (reduce.cu, then ll.cu, as one program) with NVRTC and assembles it for sm_80 and sm_90
 # with ptxas, from NVIDIA's PyPI packages (no GPU and no CUDA toolkit needed). The packages go
 # into a cached virtual environment (~/.cache/strata/nvrtc-12.9.86-venv).
 set -euo pipefail
@@ -16,6 +16,6 @@ out="${1:-target/kernels}"
 "$venv/bin/python" scripts/compile_kernels.py \
   --nvrtc "$site/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" \
   --ptxas "$site/nvidia/cuda_nvcc/bin/ptxas" \
-  --out "$out" src/gpu/kernels/*.cu
+  --out "$out" src/gpu/kernels/reduce.cu src/gpu/kernels/ll.cu
 # Where libnvrtc.so.12 is, for the tests that compile the kernels at run time.
 echo "$site/nvidia/cuda_nvrtc/lib" > "$out/nvrtc-dir"

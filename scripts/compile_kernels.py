@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Compiles strata's CUDA kernels with NVRTC and assembles them with ptxas, without a GPU.
 
-    python3 scripts/compile_kernels.py --nvrtc LIBNVRTC --ptxas PTXAS --out DIR [KERNEL.cu ...]
+    python3 scripts/compile_kernels.py --nvrtc LIBNVRTC --ptxas PTXAS --out DIR KERNEL.cu...
 
-For each source and each architecture (sm_80, sm_90): NVRTC (the library strata loads at run
+The sources are one program, in the order given (strata compiles them as one: ll.cu uses what
+reduce.cu defines), named after the first. For each architecture (sm_80, sm_90): NVRTC (the library strata loads at run
 time, from the PyPI package nvidia-cuda-nvrtc-cu12) compiles it to PTX with the options strata
 uses, and ptxas (from nvidia-cuda-nvcc-cu12) assembles that PTX to SASS, so a kernel that no
 longer compiles, or whose PTX no longer assembles, fails CI. Prints each kernel entry found.
@@ -52,18 +53,20 @@ def main():
     lib = ctypes.CDLL(a.nvrtc)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    for src in map(pathlib.Path, a.sources):
-        for arch in ARCHES:
-            ptx = nvrtc_compile(lib, src.read_bytes(), src.name, arch)
-            entries = re.findall(rb"\.entry\s+(\w+)", ptx)
-            ptx_path = out / f"{src.stem}.sm_{arch}.ptx"
-            ptx_path.write_bytes(ptx)
-            cubin = out / f"{src.stem}.sm_{arch}.cubin"
-            subprocess.run([a.ptxas, f"-arch=sm_{arch}", "-o", str(cubin), str(ptx_path)], check=True)
-            print(f"{src.name}: sm_{arch}: {len(entries)} kernels, PTX {len(ptx)} bytes, "
-                  f"cubin {cubin.stat().st_size} bytes")
-            if not entries:
-                sys.exit(f"{src.name}: no kernels in the PTX")
+    srcs = list(map(pathlib.Path, a.sources))
+    src = srcs[0]
+    source = b"\n".join(s.read_bytes() for s in srcs)
+    for arch in ARCHES:
+        ptx = nvrtc_compile(lib, source, src.name, arch)
+        entries = re.findall(rb"\.entry\s+(\w+)", ptx)
+        ptx_path = out / f"{src.stem}.sm_{arch}.ptx"
+        ptx_path.write_bytes(ptx)
+        cubin = out / f"{src.stem}.sm_{arch}.cubin"
+        subprocess.run([a.ptxas, f"-arch=sm_{arch}", "-o", str(cubin), str(ptx_path)], check=True)
+        print(f"{'+'.join(x.name for x in srcs)}: sm_{arch}: {len(entries)} kernels, PTX {len(ptx)} bytes, "
+              f"cubin {cubin.stat().st_size} bytes")
+        if not entries:
+            sys.exit(f"{src.name}: no kernels in the PTX")
 
 
 if __name__ == "__main__":

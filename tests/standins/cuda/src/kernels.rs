@@ -1,5 +1,8 @@
 //! Modules and kernel launches: a module is PTX text whose `.entry` names the stand-in looks
-//! up in its host versions of strata's kernels (`src/gpu/kernels/*.cu` compiled as C).
+//! up in its host versions of strata's kernels (`src/gpu/kernels/*.cu` compiled as C): the
+//! elementwise reductions (`reduce.cu`) and the low-latency collectives (`ll.cu`), whose host
+//! versions poll their peers' lines on the stream's own thread, backing off to sleeps, so a
+//! kernel waiting on another rank never holds that rank up.
 
 use crate::memory::{device_view, is_host};
 use crate::{code, current, put, ready, stats, status, stream};
@@ -15,8 +18,51 @@ struct Entry {
     size: i32,
 }
 
+#[repr(C)]
+struct LlEntry {
+    name: *const c_char,
+    fn_: *const c_void,
+    /// Bytes of the kernel's one argument, a `strata_ll_args`.
+    args: i32,
+}
+
 unsafe extern "C" {
     static strata_kernel_table: [Entry; 73];
+    static strata_ll_table: [LlEntry; 3];
+}
+
+/// Function handles: elementwise kernels from here, low-latency kernels from [`LL_BASE`].
+const KERNEL_BASE: usize = 0x4b4b_0000;
+const LL_BASE: usize = 0x4c4c_0000;
+
+/// `void kernel(const strata_ll_args*, void* (*view)(u64 addr, u64 len))`.
+type LlFn = unsafe extern "C" fn(*const u8, extern "C" fn(u64, u64) -> *mut c_void);
+
+/// What a low-latency kernel's host version reads and writes device addresses through: the
+/// driver's own view of the memory. An address that is not device-accessible memory is what a
+/// GPU reports as an illegal address; here the process stops with the address.
+extern "C" fn view(addr: u64, len: u64) -> *mut c_void {
+    match device_view(addr, len as usize) {
+        Ok(p) => p.cast(),
+        Err(_) => {
+            eprintln!(
+                "CUDA stand-in: a kernel touched {addr:#x} (+{len} bytes), which is not memory \
+                 the device can address (an illegal address on a GPU)"
+            );
+            std::process::abort()
+        }
+    }
+}
+
+/// Index of low-latency kernel `name` in `strata_ll_table`.
+fn ll_kernel(name: &str) -> Option<usize> {
+    // SAFETY: a static table ending with a NULL name.
+    let table = unsafe { &strata_ll_table };
+    table
+        .iter()
+        .take_while(|e| !e.name.is_null())
+        // SAFETY: NUL-terminated static strings.
+        .position(|e| unsafe { CStr::from_ptr(e.name) }.to_str() == Ok(name))
 }
 
 type CombineFn = unsafe extern "C" fn(*mut u8, *const u8, *const u8, u64);
@@ -105,9 +151,13 @@ pub unsafe extern "C" fn cuModuleGetFunction(
         if !entries.iter().any(|e| e == name) {
             return Err(500); // CUDA_ERROR_NOT_FOUND: not in the module's PTX
         }
-        let index = host_kernel(name).ok_or(500)?;
+        let handle = match (host_kernel(name), ll_kernel(name)) {
+            (Some(i), _) => KERNEL_BASE + i * 16,
+            (None, Some(i)) => LL_BASE + i * 16,
+            (None, None) => return Err(500),
+        };
         // SAFETY: out-parameter.
-        unsafe { put(out, 0x4b4b_0000 + index * 16) }
+        unsafe { put(out, handle) }
     }))
 }
 
@@ -133,17 +183,22 @@ pub unsafe extern "C" fn cuLaunchKernel(
     extra: *mut *mut c_void,
 ) -> i32 {
     status(current().and_then(|_| {
-        if f < 0x4b4b_0000 || !(f - 0x4b4b_0000).is_multiple_of(16) {
-            return Err(code::INVALID_HANDLE);
-        }
-        // SAFETY: a static table; the index came from cuModuleGetFunction.
-        let e = unsafe { &strata_kernel_table[(f - 0x4b4b_0000) / 16] };
         if [gx, gy, gz, bx, by, bz].contains(&0) || bx * by * bz > 1024 {
             return Err(code::INVALID_VALUE);
         }
         if params.is_null() || !extra.is_null() {
             return Err(code::INVALID_VALUE);
         }
+        // SAFETY: the caller passes the kernel's parameters.
+        if let Some(r) = unsafe { launch_ll(f, bx * by * bz, s, params) } {
+            return r;
+        }
+        if f < KERNEL_BASE || !(f - KERNEL_BASE).is_multiple_of(16) || f >= LL_BASE {
+            return Err(code::INVALID_HANDLE);
+        }
+        stats::add(stats::LAUNCHES, 1);
+        // SAFETY: a static table; the index came from cuModuleGetFunction.
+        let e = unsafe { &strata_kernel_table[(f - KERNEL_BASE) / 16] };
         let size = e.size as usize;
         let count = if e.kind == 1 { 3 } else { 4 };
         // SAFETY: as many parameters as the kernel's signature has.
@@ -210,4 +265,43 @@ pub unsafe extern "C" fn cuLaunchKernel(
             }),
         )
     }))
+}
+
+/// Launches low-latency kernel `f` if it is one (`None` if not): its one parameter, a
+/// `strata_ll_args`, is copied now, as the driver copies parameters at launch, and the host
+/// version runs on the stream (however many blocks were asked for: it does all their work).
+/// The driver's limit on threads per block is the kernel's `__launch_bounds__` (256).
+///
+/// # Safety
+/// `params` holds a pointer to the kernel's argument.
+unsafe fn launch_ll(
+    f: usize,
+    threads: c_uint,
+    s: usize,
+    params: *mut *mut c_void,
+) -> Option<Result<(), i32>> {
+    if f < LL_BASE || !(f - LL_BASE).is_multiple_of(16) {
+        return None;
+    }
+    // SAFETY: a static table ending with a NULL name.
+    let table = unsafe { &strata_ll_table };
+    let Some(e) = table.get((f - LL_BASE) / 16).filter(|e| !e.name.is_null()) else {
+        return Some(Err(code::INVALID_HANDLE));
+    };
+    if threads > 256 {
+        return Some(Err(701)); // CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+    }
+    // SAFETY: parameter 0 points to the argument, `e.args` bytes.
+    let args: Vec<u8> =
+        unsafe { std::slice::from_raw_parts(*params as *const u8, e.args as usize) }.to_vec();
+    let fn_ = e.fn_ as usize;
+    stats::add(stats::LAUNCHES, 1);
+    Some(stream::enqueue(
+        s,
+        Box::new(move || {
+            // SAFETY: the host version of a low-latency kernel, with its argument.
+            let k: LlFn = unsafe { std::mem::transmute(fn_) };
+            unsafe { k(args.as_ptr(), view) }
+        }),
+    ))
 }

@@ -270,6 +270,60 @@ pub extern "C" fn cuCtxSynchronize_v2(_ctx: usize) -> i32 {
     cuCtxSynchronize()
 }
 
+/// Peer access enabled in this process: (from device, to device).
+static PEERS: std::sync::Mutex<Vec<(i32, i32)>> = std::sync::Mutex::new(Vec::new());
+
+/// Every pair of stand-in devices can reach each other (as GPUs of one NVLink domain).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(out: *mut c_int, dev: c_int, peer: c_int) -> i32 {
+    status(ready().and_then(|_| {
+        let n = device_count();
+        if !(0..n).contains(&dev) || !(0..n).contains(&peer) {
+            return Err(code::INVALID_DEVICE);
+        }
+        // SAFETY: out-parameter.
+        unsafe { put(out, c_int::from(dev != peer)) }
+    }))
+}
+
+/// `cuCtxEnablePeerAccess`: the current context may address `peer_ctx`'s memory. The driver's
+/// errors: the context's own device (`INVALID_DEVICE`), twice (`PEER_ACCESS_ALREADY_ENABLED`),
+/// flags other than 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxEnablePeerAccess(peer_ctx: usize, flags: c_uint) -> i32 {
+    status(current().and_then(|dev| {
+        if flags != 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        let peer = (0..device_count())
+            .find(|&d| context_handle(d) == peer_ctx)
+            .ok_or(code::INVALID_CONTEXT)?;
+        if peer == dev {
+            return Err(code::INVALID_DEVICE);
+        }
+        let mut p = PEERS.lock().unwrap_or_else(|e| e.into_inner());
+        if p.contains(&(dev, peer)) {
+            return Err(704); // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        }
+        p.push((dev, peer));
+        Ok(())
+    }))
+}
+
+/// `cuCtxDisablePeerAccess`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDisablePeerAccess(peer_ctx: usize) -> i32 {
+    status(current().and_then(|dev| {
+        let peer = (0..device_count())
+            .find(|&d| context_handle(d) == peer_ctx)
+            .ok_or(code::INVALID_CONTEXT)?;
+        let mut p = PEERS.lock().unwrap_or_else(|e| e.into_inner());
+        let at = p.iter().position(|&x| x == (dev, peer)).ok_or(705)?; // NOT_ENABLED
+        p.remove(at);
+        Ok(())
+    }))
+}
+
 /// (name, description) of a result code.
 fn describe(r: i32) -> Option<(&'static [u8], &'static [u8])> {
     Some(match r {
@@ -281,6 +335,14 @@ fn describe(r: i32) -> Option<(&'static [u8], &'static [u8])> {
         201 => (b"CUDA_ERROR_INVALID_CONTEXT\0", b"invalid device context\0"),
         400 => (b"CUDA_ERROR_INVALID_HANDLE\0", b"invalid resource handle\0"),
         600 => (b"CUDA_ERROR_NOT_READY\0", b"device not ready\0"),
+        704 => (
+            b"CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED\0",
+            b"peer access is already enabled\0",
+        ),
+        705 => (
+            b"CUDA_ERROR_PEER_ACCESS_NOT_ENABLED\0",
+            b"peer access has not been enabled\0",
+        ),
         800 => (b"CUDA_ERROR_NOT_PERMITTED\0", b"operation not permitted\0"),
         801 => (b"CUDA_ERROR_NOT_SUPPORTED\0", b"operation not supported\0"),
         _ => return None,

@@ -438,30 +438,69 @@ fn copy(
     }
 }
 
+/// Whether `len` bytes at host address `ptr` are page-locked (allocated or registered with
+/// the driver), as opposed to pageable memory the driver must stage.
+fn pinned(ptr: *const c_void, len: usize) -> bool {
+    matches!(
+        table().find(ptr as u64, len.max(1)),
+        Some((
+            _,
+            Alloc {
+                kind: Kind::Host { .. },
+                ..
+            }
+        ))
+    )
+}
+
+/// `cuMemcpyHtoDAsync`. From page-locked memory the copy runs in stream order and reads the
+/// source when it runs. From pageable memory the driver's rule applies ("API synchronization
+/// behavior"): the source is copied into staging memory before the call returns, so the
+/// caller may reuse it at once, and the transfer to the device runs in stream order.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, len: usize, s: usize) -> i32 {
     status(current().and_then(|_| {
-        copy(
-            device_only(dst, len)?,
-            host_only(src, len)?,
-            len,
+        let d = device_only(dst, len)?;
+        let h = host_only(src, len)?;
+        if pinned(src, len) {
+            return copy(d, h, len, s, false, &[stats::HOST_TO_DEVICE]);
+        }
+        stream::check(s)?;
+        // SAFETY: the caller's host memory of `len` bytes, read now, as the driver does.
+        let staged: Vec<u8> = unsafe { std::slice::from_raw_parts(h, len) }.to_vec();
+        let d = d as usize;
+        stream::enqueue(
             s,
-            false,
-            &[stats::HOST_TO_DEVICE],
+            Box::new(move || {
+                stats::add(stats::HOST_TO_DEVICE, len as u64);
+                // SAFETY: the device view covers `len` bytes; the staging copy is owned here.
+                unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), d as *mut u8, len) }
+            }),
         )
     }))
 }
 
+/// `cuMemcpyDtoHAsync`. Into page-locked memory the copy runs in stream order and the call
+/// returns at once. Into pageable memory the driver returns only once the copy is done (after
+/// the stream's earlier work), which is what client code that reads the result right after
+/// the call relies on; that wait is a host wait.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, len: usize, s: usize) -> i32 {
     status(current().and_then(|_| {
-        copy(
-            host_only(dst, len)?,
-            device_only(src, len)?,
-            len,
+        let (h, d) = (host_only(dst, len)?, device_only(src, len)?);
+        if pinned(dst, len) {
+            return copy(h, d, len, s, false, &[stats::DEVICE_TO_HOST]);
+        }
+        stats::add(stats::HOST_WAITS, 1);
+        let (h, d) = (h as usize, d as usize);
+        stream::enqueue_and_wait(
             s,
-            false,
-            &[stats::DEVICE_TO_HOST],
+            Box::new(move || {
+                stats::add(stats::DEVICE_TO_HOST, len as u64);
+                // SAFETY: both views cover `len` bytes; the caller waits here, so its memory
+                // stays valid.
+                unsafe { std::ptr::copy(d as *const u8, h as *mut u8, len) }
+            }),
         )
     }))
 }

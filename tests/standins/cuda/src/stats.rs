@@ -21,8 +21,14 @@ pub(crate) const HOST_FUNCTIONS: usize = 3;
 pub(crate) const HOST_WAITS: usize = 4;
 /// Polls of a stream or event (`cuStreamQuery`, `cuEventQuery`).
 pub(crate) const QUERIES: usize = 5;
+/// Kernels launched (`cuLaunchKernel`).
+pub(crate) const LAUNCHES: usize = 6;
+/// Stream memory operations enqueued: each `cuStreamWaitValue32`/`cuStreamWriteValue32`
+/// counts one, and so does each `cuStreamBatchMemOp`, however many operations it carries
+/// (the GPU's front end takes a batch as one command).
+pub(crate) const MEMORY_OPS: usize = 7;
 /// How many counters there are.
-const COUNTERS: usize = 6;
+const COUNTERS: usize = 8;
 
 static COUNTS: [AtomicU64; COUNTERS] = [const { AtomicU64::new(0) }; COUNTERS];
 

@@ -1,11 +1,11 @@
-//! Streams that run on their own threads, events, host functions and 32-bit stream memory
-//! operations.
+//! Streams that run on their own threads, events, host functions and stream memory operations
+//! (one at a time, or in batches).
 
 use crate::memory::device_view;
 use crate::{IN_HOST_FN, code, current, put, ready, stats, status};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -109,6 +109,26 @@ pub(crate) fn enqueue(handle: usize, op: Op) -> Result<(), i32> {
     let mut q = st.queue.lock().unwrap_or_else(|p| p.into_inner());
     q.ops.push_back(op);
     st.cv.notify_all();
+    Ok(())
+}
+
+/// Puts `op` on stream `handle` and waits until the stream has run it (and so everything
+/// before it): what the driver does for a copy into pageable host memory.
+pub(crate) fn enqueue_and_wait(handle: usize, op: Op) -> Result<(), i32> {
+    let done = Arc::new((Mutex::new(false), Condvar::new()));
+    let signal = done.clone();
+    enqueue(
+        handle,
+        Box::new(move || {
+            op();
+            *signal.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            signal.1.notify_all();
+        }),
+    )?;
+    let mut ran = done.0.lock().unwrap_or_else(|p| p.into_inner());
+    while !*ran {
+        ran = done.1.wait(ran).unwrap_or_else(|p| p.into_inner());
+    }
     Ok(())
 }
 
@@ -230,7 +250,10 @@ pub extern "C" fn cuLaunchHostFunc(handle: usize, f: HostFn, data: *mut c_void) 
 const WAIT_GEQ: c_uint = 0;
 const WAIT_EQ: c_uint = 1;
 const WAIT_AND: c_uint = 2;
-const WAIT_NOR: c_uint = 3;
+/// `CU_STREAM_WAIT_VALUE_FLUSH`: allowed, and nothing to do on host memory.
+const WAIT_FLUSH: c_uint = 1 << 30;
+/// `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`.
+const WRITE_NO_BARRIER: c_uint = 1;
 
 /// The 32-bit word the device knows as `addr`.
 fn word(addr: u64) -> Result<&'static AtomicU32, i32> {
@@ -243,6 +266,43 @@ fn word(addr: u64) -> Result<&'static AtomicU32, i32> {
     Ok(unsafe { &*(p as *const AtomicU32) })
 }
 
+/// The 64-bit word the device knows as `addr`.
+fn word64(addr: u64) -> Result<&'static AtomicU64, i32> {
+    if !addr.is_multiple_of(8) {
+        return Err(code::INVALID_VALUE);
+    }
+    let p = device_view(addr, 8)?;
+    // SAFETY: as in `word`, 8 aligned bytes.
+    Ok(unsafe { &*(p as *const AtomicU64) })
+}
+
+/// The test of a wait's `flags` (GEQ, EQ, AND or NOR; the flush bit allowed), on 64 bits;
+/// a 32-bit wait compares in 32 bits, so GEQ is modular in the width it waits on.
+fn wait_test(flags: c_uint, bits: u32) -> Result<impl Fn(u64, u64) -> bool + Send + 'static, i32> {
+    if flags & !(0x3 | WAIT_FLUSH) != 0 {
+        return Err(code::INVALID_VALUE);
+    }
+    let kind = flags & 0x3;
+    Ok(move |v: u64, want: u64| match kind {
+        WAIT_GEQ if bits == 32 => ((v as u32).wrapping_sub(want as u32) as i32) >= 0,
+        WAIT_GEQ => (v.wrapping_sub(want) as i64) >= 0,
+        WAIT_EQ => v == want,
+        WAIT_AND => v & want != 0,
+        // CU_STREAM_WAIT_VALUE_NOR (3)
+        _ if bits == 32 => !(v | want) & 0xffff_ffff != 0,
+        _ => !(v | want) != 0,
+    })
+}
+
+/// Holds the stream thread until `ready()`, backing off from 2 µs to 200 µs between looks.
+fn hold_until(ready: impl Fn() -> bool) {
+    let mut pause = Duration::from_micros(2);
+    while !ready() {
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_micros(200));
+    }
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamWaitValue32_v2(
     handle: usize,
@@ -252,21 +312,12 @@ pub extern "C" fn cuStreamWaitValue32_v2(
 ) -> i32 {
     status(current().and_then(|_| {
         let w = word(addr)?;
-        let test: fn(u32, u32) -> bool = match flags & 0x3 {
-            WAIT_GEQ => |v, want| (v.wrapping_sub(want) as i32) >= 0,
-            WAIT_EQ => |v, want| v == want,
-            WAIT_AND => |v, want| v & want != 0,
-            WAIT_NOR => |v, want| !(v | want) != 0,
-            _ => return Err(code::INVALID_VALUE),
-        };
+        let test = wait_test(flags, 32)?;
+        stats::add(stats::MEMORY_OPS, 1);
         enqueue(
             handle,
             Box::new(move || {
-                let mut pause = Duration::from_micros(2);
-                while !test(w.load(Ordering::Acquire), value) {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_micros(200));
-                }
+                hold_until(|| test(u64::from(w.load(Ordering::Acquire)), u64::from(value)))
             }),
         )
     }))
@@ -282,10 +333,14 @@ pub extern "C" fn cuStreamWriteValue32_v2(
     handle: usize,
     addr: u64,
     value: u32,
-    _flags: c_uint,
+    flags: c_uint,
 ) -> i32 {
     status(current().and_then(|_| {
+        if flags & !WRITE_NO_BARRIER != 0 {
+            return Err(code::INVALID_VALUE);
+        }
         let w = word(addr)?;
+        stats::add(stats::MEMORY_OPS, 1);
         enqueue(handle, Box::new(move || w.store(value, Ordering::Release)))
     }))
 }
@@ -293,6 +348,105 @@ pub extern "C" fn cuStreamWriteValue32_v2(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamWriteValue32(handle: usize, addr: u64, value: u32, flags: c_uint) -> i32 {
     cuStreamWriteValue32_v2(handle, addr, value, flags)
+}
+
+/// The most operations one `cuStreamBatchMemOp` takes here (the driver documents a limit
+/// without a number; 256 is what its own samples stay under).
+const BATCH_MAX: c_uint = 256;
+
+/// One resolved operation of a batch.
+enum MemOp {
+    Wait32(
+        &'static AtomicU32,
+        u32,
+        Box<dyn Fn(u64, u64) -> bool + Send>,
+    ),
+    Wait64(
+        &'static AtomicU64,
+        u64,
+        Box<dyn Fn(u64, u64) -> bool + Send>,
+    ),
+    Write32(&'static AtomicU32, u32),
+    Write64(&'static AtomicU64, u64),
+    /// A flush of remote writes or a memory barrier: ordering the stream already gives.
+    Fence,
+}
+
+/// Reads one `CUstreamBatchMemOpParams` (48 bytes: operation at 0, address at 8, value at
+/// 16, flags at 24, alias at 32) and resolves it, or says why it is invalid.
+///
+/// # Safety
+/// `p` points to 48 readable bytes.
+unsafe fn mem_op(p: *const u8) -> Result<MemOp, i32> {
+    // SAFETY: within the 48 bytes the caller vouches for; unaligned reads.
+    let (op, addr, value, flags) = unsafe {
+        (
+            (p as *const u32).read_unaligned(),
+            (p.add(8) as *const u64).read_unaligned(),
+            (p.add(16) as *const u64).read_unaligned(),
+            (p.add(24) as *const u32).read_unaligned(),
+        )
+    };
+    Ok(match op {
+        1 => MemOp::Wait32(word(addr)?, value as u32, Box::new(wait_test(flags, 32)?)),
+        4 => MemOp::Wait64(word64(addr)?, value, Box::new(wait_test(flags, 64)?)),
+        2 | 5 if flags & !WRITE_NO_BARRIER != 0 => return Err(code::INVALID_VALUE),
+        2 => MemOp::Write32(word(addr)?, value as u32),
+        5 => MemOp::Write64(word64(addr)?, value),
+        3 | 6 => MemOp::Fence,
+        _ => return Err(code::INVALID_VALUE),
+    })
+}
+
+/// `cuStreamBatchMemOp`: the operations run in array order on the stream, a wait holding
+/// those after it. Every operation is checked before any is enqueued, so an invalid batch
+/// enqueues nothing. Counted as one memory operation.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBatchMemOp_v2(
+    handle: usize,
+    count: c_uint,
+    params: *const u8,
+    flags: c_uint,
+) -> i32 {
+    status(current().and_then(|_| {
+        if count == 0 || count > BATCH_MAX || params.is_null() || flags != 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        let ops = (0..count as usize)
+            // SAFETY: the caller passes `count` records of 48 bytes.
+            .map(|i| unsafe { mem_op(params.add(48 * i)) })
+            .collect::<Result<Vec<_>, _>>()?;
+        stats::add(stats::MEMORY_OPS, 1);
+        enqueue(
+            handle,
+            Box::new(move || {
+                for op in ops {
+                    match op {
+                        MemOp::Wait32(w, v, test) => {
+                            hold_until(|| test(u64::from(w.load(Ordering::Acquire)), u64::from(v)))
+                        }
+                        MemOp::Wait64(w, v, test) => {
+                            hold_until(|| test(w.load(Ordering::Acquire), v))
+                        }
+                        MemOp::Write32(w, v) => w.store(v, Ordering::Release),
+                        MemOp::Write64(w, v) => w.store(v, Ordering::Release),
+                        MemOp::Fence => std::sync::atomic::fence(Ordering::SeqCst),
+                    }
+                }
+            }),
+        )
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBatchMemOp(
+    handle: usize,
+    count: c_uint,
+    params: *const u8,
+    flags: c_uint,
+) -> i32 {
+    // SAFETY: same contract.
+    unsafe { cuStreamBatchMemOp_v2(handle, count, params, flags) }
 }
 
 /// An event: how many times it was recorded, how many of those completed, and when.

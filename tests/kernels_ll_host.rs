@@ -1,0 +1,380 @@
+//! strata's low-latency kernels (`src/gpu/kernels/ll.cu`), compiled as C for the host by the
+//! CUDA stand-in, run against each other by threads on plain memory: the LL protocol (lines
+//! whose flags carry the call number, areas by parity, the arrive words that keep a rank from
+//! overwriting an area its peer still reads) and the arithmetic, for every collective the
+//! kernels serve, every type and operator, in and out of place, at 2 to 5 ranks. The calls
+//! follow each other without any other synchronisation, so every area is reused many times
+//! while peers are one call behind or ahead. Results are checked as every strata test checks
+//! them (`strata::check`). What this proves is the protocol's logic, not GPU speed.
+
+use std::ffi::c_void;
+use strata::{CallSpec, Collective, DataType, ReduceOp, check};
+use strata_cuda_standin as _; // links the host kernels
+
+#[repr(C)]
+struct LlEntry {
+    name: *const std::ffi::c_char,
+    fn_: *const c_void,
+    args: i32,
+}
+
+unsafe extern "C" {
+    static strata_ll_table: [LlEntry; 3];
+}
+
+/// `strata_ll_args`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Args {
+    input: u64,
+    output: u64,
+    in_bytes: u64,
+    out_bytes: u64,
+    count: u64,
+    bases: u64,
+    abort_word: u64,
+    scalar: u64,
+    ll_off: u64,
+    ll_stride: u64,
+    rank: u32,
+    nranks: u32,
+    root: u32,
+    seq: u32,
+    wait_for: u32,
+    coll: u32,
+    op: u32,
+    flags: u32,
+    call_off: u32,
+    arrive_off: u32,
+    expect_off: u32,
+    es: u32,
+    dtype: u32,
+    pad: u32,
+    header: [u32; 8],
+}
+
+type Kernel = unsafe extern "C" fn(*const Args, extern "C" fn(u64, u64) -> *mut c_void);
+
+/// Device addresses are host addresses here.
+extern "C" fn identity(addr: u64, _len: u64) -> *mut c_void {
+    addr as *mut c_void
+}
+
+fn kernel(name: &str) -> Kernel {
+    // SAFETY: a static table ending with a NULL name.
+    let table = unsafe { &strata_ll_table };
+    let e = table
+        .iter()
+        .take_while(|e| !e.name.is_null())
+        // SAFETY: NUL-terminated static strings.
+        .find(|e| unsafe { std::ffi::CStr::from_ptr(e.name) }.to_str() == Ok(name))
+        .unwrap_or_else(|| panic!("no kernel {name}"));
+    assert_eq!(
+        e.args as usize,
+        std::mem::size_of::<Args>(),
+        "strata_ll_args and this test disagree on its size"
+    );
+    // SAFETY: the low-latency kernels' host versions have this signature.
+    unsafe { std::mem::transmute::<*const c_void, Kernel>(e.fn_) }
+}
+
+const FLAG_AREA: u64 = 4096;
+
+/// One call of the matrix: what every rank runs.
+#[derive(Clone, Copy)]
+struct Case {
+    spec: CallSpec,
+    in_place: bool,
+    two_shot: bool,
+}
+
+fn cases(p: usize) -> Vec<Case> {
+    let mut out = Vec::new();
+    for collective in [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::Reduce,
+        Collective::AllGather,
+        Collective::Broadcast,
+    ] {
+        for dtype in DataType::ALL {
+            let ops: Vec<ReduceOp> = if collective.reduces() {
+                let mut v = ReduceOp::BASIC.to_vec();
+                v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
+                v
+            } else {
+                vec![ReduceOp::Sum]
+            };
+            for op in ops {
+                for count in [1usize, 3, 37, 1000] {
+                    for in_place in [false, true] {
+                        let shots: &[bool] = if collective == Collective::AllReduce {
+                            &[false, true]
+                        } else {
+                            &[false]
+                        };
+                        for &two_shot in shots {
+                            let spec = CallSpec {
+                                op,
+                                root: p - 1,
+                                ..CallSpec::new(collective, dtype, count)
+                            };
+                            out.push(Case {
+                                spec,
+                                in_place,
+                                two_shot,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Runs the matrix on `p` threads; returns the failures.
+fn run(p: usize) -> Vec<String> {
+    let stride: u64 = 2 * 16 * 1000; // 8 KB of payload per area: 1,000 f64
+    let buffer_bytes = FLAG_AREA + 2 * p as u64 * stride;
+    // Program buffers, zeroed as the runtime zeroes its flag areas.
+    let buffers: Vec<Vec<u64>> = (0..p)
+        .map(|_| vec![0u64; buffer_bytes as usize / 8])
+        .collect();
+    let bases: Vec<u64> = buffers.iter().map(|b| b.as_ptr() as u64).collect();
+    let abort = [0u32; 1];
+    let (bases_addr, abort_addr) = (bases.as_ptr() as u64, abort.as_ptr() as u64);
+    let reduce = kernel("strata_ll_reduce");
+    let copy = kernel("strata_ll_copy");
+    let cases = cases(p);
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..p)
+            .map(|rank| {
+                let cases = &cases;
+                s.spawn(move || {
+                    let mut failures = Vec::new();
+                    for (i, case) in cases.iter().enumerate() {
+                        let call = i as u64 + 1;
+                        let spec = CallSpec {
+                            op: check::op_for_rank(case.spec.op, case.spec.dtype, rank),
+                            ..case.spec
+                        };
+                        let es = spec.dtype.size();
+                        let (ie, oe) = spec.collective.buffer_elems(spec.count, p, rank, spec.root);
+                        let (ib, ob) = (ie * es, oe * es);
+                        let (ioff, ooff) = spec.in_place_offsets(rank);
+                        let whole = (ioff + ib).max(ooff + ob);
+                        let mut mem = vec![0xA5u8; if case.in_place { whole } else { ib + ob }];
+                        let (input, output) = if case.in_place { (ioff, ooff) } else { (0, ib) };
+                        check::fill_input(&spec, rank, &mut mem[input..input + ib]);
+                        let base = mem.as_mut_ptr() as u64;
+                        let (coll, k) = match (spec.collective, case.two_shot) {
+                            (Collective::AllReduce, false) => (0, reduce),
+                            (Collective::AllReduce, true) => (1, reduce),
+                            (Collective::ReduceScatter, _) => (2, reduce),
+                            (Collective::Reduce, _) => (3, reduce),
+                            (Collective::AllGather, _) => (4, copy),
+                            _ => (5, copy),
+                        };
+                        let (op, flags, scalar) = match spec.op {
+                            ReduceOp::Avg => (0, 1, 0),
+                            ReduceOp::PreMulSum(s) => (0, 2, u64::from_le_bytes(s.bytes)),
+                            other => (u32::from(other.code()), 0, 0),
+                        };
+                        let args = Args {
+                            input: base + input as u64,
+                            output: base + output as u64,
+                            in_bytes: ib as u64,
+                            out_bytes: ob as u64,
+                            count: spec.count as u64,
+                            bases: bases_addr,
+                            abort_word: abort_addr,
+                            scalar,
+                            ll_off: FLAG_AREA,
+                            ll_stride: stride,
+                            rank: rank as u32,
+                            nranks: p as u32,
+                            root: spec.root as u32,
+                            seq: call as u32,
+                            wait_for: (call - 1) as u32,
+                            coll,
+                            op,
+                            flags,
+                            call_off: 0,
+                            arrive_off: 64,
+                            expect_off: 64 + 4 * 64,
+                            es: es as u32,
+                            dtype: spec.dtype as u32,
+                            pad: 0,
+                            header: [call as u32, 0, 0, 0, 0, 0, 0, 0],
+                        };
+                        // SAFETY: every address in `args` is live memory of the lengths given,
+                        // and every rank runs the same calls in the same order.
+                        unsafe { k(&args, identity) };
+                        let what = format!(
+                            "{} {} {} {} in_place {} two_shot {}",
+                            spec.collective,
+                            spec.dtype,
+                            case.spec.op,
+                            spec.count,
+                            case.in_place,
+                            case.two_shot
+                        );
+                        let got = &mem[output..output + ob];
+                        let c = check::compare(&spec, p, rank, got);
+                        if let Some(first) = c.first {
+                            failures.push(format!("rank {rank}: {what}: {first:?}"));
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        ranks.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn low_latency_kernels_are_right_for_every_collective_type_and_operator_at_2_to_5_ranks() {
+    for p in 2..=5 {
+        let failures = run(p);
+        assert!(
+            failures.is_empty(),
+            "{p} ranks: {} failures:\n{}",
+            failures.len(),
+            failures[..failures.len().min(20)].join("\n")
+        );
+    }
+}
+
+/// A rank that waits for a peer that never comes gives up when the abort word is set, as the
+/// monitor sets it after a fault.
+#[test]
+fn a_kernel_waiting_on_a_peer_returns_when_the_abort_word_is_set() {
+    let stride: u64 = 2 * 16 * 64;
+    let p = 2;
+    let buffers: Vec<Vec<u64>> = (0..p)
+        .map(|_| vec![0u64; (FLAG_AREA + 2 * p as u64 * stride) as usize / 8])
+        .collect();
+    let bases: Vec<u64> = buffers.iter().map(|b| b.as_ptr() as u64).collect();
+    let abort = std::sync::atomic::AtomicU32::new(0);
+    let mut data = vec![1u8; 64];
+    let args = Args {
+        input: data.as_mut_ptr() as u64,
+        output: data.as_mut_ptr() as u64,
+        in_bytes: 64,
+        out_bytes: 64,
+        count: 16,
+        bases: bases.as_ptr() as u64,
+        abort_word: abort.as_ptr() as u64,
+        ll_off: FLAG_AREA,
+        ll_stride: stride,
+        nranks: 2,
+        seq: 1,
+        es: 4,
+        dtype: DataType::Float32 as u32,
+        arrive_off: 64,
+        expect_off: 64 + 4 * 64,
+        ..Args::default()
+    };
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: live memory of the lengths given; rank 1 never runs.
+            unsafe { kernel("strata_ll_reduce")(&args, identity) };
+            done.store(true, std::sync::atomic::Ordering::Release);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            !done.load(std::sync::atomic::Ordering::Acquire),
+            "returned without its peer's data"
+        );
+        abort.store(1, std::sync::atomic::Ordering::Release);
+        let t = std::time::Instant::now();
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            assert!(t.elapsed().as_secs() < 5, "did not see the abort word");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
+    // The kernel announced its call: header, what it waits for, its arrival at rank 1.
+    // SAFETY: reading words of the zeroed buffers, which the kernel has stopped writing.
+    let words = |r: usize, off: usize| unsafe { *(buffers[r].as_ptr() as *const u32).add(off / 4) };
+    assert_eq!(
+        words(0, 64 + 4 * 64 + 4),
+        1,
+        "rank 0 expects rank 1 at call 1"
+    );
+    assert_eq!(
+        words(1, 64),
+        1,
+        "rank 0 arrived at call 1 in rank 1's words"
+    );
+}
+
+/// A broadcast root has nothing to receive, so nothing but the arrive words keeps it from
+/// running calls ahead of a slow rank: it must wait before it writes an area the slow rank has
+/// not read yet. Rank 1 sleeps before each of 12 calls; every call must deliver its own data.
+#[test]
+fn a_root_that_runs_ahead_never_overwrites_lines_a_slow_rank_has_not_read() {
+    let (p, count, stride) = (2usize, 32usize, 2 * 16 * 64u64);
+    let buffers: Vec<Vec<u64>> = (0..p)
+        .map(|_| vec![0u64; (FLAG_AREA + 2 * p as u64 * stride) as usize / 8])
+        .collect();
+    let bases: Vec<u64> = buffers.iter().map(|b| b.as_ptr() as u64).collect();
+    let abort = std::sync::atomic::AtomicU32::new(0);
+    let copy = kernel("strata_ll_copy");
+    let calls = 12u32;
+    let results = std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..p)
+            .map(|rank| {
+                let (bases, abort) = (&bases, &abort);
+                s.spawn(move || {
+                    let mut got = Vec::new();
+                    for call in 1..=calls {
+                        let mut data = vec![if rank == 0 { call as u8 } else { 0 }; count];
+                        if rank == 1 {
+                            std::thread::sleep(std::time::Duration::from_millis(15));
+                        }
+                        let args = Args {
+                            input: data.as_mut_ptr() as u64,
+                            output: data.as_mut_ptr() as u64,
+                            in_bytes: if rank == 0 { count as u64 } else { 0 },
+                            out_bytes: count as u64,
+                            count: count as u64,
+                            bases: bases.as_ptr() as u64,
+                            abort_word: abort.as_ptr() as u64,
+                            ll_off: FLAG_AREA,
+                            ll_stride: stride,
+                            rank: rank as u32,
+                            nranks: p as u32,
+                            root: 0,
+                            seq: call,
+                            wait_for: call - 1,
+                            coll: 5,
+                            es: 1,
+                            arrive_off: 64,
+                            expect_off: 64 + 4 * 64,
+                            ..Args::default()
+                        };
+                        // SAFETY: live memory of the lengths given.
+                        unsafe { copy(&args, identity) };
+                        got.push(data[0]);
+                    }
+                    got
+                })
+            })
+            .collect();
+        // A rank stuck on lines that were overwritten would wait for ever: give up after 10 s.
+        let t = std::time::Instant::now();
+        while ranks.iter().any(|h| !h.is_finished()) && t.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        abort.store(1, std::sync::atomic::Ordering::Release);
+        ranks
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let want: Vec<u8> = (1..=calls as u8).collect();
+    assert_eq!(results[1], want, "rank 1 missed or mixed up calls");
+}
