@@ -211,9 +211,8 @@ pub fn run_and_check(
     Ok(compare(&spec, n, rank, &out))
 }
 
-/// [`run_and_check`] on device buffers: inputs uploaded to `device`, the call enqueued on
-/// `stream` with [`Communicator::call_device`], and the output copied back by work enqueued on
-/// the same stream after it (so the check also proves the stream's later work sees it).
+/// Runs `spec` on device buffers of `device` (allocated here), enqueued on `stream`, with
+/// every rank's input filled as [`fill_input`] fills it, and checks this rank's output.
 pub fn run_and_check_device(
     comm: &Communicator,
     spec: CallSpec,
@@ -222,19 +221,54 @@ pub fn run_and_check_device(
     device: i32,
 ) -> crate::Result<Checked> {
     use crate::gpu::DeviceBuffer;
+    let (ib, ob) = device_bytes(comm, &spec);
+    let whole = ib + ob + spec.count * spec.dtype.size() * comm.size();
+    let send = DeviceBuffer::alloc(device, whole.max(1))?;
+    let recv = DeviceBuffer::alloc(device, whole.max(1))?;
+    run_and_check_device_in(comm, spec, in_place, stream, &send, &recv)
+}
+
+/// Bytes this rank's input and output of `spec` take.
+fn device_bytes(comm: &Communicator, spec: &CallSpec) -> (usize, usize) {
+    let es = spec.dtype.size();
+    let (ilen, olen) =
+        spec.collective
+            .buffer_elems(spec.count, comm.size(), comm.rank(), spec.root);
+    (ilen * es, olen * es)
+}
+
+/// [`run_and_check_device`] in buffers the caller made (`recv` alone when in place), each at
+/// least as large as the call needs: what ranks that share a process use, since allocating
+/// device memory synchronises with the device, and a rank that allocates while a peer's call
+/// waits on it would wait for ever (NCCL documents the same for its threads).
+pub fn run_and_check_device_in(
+    comm: &Communicator,
+    spec: CallSpec,
+    in_place: bool,
+    stream: &crate::gpu::Stream,
+    send: &crate::gpu::DeviceBuffer,
+    recv: &crate::gpu::DeviceBuffer,
+) -> crate::Result<Checked> {
+    use crate::gpu::DeviceBuffer;
     let (n, rank) = (comm.size(), comm.rank());
     let spec = CallSpec {
         op: op_for_rank(spec.op, spec.dtype, rank),
         ..spec
     };
-    let es = spec.dtype.size();
-    let (ilen, olen) = spec.collective.buffer_elems(spec.count, n, rank, spec.root);
-    let (ib, ob) = (ilen * es, olen * es);
+    let (ib, ob) = device_bytes(comm, &spec);
     let out = if in_place {
         let (ioff, ooff) = spec.in_place_offsets(rank);
         let mut host = vec![0xA5u8; (ioff + ib).max(ooff + ob)];
         fill_input(&spec, rank, &mut host[ioff..ioff + ib]);
-        let buf = DeviceBuffer::alloc(device, host.len())?;
+        if recv.len() < host.len() {
+            return Err(crate::Error::InvalidArgument(format!(
+                "the in-place buffer holds {} bytes; the call needs {}",
+                recv.len(),
+                host.len()
+            )));
+        }
+        // SAFETY: the start of `recv`, which is at least this long (checked above).
+        let buf = unsafe { DeviceBuffer::borrowed(recv.ptr(), host.len(), recv.device()) };
         buf.upload(&host, stream)?;
         comm.call_device(spec, None, &buf, stream)?;
         buf.download(&mut host, stream)?;
@@ -242,13 +276,18 @@ pub fn run_and_check_device(
     } else {
         let mut send_host = vec![0u8; ib];
         fill_input(&spec, rank, &mut send_host);
-        let send = DeviceBuffer::alloc(device, ib)?;
-        send.upload(&send_host, stream)?;
+        // SAFETY: the starts of the caller's buffers, at least this long (checked below).
+        let (s, r) = unsafe {
+            (
+                DeviceBuffer::borrowed(send.ptr(), ib.min(send.len()), send.device()),
+                DeviceBuffer::borrowed(recv.ptr(), ob.min(recv.len()), recv.device()),
+            )
+        };
+        s.upload(&send_host, stream)?;
         let mut recv_host = vec![0xA5u8; ob];
-        let recv = DeviceBuffer::alloc(device, ob)?;
-        recv.upload(&recv_host, stream)?;
-        comm.call_device(spec, Some(&send), &recv, stream)?;
-        recv.download(&mut recv_host, stream)?;
+        r.upload(&recv_host, stream)?;
+        comm.call_device(spec, Some(&s), &r, stream)?;
+        r.download(&mut recv_host, stream)?;
         recv_host
     };
     if let Some(e) = comm.async_error() {

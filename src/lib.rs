@@ -34,7 +34,7 @@ pub mod watchdog;
 mod wire;
 
 pub use bootstrap::{PeerInfo, UNIQUE_ID_BYTES, UniqueId};
-pub use comm::device::{DeviceTransfer, DeviceWork, GpuPath, Staged};
+pub use comm::device::{DeviceTransfer, DeviceWork, GpuPath, KernelChoice, KernelTiming, Staged};
 pub use comm::{CallSpec, Communicator, LayoutComms, Transfer};
 pub use config::{Config, RankOrder, TransportPolicy};
 pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};

@@ -79,6 +79,9 @@ pub struct Explanation {
     pub chosen: Algorithm,
     /// The reason, in one sentence.
     pub reason: String,
+    /// What the runtime adds that the model does not price (for example where a
+    /// communicator's calls on device buffers go to a kernel instead), one line each.
+    pub notes: Vec<String>,
 }
 
 impl Explanation {
@@ -109,6 +112,10 @@ impl Explanation {
             }
         }
         out.push_str(&format!("choice: {} — {}\n", self.chosen, self.reason));
+        for n in &self.notes {
+            out.push_str(n);
+            out.push('\n');
+        }
         out
     }
 }
@@ -401,6 +408,7 @@ impl Tuner {
         );
         if let Some(rule) = self.rule_for(collective, bytes) {
             return Explanation {
+                notes: Vec::new(),
                 collective,
                 bytes,
                 hierarchy,
@@ -414,6 +422,7 @@ impl Tuner {
         }
         if let Some(reason) = self.sliced_ring_preference(collective, bytes, &ranked) {
             return Explanation {
+                notes: Vec::new(),
                 collective,
                 bytes,
                 hierarchy,
@@ -441,6 +450,7 @@ impl Tuner {
             ),
         };
         Explanation {
+            notes: Vec::new(),
             collective,
             bytes,
             hierarchy,

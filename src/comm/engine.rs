@@ -305,6 +305,23 @@ impl Communicator {
         }))
     }
 
+    /// The algorithm and schedule a call of `spec` would run, derived as for a call but
+    /// neither numbered nor entered in the flight recorder: what the device path times at
+    /// bind to find where its kernels stop paying.
+    pub(super) fn plan_device_call(&self, spec: CallSpec) -> Result<(Algorithm, Arc<CachedPlan>)> {
+        let mut st = self.lock_state()?;
+        let forced = self.forced_word(spec.collective);
+        let call = self.derive_call(&mut st, spec, forced)?;
+        Ok((call.header.algorithm, call.cached.clone()))
+    }
+
+    /// Whether `collective`'s algorithm is set (`STRATA_ALGO`, [`Communicator::set_algorithm`])
+    /// rather than chosen per size: the device path then runs that algorithm's schedule and
+    /// never its kernels.
+    pub(super) fn algorithm_is_set(&self, collective: Collective) -> bool {
+        self.forced_word(collective) != 0
+    }
+
     /// The algorithm and schedule a call of `spec` runs, derived as the host path derives
     /// them, for the device path that compiles the same schedule into a stream program.
     /// The algorithm and schedule of a call enqueued on device buffers, which it also enters

@@ -422,7 +422,18 @@ impl Communicator {
     /// (`STRATA_ALGO`, [`Communicator::set_algorithm`]) is not reflected here; see
     /// [`Communicator::algorithm_for`].
     pub fn explain(&self, collective: Collective, bytes: usize) -> Explanation {
-        self.inner.tuner.explain(collective, bytes)
+        let mut e = self.inner.tuner.explain(collective, bytes);
+        if let Some(choice) = self.kernel_choice() {
+            e.notes.push(choice.describe());
+            let es = 4;
+            let spec = CallSpec::new(collective, DataType::Float32, bytes / es);
+            if let Some(name) = self.device_kernel_for(&spec) {
+                e.notes.push(format!(
+                    "on device buffers this call runs as one kernel: {name}"
+                ));
+            }
+        }
+        e
     }
 
     /// The cost model's predicted seconds for `algorithm` running `collective` at `bytes`

@@ -221,3 +221,59 @@ pub fn memory_of(ptr: *const c_void) -> Memory {
         _ => Memory::Host,
     }
 }
+
+/// Makes a device's primary context current on this thread for as long as it lives, and puts
+/// back what was current before (as NCCL sets the communicator's device for a call and
+/// restores the caller's): a call on a communicator may come from any thread, current context
+/// or none.
+pub struct DeviceGuard {
+    previous: Option<sys::CUcontext>,
+}
+
+impl DeviceGuard {
+    /// `device`'s context, current until the guard drops.
+    pub fn enter(device: i32) -> Result<Self> {
+        let wanted = primary_context(device)?;
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        call("cuCtxGetCurrent", || unsafe {
+            sys::cuCtxGetCurrent(&mut current)
+        })?;
+        if current == wanted {
+            return Ok(Self { previous: None });
+        }
+        // SAFETY: a context retained for the life of the process.
+        call("cuCtxSetCurrent", || unsafe {
+            sys::cuCtxSetCurrent(wanted)
+        })?;
+        Ok(Self {
+            previous: Some(current),
+        })
+    }
+}
+
+impl Drop for DeviceGuard {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.previous {
+            // SAFETY: what was current before (NULL, or a context the caller holds).
+            let _ = call("cuCtxSetCurrent", || unsafe { sys::cuCtxSetCurrent(ctx) });
+        }
+    }
+}
+
+/// Lets the current context (`device`'s) address memory of `peer`, as ranks of one process
+/// on different GPUs use each other's buffers directly. Already enabled is fine.
+pub(crate) fn enable_peer_access(device: i32, peer: i32) -> Result<()> {
+    if device == peer {
+        return Ok(());
+    }
+    let ctx = primary_context(peer)?;
+    let _on = DeviceGuard::enter(device)?;
+    // SAFETY: a retained context; flags must be 0.
+    let r = std::panic::catch_unwind(|| unsafe { sys::cuCtxEnablePeerAccess(ctx, 0) })
+        .unwrap_or(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    if r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        return Ok(());
+    }
+    check(r, "cuCtxEnablePeerAccess")
+}

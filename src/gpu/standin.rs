@@ -1,5 +1,6 @@
 //! The counters of strata's CUDA driver stand-in (`tests/standins/cuda`) when it is the loaded
-//! driver: payload bytes that crossed host memory, host functions run, host waits on the GPU.
+//! driver: payload bytes that crossed host memory, host functions run, host waits on the GPU,
+//! kernels launched and stream memory operations enqueued.
 //! They are logic-level facts about what a call did, never GPU speed. The real driver has no
 //! such counters, and there [`standin_stats`] is `None`.
 
@@ -22,6 +23,10 @@ pub struct StandinStats {
     pub host_waits: u64,
     /// Polls of a stream or an event.
     pub queries: u64,
+    /// Kernels launched.
+    pub launches: u64,
+    /// Stream memory operations enqueued, a batch (`cuStreamBatchMemOp`) counting one.
+    pub memory_ops: u64,
 }
 
 impl StandinStats {
@@ -41,6 +46,8 @@ impl StandinStats {
             host_functions: self.host_functions.saturating_sub(earlier.host_functions),
             host_waits: self.host_waits.saturating_sub(earlier.host_waits),
             queries: self.queries.saturating_sub(earlier.queries),
+            launches: self.launches.saturating_sub(earlier.launches),
+            memory_ops: self.memory_ops.saturating_sub(earlier.memory_ops),
         }
     }
 }
@@ -71,8 +78,8 @@ pub fn standin_stats() -> Option<StandinStats> {
             *FOUND.get_or_init(|| f)
         }
     };
-    let mut c = [0u64; 6];
-    // SAFETY: six writable counters.
+    let mut c = [0u64; 8];
+    // SAFETY: eight writable counters (a stand-in with fewer leaves the rest at 0).
     unsafe { f(c.as_mut_ptr(), c.len() as c_uint) };
     Some(StandinStats {
         host_to_device: c[0],
@@ -81,5 +88,7 @@ pub fn standin_stats() -> Option<StandinStats> {
         host_functions: c[3],
         host_waits: c[4],
         queries: c[5],
+        launches: c[6],
+        memory_ops: c[7],
     })
 }

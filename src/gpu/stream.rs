@@ -148,3 +148,93 @@ impl Drop for Event {
         });
     }
 }
+
+/// The most operations strata puts in one `cuStreamBatchMemOp`.
+const BATCH_MAX: usize = 64;
+
+/// Stream memory operations gathered for one stream and enqueued together: the waits and
+/// writes of one synchronisation become one `cuStreamBatchMemOp` (the GPU's front end takes
+/// a batch as one command, where each single operation costs it 1-2 us), as NCCL's copy-engine
+/// collectives do. Operations run in the order added.
+pub(crate) struct MemOps {
+    ops: Vec<sys::CUstreamBatchMemOpParams>,
+    /// Whether the driver takes batches (else each goes on its own).
+    batch: bool,
+}
+
+impl MemOps {
+    /// An empty list; `batch` says whether to enqueue with `cuStreamBatchMemOp`.
+    pub(crate) fn new(batch: bool) -> Self {
+        Self {
+            ops: Vec::new(),
+            batch,
+        }
+    }
+
+    /// A wait until the 32-bit word at `addr` is at least `value` (modulo 2^32).
+    pub(crate) fn wait(&mut self, addr: u64, value: u64) {
+        // SAFETY: a plain-data union, all zeros valid.
+        let mut op: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+        op.waitValue.operation = sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32;
+        op.waitValue.address = addr;
+        op.waitValue.__bindgen_anon_1.value = value as u32;
+        op.waitValue.flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        self.ops.push(op);
+    }
+
+    /// A write of `value` into the 32-bit word at `addr`.
+    pub(crate) fn write(&mut self, addr: u64, value: u64) {
+        // SAFETY: as above.
+        let mut op: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+        op.writeValue.operation = sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        op.writeValue.address = addr;
+        op.writeValue.__bindgen_anon_1.value = value as u32;
+        self.ops.push(op);
+    }
+
+    /// Enqueues what was gathered on `stream` (one batch per [`BATCH_MAX`] operations, or one
+    /// call each without batches) and empties the list.
+    pub(crate) fn flush(&mut self, stream: sys::CUstream) -> Result<()> {
+        if self.batch {
+            for chunk in self.ops.chunks_mut(BATCH_MAX) {
+                // SAFETY: `chunk` holds valid operations on words of this communicator's
+                // buffers, which outlive the stream's work; the driver copies the array.
+                call("cuStreamBatchMemOp", || unsafe {
+                    sys::cuStreamBatchMemOp_v2(stream, chunk.len() as u32, chunk.as_mut_ptr(), 0)
+                })?;
+            }
+        } else {
+            for op in &self.ops {
+                // SAFETY: reading the variant this list wrote; the words are as above.
+                unsafe {
+                    match op.operation {
+                        sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32 => {
+                            let w = op.waitValue;
+                            call("cuStreamWaitValue32", || {
+                                sys::cuStreamWaitValue32_v2(
+                                    stream,
+                                    w.address,
+                                    w.__bindgen_anon_1.value,
+                                    w.flags,
+                                )
+                            })?
+                        }
+                        _ => {
+                            let w = op.writeValue;
+                            call("cuStreamWriteValue32", || {
+                                sys::cuStreamWriteValue32_v2(
+                                    stream,
+                                    w.address,
+                                    w.__bindgen_anon_1.value,
+                                    0,
+                                )
+                            })?
+                        }
+                    }
+                }
+            }
+        }
+        self.ops.clear();
+        Ok(())
+    }
+}

@@ -7,7 +7,7 @@ use crate::gpu::{self, DeviceBuffer, DeviceRange, Memory, Stream};
 mod program;
 pub(crate) mod queue;
 
-pub use program::DeviceTransfer;
+pub use program::{DeviceTransfer, KernelChoice, KernelTiming};
 pub use queue::{DeviceWork, Staged};
 pub(crate) use queue::{Elementwise, JobKind, StreamQueue};
 
@@ -72,7 +72,23 @@ impl Communicator {
         // lock is held meanwhile: the IPC path's set-up runs host collectives, which look at
         // the queue.
         let path = GpuPath::from_env()?;
-        let started = StreamQueue::start(Arc::downgrade(&self.inner), device)?;
+        let started = StreamQueue::start(Arc::downgrade(&self.inner), device);
+        // No rank goes on before every rank has made its pinned and device allocations: an
+        // allocation waits for the device, so with ranks as threads of one process a rank
+        // that allocated while a peer's call already waited on it would wait for ever. The
+        // stream programs' set-up below ends the same way.
+        let mut ok = [u8::from(started.is_ok())];
+        let min = CallSpec {
+            op: ReduceOp::Min,
+            ..CallSpec::new(Collective::AllReduce, DataType::Uint8, 1)
+        };
+        self.call_bytes(min, None, &mut ok)?;
+        let started = started?;
+        if ok[0] == 0 {
+            return Err(Error::Unsupported(
+                "another rank could not set up its GPU progress thread".into(),
+            ));
+        }
         if path != GpuPath::Staged {
             match program::Programs::build(self, device, queue::chunk_bytes())? {
                 Ok(programs) => started.set_programs(programs),
@@ -101,6 +117,7 @@ impl Communicator {
     /// buffers does it otherwise, but making pinned memory synchronises with every stream, so
     /// bind before a stream waits on work of this communicator.
     pub fn bind_device(&self, device: i32) -> Result<()> {
+        let _on = gpu::DeviceGuard::enter(device)?;
         self.gpu_queue(device).map(|_| ())
     }
 
@@ -145,6 +162,8 @@ impl Communicator {
         }
         let ptrs: Vec<(u64, &str)> = ranges.iter().map(|r| (r.ptr, "a buffer")).collect();
         let device = Self::device_of(&ptrs)?;
+        // The communicator's GPU for the call, whatever this thread had current (restored after).
+        let _on = gpu::DeviceGuard::enter(device)?;
         let q = self.gpu_queue(device)?;
         let raw: Vec<_> = streams.iter().map(|s| s.raw()).collect();
         q.enqueue(&raw, JobKind::Staged(ranges, work))
@@ -192,6 +211,8 @@ impl Communicator {
             return Ok(());
         }
         let device = Self::device_of(&ptrs)?;
+        // The communicator's GPU for the call, whatever this thread had current (restored after).
+        let _on = gpu::DeviceGuard::enter(device)?;
         let q = self.gpu_queue(device)?;
         let job = Elementwise {
             spec,
@@ -275,6 +296,8 @@ impl Communicator {
                 .map(|(ptr, what, _)| (ptr, what))
                 .collect();
             let device = Self::device_of(&ptrs)?;
+            // The communicator's GPU for the call, whatever this thread had current (restored after).
+            let _on = gpu::DeviceGuard::enter(device)?;
             if let Some(programs) = self.gpu_queue(device)?.programs() {
                 return programs
                     .enqueue(self, spec, send, recv, ib, stream)
@@ -344,6 +367,8 @@ impl Communicator {
         });
         let ptrs: Vec<(u64, &str)> = ranges.iter().map(|r| (r.ptr, "a buffer")).collect();
         let device = Self::device_of(&ptrs)?;
+        // The communicator's GPU for the call, whatever this thread had current (restored after).
+        let _on = gpu::DeviceGuard::enter(device)?;
         self.gpu_queue(device)?
             .enqueue(&[stream.raw()], JobKind::Staged(ranges, work))
     }
@@ -383,6 +408,8 @@ impl Communicator {
             return Ok(());
         }
         let device = Self::device_of(&ptrs)?;
+        // The communicator's GPU for the call, whatever this thread had current (restored after).
+        let _on = gpu::DeviceGuard::enter(device)?;
         match self.gpu_queue(device)?.programs() {
             Some(programs) => programs.enqueue_transfers(self, transfers, stream),
             None => Err(Error::Unsupported(
@@ -392,6 +419,20 @@ impl Communicator {
                     .into(),
             )),
         }
+    }
+
+    /// The kernel that runs `spec` on device buffers here (`ll_one_shot`, `ll_two_shot`, or
+    /// `ll` for the other collectives), or `None` where it runs as the stream program of the
+    /// tuner's algorithm (or host-staged, or before binding).
+    pub fn device_kernel_for(&self, spec: &CallSpec) -> Option<&'static str> {
+        self.inner.gpu.get()?.programs()?.kernel_name(self, spec)
+    }
+
+    /// Where this communicator's calls on device buffers go to one low-latency kernel, as
+    /// every rank agreed at bind (measured, or set by `STRATA_GPU_KERNEL`); `None` without
+    /// the kernel path (not bound, host-staged, ranks on other hosts, or off).
+    pub fn kernel_choice(&self) -> Option<KernelChoice> {
+        self.inner.gpu.get()?.programs()?.kernel_choice().cloned()
     }
 
     /// Whether this communicator's collectives on device buffers go GPU to GPU (CUDA IPC on

@@ -137,7 +137,7 @@ pub(crate) fn chunk_bytes() -> usize {
 }
 
 /// `4194304`, `4096K`, `4M` or `1G`.
-fn parse_bytes(v: &str) -> Option<usize> {
+pub(crate) fn parse_bytes(v: &str) -> Option<usize> {
     let v = v.trim();
     let (digits, shift) = match v.as_bytes().last()? {
         b'K' | b'k' => (&v[..v.len() - 1], 10),

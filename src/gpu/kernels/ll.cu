@@ -24,6 +24,12 @@
  * finished s - 2). Call numbers run 1..0xfffffffe and wrap (never 0: fresh memory is zeros);
  * `wait_for` is 0 when there is no earlier call to wait for.
  *
+ * Mismatched calls: once it may write to rank t, a rank writes into t's flag area, in the
+ * pair of its parity, its call's digest and then its call number; t reads no line of a rank
+ * before that rank's pair shows this call number and the same digest. A rank whose peer
+ * called something else (another count, type, operator, root or collective) therefore never
+ * takes its lines: it waits until the monitor's timeout, whose diagnosis names both calls.
+ *
  * For a timeout's diagnosis each call also writes, at its start, its header into the rank's
  * flag area and, per peer, the arrival it waits for (*expect*): a rank waits on the peers
  * whose arrive word is behind what it expects. Waits give up when the host sets the abort
@@ -50,6 +56,8 @@ typedef struct {
   u32 flags;                 /* 1: divide by nranks at the end (avg); 2: PreMulSum */
   u32 call_off, arrive_off, expect_off, es;
   u32 dtype;                 /* NCCL's type code (strata_ll_reduce) */
+  u32 digest;                /* the call's arguments hashed (never 0): every rank's must match */
+  u32 sig_off;               /* where the (call number, digest) pairs of the senders start */
   u32 pad_;
   u32 header[8];
 } strata_ll_args;
@@ -115,6 +123,7 @@ static inline int ll_try(const u8* line, u32 flag, u64* v) {
 }
 static inline u32 ll_load_word(const u8* p) { return __atomic_load_n((const u32*)p, __ATOMIC_ACQUIRE); }
 static inline void ll_store_word(u8* p, u32 v) { __atomic_store_n((u32*)p, v, __ATOMIC_RELEASE); }
+#define LL_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 /* The stand-in's ranks share two cores: spin briefly, then yield, then sleep, so a polling
  * kernel never starves the peers it waits for. */
 static inline void ll_pause(u32 spins) {
@@ -150,6 +159,7 @@ DEVICE int ll_try(const u8* line, u32 flag, u64* v) {
 }
 DEVICE u32 ll_load_word(const u8* p) { return *(const volatile u32*)p; }
 DEVICE void ll_store_word(u8* p, u32 v) { *(volatile u32*)p = v; }
+#define LL_FENCE() __threadfence_system()
 DEVICE void ll_pause(u32 spins) { (void)spins; }
 /* A look at the abort word crosses PCIe (it is host memory): not on every spin. */
 #define LL_CHECK_EVERY 4096
@@ -181,6 +191,27 @@ LL_NOINLINE void ll_wait_arrival(const u8* word, u32 want, const u8* abort_word,
     if (++looked == LL_CHECK_EVERY) {
       looked = 0;
       if (ll_load_word(abort_word)) *aborted = 1;
+    }
+    ll_pause(spins < 0xffffffu ? ++spins : spins);
+  }
+}
+
+/* Waits until a sender's pair (call number, digest) at `pair` shows call `seq`, then holds
+ * on (until the abort word) if its digest is not `digest`: that rank called something else. */
+LL_NOINLINE void ll_check_sender(const u8* pair, u32 seq, u32 digest, const u8* abort_word,
+                                 int* aborted) {
+  u32 spins = 0, looked = 0;
+  for (;;) {
+    if (ll_load_word(pair) == seq) {
+      LL_FENCE();
+      if (ll_load_word(pair + 4) == digest) return;
+    }
+    if (++looked == LL_CHECK_EVERY) {
+      looked = 0;
+      if (ll_load_word(abort_word)) {
+        *aborted = 1;
+        return;
+      }
     }
     ll_pause(spins < 0xffffffu ? ++spins : spins);
   }
@@ -255,6 +286,21 @@ DEVICE u64 ll_len(u64 bytes, u64 line) { u64 left = bytes - 8 * line; return lef
       if (ll_send_to(coll, me, root, t))                                                   \
         ll_wait_arrival(own + A->arrive_off + 4 * t, A->wait_for, abort_word, &aborted);   \
   }                                                                                        \
+  LL_SYNC();                                                                               \
+  if (aborted) return;                                                                     \
+  if (LL_LEAD) {                                                                           \
+    for (u32 t = 0; t < p; t++) {                                                          \
+      if (!ll_send_to(coll, me, root, t)) continue;                                        \
+      u8* pair = LL_VIEW(bases[t] + A->sig_off + 8 * (par * p + me), 8);                  \
+      ll_store_word(pair + 4, A->digest);                                                  \
+      LL_FENCE();                                                                          \
+      ll_store_word(pair, seq);                                                            \
+    }                                                                                      \
+  }                                                                                        \
+  for (u32 q = (u32)(LL_FIRST % LL_STRIDE_IN_BLOCK); q < p; q += LL_BLOCK_THREADS)         \
+    if (ll_recv_from(coll, me, root, q))                                                   \
+      ll_check_sender(own + A->sig_off + 8 * (par * p + q), seq, A->digest, abort_word,    \
+                      &aborted);                                                           \
   LL_SYNC();                                                                               \
   if (aborted) return;
 

@@ -26,15 +26,19 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::gpu::driver::call;
 use crate::gpu::kernels::Kernels;
+use crate::gpu::stream::MemOps;
 use crate::gpu::{DeviceBuffer, Event, Stream};
 use crate::reduce::{self, Combine};
 use crate::wire::HEADER_BYTES;
 
 mod bind;
 mod compile;
+mod kernel;
 mod layout;
 mod net;
 mod watch;
+
+pub use kernel::{KernelChoice, KernelTiming};
 
 use compile::{Arith, Compiled, Instr, Loc, compile, compile_transfers};
 use cudarc::driver::sys;
@@ -90,16 +94,6 @@ impl Slots {
     }
 }
 
-/// A collective derived and entered in the flight recorder, before it is compiled.
-struct Derived {
-    algorithm: Algorithm,
-    plan: Arc<crate::comm::CachedPlan>,
-    /// Its flight-recorder entry.
-    record: u64,
-    /// Its encoded header (numbered among the device calls).
-    header: [u8; HEADER_BYTES],
-}
-
 /// What a call's program needs that changes from call to call.
 struct Bases {
     input: u64,
@@ -126,6 +120,10 @@ pub(crate) struct Programs {
     remote: Vec<bool>,
     rank: usize,
     state: Mutex<ProgramState>,
+    /// The low-latency kernels' side (none where they are off or cannot serve).
+    ll: Option<kernel::Ll>,
+    /// Whether the driver takes stream memory operations in batches.
+    batch: bool,
     /// Calls in flight, and the monitor that releases them after a fault or a timeout.
     watch: Arc<Watch>,
     monitor: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -148,6 +146,8 @@ struct ProgramState {
     joins: Vec<Event>,
     /// Recorded at the end of every call: the next one starts after it.
     last: Event,
+    /// Kernel calls enqueued so far (their call numbers follow it).
+    kernel_calls: u64,
 }
 
 /// What a compiled program depends on besides the communicator.
@@ -177,8 +177,9 @@ fn arith_of(spec: &CallSpec, p: usize) -> Arith {
 }
 
 impl Programs {
-    /// Enqueues `spec` from device address `send` to `recv` on `stream` as a stream program;
-    /// returns the algorithm whose steps it runs.
+    /// Enqueues `spec` from device address `send` to `recv` on `stream`: as one low-latency
+    /// kernel where the call is small enough, else as a stream program; returns the algorithm
+    /// the tuner chose (whose schedule the program runs).
     pub(crate) fn enqueue(
         &self,
         comm: &Communicator,
@@ -189,33 +190,66 @@ impl Programs {
         stream: &Stream,
     ) -> Result<Algorithm> {
         let (algorithm, plan, record, header) = comm.derive_device_call(spec)?;
-        let derived = Derived {
-            algorithm,
-            plan,
-            record,
-            header,
+        let result = match self.kernel_for(comm, &spec) {
+            Some(variant) => {
+                drop(plan);
+                let (p, rank) = (comm.size(), comm.rank());
+                let out_elems = spec
+                    .collective
+                    .buffer_elems(spec.count, p, rank, spec.root)
+                    .1;
+                let bytes = (in_bytes, out_elems * spec.dtype.size());
+                let io = (send, recv);
+                self.enqueue_kernel(
+                    comm,
+                    spec,
+                    variant,
+                    Some((record, header)),
+                    io,
+                    bytes,
+                    stream,
+                )
+                .map(|_| algorithm)
+            }
+            None => self.enqueue_planned(
+                comm,
+                spec,
+                algorithm,
+                &plan,
+                Some((record, header)),
+                (send, recv),
+                in_bytes,
+                stream,
+            ),
         };
-        let result = self.enqueue_derived(comm, spec, derived, send, recv, in_bytes, stream);
         if let Err(e) = &result {
             comm.inner.health.device_op_finished(record, Some(e));
         }
         result
     }
 
-    /// [`Programs::enqueue`] once the call is derived and recorded.
+    /// The name of what runs `spec` on device buffers here: a kernel's (`ll_one_shot`, ...),
+    /// or `None` for the stream program of the tuner's algorithm.
+    pub(crate) fn kernel_name(&self, comm: &Communicator, spec: &CallSpec) -> Option<&'static str> {
+        self.kernel_for(comm, spec).map(|v| v.name(spec.collective))
+    }
+
+    /// The crossover the kernels were given at bind, if the communicator has them.
+    pub(crate) fn kernel_choice(&self) -> Option<&KernelChoice> {
+        self.ll.as_ref()?.choice.get()
+    }
+
+    /// Enqueues `spec` as the stream program of `algorithm`'s schedule `plan`; `record` is its
+    /// flight-recorder entry and header (none for the calls timed at bind).
     #[allow(clippy::too_many_arguments)]
-    fn enqueue_derived(
+    fn enqueue_planned(
         &self,
         comm: &Communicator,
         spec: CallSpec,
-        Derived {
-            algorithm,
-            plan,
-            record,
-            header,
-        }: Derived,
-        send: u64,
-        recv: u64,
+        algorithm: Algorithm,
+        plan: &crate::comm::CachedPlan,
+        record: Option<(u64, [u8; HEADER_BYTES])>,
+        (send, recv): (u64, u64),
         in_bytes: usize,
         stream: &Stream,
     ) -> Result<Algorithm> {
@@ -253,7 +287,6 @@ impl Programs {
                 c
             }
         };
-        drop(plan);
         let start = self.begin(st, stream)?;
         let mut input = send;
         let premul = match spec.op {
@@ -298,7 +331,7 @@ impl Programs {
             start,
             temporaries,
             what,
-            Some((record, header)),
+            record,
         )?;
         Ok(compiled.algorithm)
     }
@@ -381,49 +414,49 @@ impl Programs {
             st.lanes.push(Stream::new(self.device)?);
             st.joins.push(Event::new(false)?);
         }
-        // What this call will wait for, published for the monitors' diagnosis.
+        // What this call will wait for, published for the monitors' diagnosis, and the call's
+        // header, for a timeout to compare across ranks: gathered with the first step's waits
+        // into one batch of memory operations (a rank alone has nobody to compare with).
         let layout = self.layout;
         let own = self.own.ptr();
         let k = layout.slots.count as u64;
+        let mut ops = MemOps::new(self.batch);
         for q in 0..st.sent.len() {
             if compiled.received[q] > 0 {
                 let want = st.received[q] + compiled.received[q];
-                write_value(stream.raw(), own + layout.expect_filled(q), want)?;
+                ops.write(own + layout.expect_filled(q), want);
             }
             if compiled.sent[q] > 0 {
                 let want = (st.sent[q] + compiled.sent[q]).saturating_sub(k);
-                write_value(stream.raw(), own + layout.expect_credit(q), want)?;
+                ops.write(own + layout.expect_credit(q), want);
             }
         }
-        // The call's header (zeros for transfers), for a timeout to compare across ranks; a
-        // rank alone has nobody to compare with, and each write is a stream operation the GPU
-        // runs in turn (the whole call of one rank cost 14 us on an H200 with them).
         let header = record.map_or([0; HEADER_BYTES], |r| r.1);
         let header_words = if comm.size() > 1 { HEADER_BYTES / 4 } else { 0 };
         for (i, w) in header.chunks_exact(4).take(header_words).enumerate() {
             let word = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            write_value(
-                stream.raw(),
-                own + layout.call() + 4 * i as u64,
-                u64::from(word),
-            )?;
+            ops.write(own + layout.call() + 4 * i as u64, u64::from(word));
         }
         for step in &compiled.steps {
             if let [only] = step.as_slice() {
-                self.issue(only, bases, st, arith, stream)?;
+                self.issue(only, bases, st, arith, stream, &mut ops)?;
                 continue;
             }
+            ops.flush(stream.raw())?;
             st.fork.record(stream)?;
             for (i, lane) in step.iter().enumerate() {
                 let s = &st.lanes[i];
                 wait_event(s, &st.fork)?;
-                self.issue(lane, bases, st, arith, s)?;
+                let mut lane_ops = MemOps::new(self.batch);
+                self.issue(lane, bases, st, arith, s, &mut lane_ops)?;
+                lane_ops.flush(s.raw())?;
                 st.joins[i].record(s)?;
             }
             for join in &st.joins[..step.len()] {
                 wait_event(stream, join)?;
             }
         }
+        ops.flush(stream.raw())?;
         for t in temporaries {
             free_on(stream, t)?;
         }
@@ -450,7 +483,8 @@ impl Programs {
         Ok(())
     }
 
-    /// Enqueues one lane's instructions on `s`.
+    /// Enqueues one lane's instructions on `s`. Memory operations gather in `ops` and go to
+    /// the stream as one batch before the next copy or kernel (the caller flushes the rest).
     fn issue(
         &self,
         lane: &[Instr],
@@ -458,6 +492,7 @@ impl Programs {
         st: &ProgramState,
         arith: Arith,
         s: &Stream,
+        ops: &mut MemOps,
     ) -> Result<()> {
         let layout = self.layout;
         let (me, k) = (self.rank, layout.slots.count as u64);
@@ -480,21 +515,22 @@ impl Programs {
                     let n = st.sent[peer] + n;
                     if n >= k {
                         // The peer has consumed piece n − k: its slot is free.
-                        self.await_credit(raw, peer, n + 1 - k)?;
+                        self.await_credit(ops, peer, n + 1 - k);
                     }
                     let slot = (n % k) as usize;
+                    ops.flush(raw)?;
                     match self.net.as_ref().filter(|_| self.remote[peer]) {
                         Some(net) => {
                             // Into the outbox; the progress thread has the NIC write it into
                             // the peer's slot.
                             copy(net.outbox_slot(peer, slot), addr(src), bytes, raw)?;
-                            write_value(raw, net.words.length(peer, slot), bytes as u64)?;
-                            write_value(raw, net.words.ready(peer), n + 1)?;
+                            ops.write(net.words.length(peer, slot), bytes as u64);
+                            ops.write(net.words.ready(peer), n + 1);
                         }
                         None => {
                             let dst = self.bases[peer] + layout.slot(me, slot);
                             copy(dst, addr(src), bytes, raw)?;
-                            write_value(raw, self.bases[peer] + layout.filled(me), n + 1)?;
+                            ops.write(self.bases[peer] + layout.filled(me), n + 1);
                         }
                     }
                 }
@@ -505,14 +541,15 @@ impl Programs {
                     bytes,
                 } => {
                     let n = st.received[peer] + n;
-                    self.await_piece(raw, peer, n + 1)?;
+                    self.await_piece(ops, peer, n + 1);
+                    ops.flush(raw)?;
                     copy(
                         addr(dst),
                         own + layout.slot(peer, (n % k) as usize),
                         bytes,
                         raw,
                     )?;
-                    self.free_slot(raw, peer, n + 1)?;
+                    self.free_slot(ops, peer, n + 1);
                 }
                 Instr::RecvReduce {
                     peer,
@@ -522,7 +559,8 @@ impl Programs {
                     elems,
                 } => {
                     let n = st.received[peer] + n;
-                    self.await_piece(raw, peer, n + 1)?;
+                    self.await_piece(ops, peer, n + 1);
+                    ops.flush(raw)?;
                     let slot = own + layout.slot(peer, (n % k) as usize);
                     self.kernels.combine(
                         arith.dtype,
@@ -533,19 +571,26 @@ impl Programs {
                         elems,
                         raw,
                     )?;
-                    self.free_slot(raw, peer, n + 1)?;
+                    self.free_slot(ops, peer, n + 1);
                 }
-                Instr::Copy { src, dst, bytes } => copy(addr(dst), addr(src), bytes, raw)?,
-                Instr::Combine { dst, a, b, elems } => self.kernels.combine(
-                    arith.dtype,
-                    arith.combine,
-                    addr(dst),
-                    addr(a),
-                    addr(b),
-                    elems,
-                    raw,
-                )?,
+                Instr::Copy { src, dst, bytes } => {
+                    ops.flush(raw)?;
+                    copy(addr(dst), addr(src), bytes, raw)?
+                }
+                Instr::Combine { dst, a, b, elems } => {
+                    ops.flush(raw)?;
+                    self.kernels.combine(
+                        arith.dtype,
+                        arith.combine,
+                        addr(dst),
+                        addr(a),
+                        addr(b),
+                        elems,
+                        raw,
+                    )?
+                }
                 Instr::Divide { region, elems } => {
+                    ops.flush(raw)?;
                     if let Some(by) = arith.divide_by {
                         self.kernels
                             .divide(arith.dtype, addr(region), by, elems, raw)?;
@@ -558,43 +603,39 @@ impl Programs {
 }
 
 impl Programs {
-    /// Enqueues a wait until `peer`'s piece `filled − 1` is in this rank's slot. For a remote
+    /// Adds a wait until `peer`'s piece `filled − 1` is in this rank's slot. For a remote
     /// peer the progress thread's host word says so; the stream then copies it into this
     /// rank's flag area, where every rank of the host can read it after a timeout.
-    fn await_piece(&self, raw: sys::CUstream, peer: usize, filled: u64) -> Result<()> {
+    fn await_piece(&self, ops: &mut MemOps, peer: usize, filled: u64) {
         let own = self.own.ptr() + self.layout.filled(peer);
         match self.net.as_ref().filter(|_| self.remote[peer]) {
             Some(net) => {
-                wait_value(raw, net.words.filled(peer), filled)?;
-                write_value(raw, own, filled)
+                ops.wait(net.words.filled(peer), filled);
+                ops.write(own, filled);
             }
-            None => wait_value(raw, own, filled),
+            None => ops.wait(own, filled),
         }
     }
 
-    /// Enqueues a wait until `peer` has consumed piece `credit − 1` of this rank's (its slot
-    /// is free again), mirrored into the flag area as in [`Programs::await_piece`].
-    fn await_credit(&self, raw: sys::CUstream, peer: usize, credit: u64) -> Result<()> {
+    /// Adds a wait until `peer` has consumed piece `credit − 1` of this rank's (its slot is
+    /// free again), mirrored into the flag area as in [`Programs::await_piece`].
+    fn await_credit(&self, ops: &mut MemOps, peer: usize, credit: u64) {
         let own = self.own.ptr() + self.layout.credit(peer);
         match self.net.as_ref().filter(|_| self.remote[peer]) {
             Some(net) => {
-                wait_value(raw, net.words.credit(peer), credit)?;
-                write_value(raw, own, credit)
+                ops.wait(net.words.credit(peer), credit);
+                ops.write(own, credit);
             }
-            None => wait_value(raw, own, credit),
+            None => ops.wait(own, credit),
         }
     }
 
-    /// Enqueues handing `peer`'s slot back after piece `consumed − 1`: a write into the peer's
+    /// Adds handing `peer`'s slot back after piece `consumed − 1`: a write into the peer's
     /// credit word, or for a remote peer into the host word the progress thread sends on.
-    fn free_slot(&self, raw: sys::CUstream, peer: usize, consumed: u64) -> Result<()> {
+    fn free_slot(&self, ops: &mut MemOps, peer: usize, consumed: u64) {
         match self.net.as_ref().filter(|_| self.remote[peer]) {
-            Some(net) => write_value(raw, net.words.consumed(peer), consumed),
-            None => write_value(
-                raw,
-                self.bases[peer] + self.layout.credit(self.rank),
-                consumed,
-            ),
+            Some(net) => ops.write(net.words.consumed(peer), consumed),
+            None => ops.write(self.bases[peer] + self.layout.credit(self.rank), consumed),
         }
     }
 

@@ -44,6 +44,8 @@ pub(super) enum CallName {
     Collective(CallSpec, Algorithm),
     /// A batch of point-to-point transfers.
     Transfers { count: usize, bytes: usize },
+    /// A collective run as one low-latency kernel.
+    Kernel(CallSpec, super::kernel::Variant),
 }
 
 impl CallName {
@@ -61,6 +63,14 @@ impl CallName {
             CallName::Transfers { count, bytes } => {
                 format!("{count} point-to-point transfers ({bytes} bytes) on device buffers")
             }
+            CallName::Kernel(spec, variant) => format!(
+                "{} ({} {}, {} elements, {} kernel) on device buffers",
+                spec.collective,
+                spec.dtype,
+                spec.op,
+                spec.count,
+                variant.name(spec.collective)
+            ),
         }
     }
 }
@@ -85,6 +95,8 @@ pub(super) struct Watch {
     me: usize,
     layout: Layout,
     device: i32,
+    /// The kernels' abort word (a host address of pinned memory), set after a fault.
+    abort: Option<usize>,
 }
 
 impl Watch {
@@ -97,6 +109,7 @@ impl Watch {
         layout: Layout,
         device: i32,
         net: Option<(Arc<HostWords>, Arc<AtomicU32>)>,
+        abort: Option<usize>,
     ) -> Arc<Self> {
         let p = bases.len();
         Arc::new(Self {
@@ -111,6 +124,7 @@ impl Watch {
             me,
             layout,
             device,
+            abort,
         })
     }
 
@@ -227,6 +241,11 @@ impl Watch {
             if self.health.interrupt.load(Ordering::Acquire)
                 && last_release.is_none_or(|t| t.elapsed() >= TICK)
             {
+                if let Some(word) = self.abort {
+                    // SAFETY: the kernels' pinned abort word, alive as long as the programs
+                    // (which stop this thread before they go).
+                    unsafe { &*(word as *const AtomicU32) }.store(1, Ordering::Release);
+                }
                 if let Ok(values) = self.release_to.lock().map(|v| v.clone()) {
                     tracing::debug!(?values, "releasing the stream programs in flight");
                     release.write(self.bases[self.me], &values);
@@ -270,9 +289,14 @@ impl Watch {
                 .collect();
             calls.push(Header::decode(&header));
             let behind = |have: u32, want: u32| (have.wrapping_sub(want) as i32) < 0;
+            let (arrive, expect) = (4 * p + CALL_WORDS, 5 * p + CALL_WORDS);
             waits.push(Some(
                 (0..p)
-                    .filter(|&x| behind(w[x], w[2 * p + x]) || behind(w[p + x], w[3 * p + x]))
+                    .filter(|&x| {
+                        behind(w[x], w[2 * p + x])
+                            || behind(w[p + x], w[3 * p + x])
+                            || kernel_behind(w[arrive + x], w[expect + x])
+                    })
                     .collect(),
             ));
         }
@@ -324,6 +348,20 @@ impl Watch {
         culprits.sort_unstable();
         (culprits, Some(text), mismatch)
     }
+}
+
+/// Whether a kernel waits for rank x: it expects x's arrival at call `want` (0: at none),
+/// and x's arrive word, `have`, is not there yet, on the cycle of kernel call numbers
+/// (1..=0xfffffffe, as `ll_ahead` in ll.cu counts).
+fn kernel_behind(have: u32, want: u32) -> bool {
+    const CYCLE: u64 = 0xffff_fffe;
+    if want == 0 {
+        return false;
+    }
+    if have == 0 {
+        return true;
+    }
+    (u64::from(have) + CYCLE - u64::from(want)) % CYCLE >= CYCLE / 2
 }
 
 /// Two ranks in their n-th device call with different arguments (collective, type, operator,
