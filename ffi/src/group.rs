@@ -28,14 +28,35 @@ pub(crate) struct DeferredInit {
     pub rank: usize,
     /// Configuration.
     pub cfg: Config,
+    /// The GPU the communicator drives: the caller's current device when it asked (or the
+    /// device list's entry of `ncclCommInitAll`), as NCCL binds a communicator at init.
+    pub device: Option<i32>,
 }
 
 impl DeferredInit {
-    /// Builds the communicator and records the outcome in its handle.
+    /// The calling thread's current GPU, if this process has loaded the driver.
+    pub fn current_device() -> Option<i32> {
+        crate::device::driver_loaded()
+            .then(|| strata::gpu::current_device().ok().flatten())
+            .flatten()
+    }
+
+    /// Builds the communicator (on whatever thread runs it) and records the outcome in its
+    /// handle. With a device, that device is current meanwhile and the communicator binds to
+    /// it: each rank's init runs on a thread of its own (the caller's, a group's, a worker),
+    /// so ranks of one process bind together, as binding is collective.
     pub fn run(self) -> strata::Result<()> {
+        let _on = self
+            .device
+            .and_then(|d| strata::gpu::DeviceGuard::enter(d).ok());
         let r = Communicator::init_with_config(&self.id, self.nranks, self.rank, self.cfg);
+        if let (Ok(c), Some(dev)) = (&r, self.device)
+            && let Err(e) = c.bind_device(dev)
+        {
+            tracing::warn!("GPU {dev}: {e}; device buffers will fail");
+        }
         let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
-        self.handle.set_ready(r);
+        self.handle.set_ready_bound(r, self.device.is_some());
         out
     }
 }

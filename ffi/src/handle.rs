@@ -135,17 +135,24 @@ impl CommHandle {
 
     /// Records the outcome of init (or of the split or shrink that makes this communicator).
     pub fn set_ready(&self, result: strata::Result<Communicator>) {
+        self.set_ready_bound(result, false)
+    }
+
+    /// [`CommHandle::set_ready`]; `bound` when the init already bound the communicator to its
+    /// GPU ([`crate::group::DeferredInit::run`]).
+    pub fn set_ready_bound(&self, result: strata::Result<Communicator>, bound: bool) {
         let mut slot = lock(&self.slot);
         *slot = match result {
             Ok(c) => {
                 let _ = self.shape.set((c.rank(), c.size()));
                 // As NCCL binds a communicator to the current device at init: the GPU path's
                 // resources are made now, before any stream waits on them. Binding is
-                // collective, so not where one thread inits several ranks of this process
-                // (ncclCommInitAll, grouped splits): those bind at their first GPU call.
+                // collective, so not where one thread makes several ranks of this process one
+                // after the other (grouped splits): those bind at their first GPU call.
                 let me = c.peers()[c.rank()].process;
                 let one_here = c.peers().iter().filter(|p| p.process == me).count() == 1;
-                if one_here
+                if !bound
+                    && one_here
                     && crate::device::driver_loaded()
                     && let Ok(Some(dev)) = strata::gpu::current_device()
                     && let Err(e) = c.bind_device(dev)

@@ -401,6 +401,54 @@ fn gpu_buffers_on_streams_every_collective_at_2_3_and_4_processes_on_the_cuda_st
     }
 }
 
+/// Ranks as threads of one process sharing one GPU (the stand-in shows one):
+/// `ncclCommInitAll` with the device list {0, 0, ...} and grouped calls, and
+/// `ncclCommInitRank` from a thread per rank; host-staged, then as kernels and stream
+/// programs (peers in one process reach each other's memory directly, with no IPC).
+/// Logic-level only.
+#[test]
+fn ranks_as_threads_sharing_one_gpu_through_init_all_and_init_rank_on_the_cuda_standin() {
+    let lib = library_dir();
+    let standin = cuda_standin_dir();
+    let exe = scratch("device-threads");
+    let driver = standin.join("libcuda.so.1");
+    compile_c(
+        "c/device_threads.c",
+        &exe,
+        &[&Path::new(env!("CARGO_MANIFEST_DIR")).join("include")],
+        lib,
+        &[driver.to_str().unwrap(), "-lpthread"],
+    );
+    let staged = PathBuf::from(std::env::join_paths([standin.as_path(), lib]).unwrap());
+    let one_gpu = Path::new("1");
+    let run = |n: &str, path: &Path, gpu_path: &str| {
+        let out = run_ranks(
+            1,
+            &[&exe, Path::new(n)],
+            &[
+                ("LD_LIBRARY_PATH", path),
+                ("STRATA_STANDIN_GPUS", one_gpu),
+                ("STRATA_GPU_CHUNK", Path::new("64K")),
+                ("STRATA_GPU_PATH", Path::new(gpu_path)),
+            ],
+        );
+        assert!(out[0].contains("all checks passed"), "{}", out[0]);
+    };
+    run("2", &staged, "staged");
+    let Some(nvrtc) = std::env::var_os("STRATA_NVRTC_DIR") else {
+        common::skip(
+            "ranks_as_threads_sharing_one_gpu (kernel and stream-program part)",
+            "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set",
+        );
+        return;
+    };
+    let with_nvrtc =
+        PathBuf::from(std::env::join_paths([standin.as_path(), lib, Path::new(&nvrtc)]).unwrap());
+    for n in ["2", "3"] {
+        run(n, &with_nvrtc, "stream");
+    }
+}
+
 #[test]
 fn python_through_ctypes_and_numpy_on_4_processes() {
     let test = "python_through_ctypes_and_numpy_on_4_processes";

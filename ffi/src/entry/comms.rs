@@ -44,6 +44,7 @@ pub(crate) unsafe fn init_rank(
         nranks: n,
         rank: r,
         cfg,
+        device: group::DeferredInit::current_device(),
     };
     if group::active() {
         group::defer_init(init);
@@ -277,14 +278,14 @@ nccl_api! {
         })
     }
 
-    /// `ncclCommInitAll`: `ndev` ranks as threads of this process (the device list is not
-    /// used: this build moves host memory).
+    /// `ncclCommInitAll`: `ndev` ranks of this process, rank r driving GPU `devlist[r]` (GPU
+    /// r when the list is NULL; a GPU may repeat, ranks then share it), each initialised and
+    /// bound on a thread of its own. Without a CUDA driver the ranks move host memory.
     fn ncclCommInitAll / pncclCommInitAll(
         comms: *mut NcclComm,
         ndev: c_int,
         devlist: *const c_int,
     ) -> NcclResult {
-        let _ = devlist;
         guarded(|| {
             if comms.is_null() {
                 return Err(invalid("comms is NULL"));
@@ -293,6 +294,24 @@ nccl_api! {
             if n == 0 {
                 return Err(invalid("ndev is 0"));
             }
+            let gpus = crate::device::driver_loaded()
+                .then(|| strata::gpu::driver().map(|d| d.devices).ok())
+                .flatten();
+            let devices: Vec<Option<i32>> = (0..n)
+                .map(|r| {
+                    let Some(count) = gpus else {
+                        return Ok(None);
+                    };
+                    // SAFETY: the caller passes ndev entries when devlist is not NULL.
+                    let d = if devlist.is_null() { r as c_int } else { unsafe { *devlist.add(r) } };
+                    if d < 0 || d as usize >= count {
+                        return Err(invalid(format!(
+                            "devlist[{r}] is {d}; {count} GPUs are visible"
+                        )));
+                    }
+                    Ok(Some(d))
+                })
+                .collect::<Result<_, _>>()?;
             let id = strata::UniqueId::new().map_err(|e| report(&e))?;
             let cfg = Config::from_env().map_err(|e| report(&e))?;
             // As NCCL documents it: ncclCommInitRank for every rank inside one group.
@@ -305,6 +324,7 @@ nccl_api! {
                 nranks: n,
                 rank,
                 cfg: cfg.clone(),
+                device: devices[rank],
             });
             if let (Some(e), _) = group::run_inits(inits.collect()) {
                 handles.iter().for_each(|h| h.unregister());
