@@ -2,7 +2,8 @@
 //! and the launcher ends the stopped rank and exits, instead of waiting on it; when the
 //! launcher itself is killed, its ranks die with it. And collbench
 //! on device buffers (the CUDA driver stand-in): it says which path each peer takes and what
-//! one call moved through host memory.
+//! one call moved through host memory; with ranks as threads of one process (`--threads`)
+//! sharing one GPU, small calls run as one kernel each.
 
 mod common;
 
@@ -165,6 +166,93 @@ fn on_device_buffers_it_names_each_peers_path_and_the_host_bytes_per_call() {
         })
         .collect();
     assert_eq!(counted, vec![(65536, 131072), (262144, 524288)], "{text}");
+}
+
+#[test]
+fn ranks_as_threads_share_one_gpu_and_small_calls_run_as_one_kernel_each() {
+    let test = "ranks_as_threads_share_one_gpu_and_small_calls_run_as_one_kernel_each";
+    let Some(nvrtc) = std::env::var_os("STRATA_NVRTC_DIR") else {
+        eprintln!(
+            "SKIPPED {test}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
+        );
+        return;
+    };
+    let dir = common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin");
+    let path = std::env::join_paths([dir.as_os_str(), nvrtc.as_os_str()]).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args([
+            "--threads",
+            "3",
+            "--device",
+            "cuda",
+            "-b",
+            "8",
+            "-e",
+            "256K",
+            "-f",
+            "8",
+            "-n",
+            "3",
+            "-w",
+            "1",
+        ])
+        .env("STRATA_SOCKET_IFNAME", "=lo")
+        .env("STRATA_STANDIN_GPUS", "1")
+        .env("STRATA_GPU_KERNEL", "64K")
+        .env("LD_LIBRARY_PATH", &path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("# Device paths of rank 0: rank 1 direct, rank 2 direct"),
+        "{text}"
+    );
+    assert!(text.contains("up to 64 KiB"), "{text}");
+    assert!(text.contains("set by STRATA_GPU_KERNEL"), "{text}");
+    // Up to 64 KiB one kernel per call (two-shot from 16 KiB) and no memory operation;
+    // 256 KiB a stream program.
+    let rows: Vec<(u64, String)> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.first()?.parse().ok()?, f.last()?.to_string()))
+        })
+        .collect();
+    let algos: Vec<&str> = rows.iter().map(|(_, a)| a.as_str()).collect();
+    assert_eq!(algos[..4], ["ll_one_shot"; 4], "{text}");
+    assert_eq!(algos[4], "ll_two_shot", "{text}");
+    assert!(!algos[5].starts_with("ll"), "{text}");
+    let counted: Vec<(u64, f64, f64)> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("# CUDA driver stand-in"))
+        .skip(2)
+        .map_while(|l| {
+            let f: Vec<&str> = l.trim_start_matches('#').split_whitespace().collect();
+            Some((
+                f.first()?.parse().ok()?,
+                f.get(6)?.parse().ok()?,
+                f.get(7)?.parse().ok()?,
+            ))
+        })
+        .collect();
+    assert_eq!(counted.len(), 6, "{text}");
+    for &(size, launches, memops) in &counted[..5] {
+        assert_eq!((launches, memops), (1.0, 0.0), "{size} B: {text}");
+    }
+    assert!(counted[5].2 > 0.0, "the stream program's row: {text}");
+    // Ranks as threads and as processes exclude each other.
+    let both = Command::new(env!("CARGO_BIN_EXE_collbench"))
+        .args(["--threads", "2", "--np", "2"])
+        .output()
+        .unwrap();
+    assert!(!both.status.success());
+    assert!(String::from_utf8_lossy(&both.stderr).contains("exclude each other"));
 }
 
 #[test]

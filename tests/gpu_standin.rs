@@ -514,3 +514,84 @@ fn a_one_rank_communicator_runs_device_calls_on_the_gpu_not_through_host_memory(
     assert_all_ok(&ranks);
     assert!(ranks[0].1.contains("ONE_RANK"), "{ranks:?}");
 }
+
+/// The stand-in follows the driver's rules for pageable host memory ("API synchronization
+/// behavior"), which client code relies on: a copy from pageable memory may reuse the source
+/// as soon as the call returns (it was staged), a copy into pageable memory returns only when
+/// it is done, and a copy into page-locked memory returns at once, even on a held stream.
+#[test]
+fn copies_to_and_from_pageable_memory_follow_the_drivers_synchronisation_rules() {
+    if let Some((_comm, rank, _)) = worker() {
+        let device = device_of(rank);
+        let stream = Stream::new(device).unwrap();
+        let buf = DeviceBuffer::alloc(device, 4096).unwrap();
+        // From pageable memory: staged at the call, so overwriting the source is safe.
+        let gate = Gate::new();
+        gate.close_on(&stream);
+        let mut src = vec![7u8; 4096];
+        // SAFETY: host memory of 4096 bytes into a device buffer of as many.
+        let r = unsafe {
+            sys::cuMemcpyHtoDAsync_v2(buf.ptr(), src.as_ptr().cast(), 4096, stream.raw())
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        src.fill(9);
+        gate.open();
+        let mut back = vec![0u8; 4096];
+        buf.download(&mut back, &stream).unwrap();
+        assert_eq!(
+            back,
+            vec![7u8; 4096],
+            "the copy read the source after the call returned"
+        );
+        // Into pageable memory: the call returns when the data is there.
+        let gate = Gate::new();
+        gate.close_on(&stream);
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            gate.open();
+        });
+        let mut dst = vec![0u8; 4096];
+        let t = Instant::now();
+        // SAFETY: as above, the other way.
+        let r = unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), buf.ptr(), 4096, stream.raw())
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        assert!(
+            t.elapsed() >= Duration::from_millis(150),
+            "returned before the copy ran"
+        );
+        assert_eq!(dst, vec![7u8; 4096]);
+        opener.join().unwrap();
+        // Into page-locked memory: asynchronous, as the driver's. (Allocated before the stream
+        // is held: allocating waits for the device.)
+        let mut pinned: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: a driver allocation of 4096 bytes, freed below.
+        unsafe {
+            assert_eq!(
+                sys::cuMemHostAlloc(&mut pinned, 4096, 0),
+                sys::CUresult::CUDA_SUCCESS
+            );
+        }
+        let gate = Gate::new();
+        gate.close_on(&stream);
+        let t = Instant::now();
+        // SAFETY: as above.
+        let r = unsafe { sys::cuMemcpyDtoHAsync_v2(pinned, buf.ptr(), 4096, stream.raw()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        assert!(
+            t.elapsed() < Duration::from_millis(100),
+            "a pinned copy blocked"
+        );
+        gate.open();
+        stream.synchronize().unwrap();
+        // SAFETY: the allocation made above, its copy complete.
+        unsafe {
+            assert_eq!(*(pinned as *const u8), 7);
+            sys::cuMemFreeHost(pinned);
+        }
+        return;
+    }
+    let name = "copies_to_and_from_pageable_memory_follow_the_drivers_synchronisation_rules";
+    assert_all_ok(&spawn(name, 1, &[], Duration::from_secs(60)));
+}

@@ -449,6 +449,53 @@ fn ranks_as_threads_sharing_one_gpu_through_init_all_and_init_rank_on_the_cuda_s
     }
 }
 
+/// A Rust program written as cudarc's users write it (`examples/cudarc_client.rs`: cudarc's
+/// safe NCCL API, `clone_htod`, a collective, `clone_dtoh` into a `Vec` with no synchronize),
+/// unchanged, through the drop-in: at 2, 3 and 4 processes (default stream, then a stream of
+/// its own) and as 2 and 3 ranks of one process on one GPU (`Comm::from_devices`), staged and
+/// as kernels and stream programs. It relies on the driver's rule that a copy into pageable
+/// memory returns when it is done, which the stand-in follows. Logic-level only.
+#[test]
+fn a_client_written_with_cudarcs_safe_api_runs_unchanged_through_the_drop_in() {
+    let client = profile_dir().join("examples").join("cudarc_client");
+    assert!(
+        client.exists(),
+        "{} was not built (cargo test builds strata-ffi's examples)",
+        client.display()
+    );
+    let lib = library_dir();
+    let standin = cuda_standin_dir();
+    let mut paths = vec![(
+        "staged",
+        PathBuf::from(std::env::join_paths([standin.as_path(), lib]).unwrap()),
+    )];
+    match std::env::var_os("STRATA_NVRTC_DIR") {
+        Some(nvrtc) => paths.push((
+            "stream",
+            PathBuf::from(
+                std::env::join_paths([standin.as_path(), lib, Path::new(&nvrtc)]).unwrap(),
+            ),
+        )),
+        None => common::skip(
+            "a_client_written_with_cudarcs_safe_api (kernel and stream-program part)",
+            "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set",
+        ),
+    }
+    for (gpu_path, dirs) in &paths {
+        let env = [
+            ("LD_LIBRARY_PATH", dirs.as_path()),
+            ("STRATA_STANDIN_GPUS", Path::new("1")),
+            ("STRATA_GPU_PATH", Path::new(gpu_path)),
+        ];
+        for n in [2, 3, 4] {
+            run_ranks(n, &[&client, Path::new("processes")], &env);
+        }
+        for n in ["2", "3"] {
+            run_ranks(1, &[&client, Path::new("threads"), Path::new(n)], &env);
+        }
+    }
+}
+
 #[test]
 fn python_through_ctypes_and_numpy_on_4_processes() {
     let test = "python_through_ctypes_and_numpy_on_4_processes";

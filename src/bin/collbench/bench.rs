@@ -122,7 +122,8 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
             env!("CARGO_PKG_VERSION"),
             if on_gpu {
                 let path = if comm.uses_gpu_ipc() {
-                    "stream programs: CUDA IPC in a host, GPUDirect RDMA between hosts"
+                    "stream programs and kernels: peers' memory in a host (CUDA IPC, or directly \
+                     within a process), GPUDirect RDMA between hosts"
                 } else {
                     "host-staged"
                 };
@@ -131,6 +132,9 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
                 "the host".to_string()
             }
         );
+        if let Some(k) = comm.kernel_choice().filter(|_| on_gpu) {
+            println!("# {}", k.describe());
+        }
         println!(
             "# nccl-tests columns; algbw = size/time, busbw = algbw x {:.3}; GB = 1e9 B",
             bus_factor(collective, n)
@@ -468,6 +472,10 @@ pub(super) fn bench_row(
     } else {
         comm.algorithm_for(collective, count * es)
     };
+    // On device buffers a small call may run as one kernel instead of the algorithm's program.
+    let kernel = (args.device == "cuda")
+        .then(|| comm.device_kernel_for(&spec))
+        .flatten();
     let mut results = [Measure::default(); 2];
     let mut standin_per_call = None;
     let modes: &[bool] = if args.no_in_place {
@@ -521,8 +529,8 @@ pub(super) fn bench_row(
             "none".into()
         },
         root: if collective.rooted() { root as i64 } else { -1 },
-        algorithm: algorithm.name(),
-        predicted_us: (rank == 0 && collective != Collective::Send)
+        algorithm: kernel.map_or_else(|| algorithm.name(), str::to_string),
+        predicted_us: (rank == 0 && collective != Collective::Send && kernel.is_none())
             .then(|| comm.predict(collective, algorithm, count * es).ok())
             .flatten()
             .map(|s| s * 1e6),

@@ -85,6 +85,10 @@ pub(super) struct PerCall {
     pub host_waits: f64,
     /// Host functions streams ran.
     pub host_functions: f64,
+    /// Kernels launched.
+    pub launches: f64,
+    /// Stream memory operations enqueued (a batch counts one).
+    pub memory_ops: f64,
 }
 
 impl PerCall {
@@ -95,8 +99,17 @@ impl PerCall {
             device_bytes: per(stats.device_to_device),
             host_waits: per(stats.host_waits),
             host_functions: per(stats.host_functions),
+            launches: per(stats.launches),
+            memory_ops: per(stats.memory_ops),
         }
     }
+}
+
+/// Ranks of this communicator in this process (several with `--threads`): the stand-in's
+/// counters are the process's, so they count every such rank's calls.
+fn ranks_in_process(comm: &Communicator) -> usize {
+    let me = comm.peers()[comm.rank()].process;
+    comm.peers().iter().filter(|p| p.process == me).count()
 }
 
 /// Prints the stand-in's per-call counts of rank 0 (logic-level), one line a row.
@@ -114,13 +127,27 @@ pub(super) fn print_standin(rows: &[Row]) {
          shared among them)"
     );
     println!(
-        "#  {:>10} {:>8} {:>14} {:>14} {:>11} {:>9}",
-        "size", "type", "host bytes", "device bytes", "host waits", "host fns"
+        "#  {:>10} {:>8} {:>14} {:>14} {:>11} {:>9} {:>9} {:>9}",
+        "size",
+        "type",
+        "host bytes",
+        "device bytes",
+        "host waits",
+        "host fns",
+        "launches",
+        "mem ops"
     );
     for (r, c) in measured {
         println!(
-            "#  {:>10} {:>8} {:>14.0} {:>14.0} {:>11.2} {:>9.2}",
-            r.size_bytes, r.dtype, c.host_bytes, c.device_bytes, c.host_waits, c.host_functions
+            "#  {:>10} {:>8} {:>14.0} {:>14.0} {:>11.2} {:>9.2} {:>9.2} {:>9.2}",
+            r.size_bytes,
+            r.dtype,
+            c.host_bytes,
+            c.device_bytes,
+            c.host_waits,
+            c.host_functions,
+            c.launches,
+            c.memory_ops
         );
     }
 }
@@ -142,6 +169,9 @@ pub(super) fn time_on_device(
     let send = DeviceBuffer::alloc(device, in_bytes.max(spec.count * es).max(1)).map_err(err)?;
     let recv = DeviceBuffer::alloc(device, out_bytes.max(in_bytes).max(spec.count * es).max(1))
         .map_err(err)?;
+    // Every rank allocated before any rank's call waits on it: an allocation waits for the
+    // device, which ranks as threads (--threads) share.
+    comm.barrier().map_err(err)?;
     let once = || enqueue_once(comm, spec, in_place, &send, &recv, in_bytes, &stream);
     for _ in 0..args.warmup {
         once().map_err(err)?;
@@ -152,25 +182,40 @@ pub(super) fn time_on_device(
         Event::new(true).map_err(err)?,
         Event::new(true).map_err(err)?,
     );
+    // Ranks as threads (--threads) share the stand-in's counters: every rank reads them with
+    // no rank's calls under way, so each reading holds all the timed calls and nothing else.
+    let shared = ranks_in_process(comm) > 1 && strata::gpu::standin_stats().is_some();
     let before = strata::gpu::standin_stats();
+    if shared {
+        comm.barrier().map_err(err)?;
+    }
     start.record(&stream).map_err(err)?;
     for _ in 0..args.iters {
         once().map_err(err)?;
     }
     end.record(&stream).map_err(err)?;
     end.synchronize().map_err(err)?;
+    if shared {
+        comm.barrier().map_err(err)?;
+    }
     let per_call = before
         .zip(strata::gpu::standin_stats())
-        .map(|(b, a)| PerCall::of(&a.since(&b), args.iters));
+        .map(|(b, a)| PerCall::of(&a.since(&b), args.iters * ranks_in_process(comm)));
+    if shared {
+        comm.barrier().map_err(err)?;
+    }
     if let Some(e) = comm.async_error() {
         return Err(e.to_string());
     }
     let us = end.elapsed_ms_since(&start).map_err(err)? as f64 * 1e3 / args.iters.max(1) as f64;
     let mut wrong = 0u64;
     if args.check != 0 && spec.collective != Collective::Send {
-        wrong = check::run_and_check_device(comm, spec, in_place, &stream, device)
+        wrong = check::run_and_check_device_in(comm, spec, in_place, &stream, &send, &recv)
             .map_err(err)?
             .wrong as u64;
     }
+    // Nobody frees (which waits for the device) while a peer's call may still need it.
+    stream.synchronize().map_err(err)?;
+    comm.barrier().map_err(err)?;
     Ok((us, wrong, per_call))
 }

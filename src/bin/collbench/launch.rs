@@ -3,6 +3,42 @@
 use super::*;
 use std::os::unix::process::CommandExt;
 
+/// Runs `--threads` ranks as threads of this process, each with its own communicator (the
+/// in-process transport joins them; on device buffers they share this host's GPUs); fails if
+/// any rank fails.
+pub(super) fn threads_main(args: &Args) -> ExitCode {
+    let id = match UniqueId::new() {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("collbench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let n = args.threads;
+    let ok = std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..n)
+            .map(|rank| {
+                s.spawn(move || match Communicator::init(&id, n, rank) {
+                    Ok(comm) => rank_main(args, &comm) == ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("collbench: rank {rank}: init failed: {e}");
+                        false
+                    }
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|h| h.join().unwrap_or(false))
+            .fold(true, |a, b| a & b)
+    });
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 /// Spawns `np` ranks of this program on this host (over loopback unless told otherwise).
 pub(super) fn spawn_main(args: &Args) -> ExitCode {
     if std::env::var_os("STRATA_SOCKET_IFNAME").is_none()

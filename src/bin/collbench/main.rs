@@ -26,6 +26,10 @@ struct Args {
     /// Spawn this many ranks on this host (0: join from launcher variables, else run 1 rank).
     #[arg(long, default_value_t = 0)]
     np: usize,
+    /// Run this many ranks as threads of this one process (with --device cuda they share the
+    /// GPUs of their host, rank r on GPU r mod GPUs, reaching each other's memory directly).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
     /// The collective: all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all,
     /// gather, scatter, send_recv.
     #[arg(long = "op", default_value = "all_reduce")]
@@ -198,6 +202,15 @@ fn main() -> ExitCode {
     }
     if let Ok(id_hex) = std::env::var(ENV_ID) {
         return child_main(&args, &id_hex);
+    }
+    if args.threads > 0 && args.np > 0 {
+        eprintln!(
+            "collbench: --threads and --np exclude each other (ranks as threads or as processes)"
+        );
+        return ExitCode::FAILURE;
+    }
+    if args.threads > 0 {
+        return threads_main(&args);
     }
     if args.np > 0 {
         return spawn_main(&args);

@@ -443,7 +443,8 @@ impl Communicator {
     }
 
     /// How device data reaches `peer` once the communicator is bound to a GPU, in stream
-    /// programs: `ipc` (GPU to GPU through CUDA IPC, on this host) or `gdr` (GPUDirect RDMA,
+    /// programs: `direct` (a rank of this process: its memory as it is), `ipc` (GPU to GPU
+    /// through CUDA IPC, on this host) or `gdr` (GPUDirect RDMA,
     /// the NIC reading and writing GPU memory, to another host); else `staged` (through
     /// pinned host memory and the host transports). `None` for this rank itself, a rank out
     /// of range, or before binding.

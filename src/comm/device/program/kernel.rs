@@ -421,7 +421,10 @@ impl Programs {
             }
             Mode::UpTo(b) => {
                 up_to = b;
-                format!("set by STRATA_GPU_KERNEL={b}")
+                format!(
+                    "set by STRATA_GPU_KERNEL ({})",
+                    strata_algorithms::tuner::human_bytes(b)
+                )
             }
             Mode::Auto => String::new(),
         };

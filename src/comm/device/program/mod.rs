@@ -639,10 +639,18 @@ impl Programs {
         }
     }
 
-    /// How device data reaches `peer`: `ipc` on this host, `gdr` on another.
+    /// How device data reaches `peer`: `direct` in this process, `ipc` on this host, `gdr`
+    /// on another.
     pub(crate) fn path_to(&self, peer: usize) -> &'static str {
         if self.remote.get(peer).copied().unwrap_or(false) {
             "gdr"
+        } else if self
+            .bases
+            .get(peer)
+            .is_some_and(|b| *b != 0 && !self.opened.contains(b))
+            && peer != self.rank
+        {
+            "direct"
         } else {
             "ipc"
         }

@@ -20,15 +20,25 @@
 //!   deadlocks here as it would on a GPU;
 //! * `cuStreamWaitValue32` and `cuStreamWriteValue32` accept only device-accessible words:
 //!   device memory, or host memory allocated or registered as device-mapped;
+//!   `cuStreamBatchMemOp` runs its operations in order, a wait holding those after it, and
+//!   checks every one (operation, flags, alignment, address) before it enqueues any;
+//! * copies follow the driver's rules for pageable host memory: a copy from it stages the
+//!   source before the call returns, a copy into it returns only when it is done; copies
+//!   to and from page-locked memory are asynchronous;
+//! * `cuCtxEnablePeerAccess` refuses the context's own device and a second enabling, as the
+//!   driver does (peer access is recorded, not enforced on each access);
 //! * unknown streams, events, contexts and pointers are `CUDA_ERROR_INVALID_HANDLE` or
 //!   `CUDA_ERROR_INVALID_VALUE`, never a crash.
 //!
 //! * IPC handles carry the exporting process's memory file, which another process maps
 //!   (`/proc/<pid>/fd/<n>`); modules are PTX whose `.entry` names must be strata's kernels,
-//!   and a launch runs their host versions (the same source compiled as C) on the stream.
+//!   and a launch runs their host versions (the same source compiled as C) on the stream; the
+//!   low-latency kernels' host versions poll their peers' lines on the stream's thread,
+//!   backing off to sleeps, so one never holds up the rank it waits for.
 //!
 //! * it counts what tests must assert and cannot see (`stats`): payload bytes that crossed
-//!   host memory, host functions run, host waits on the GPU; `strataStandinStats` reads them.
+//!   host memory, host functions run, host waits on the GPU, kernels launched and stream
+//!   memory operations enqueued (a batch counts one); `strataStandinStats` reads them.
 //!
 //! `STRATA_STANDIN_GPUS` sets how many devices it shows (default 1).
 
