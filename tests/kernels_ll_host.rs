@@ -49,6 +49,8 @@ struct Args {
     expect_off: u32,
     es: u32,
     dtype: u32,
+    digest: u32,
+    sig_off: u32,
     pad: u32,
     header: [u32; 8],
 }
@@ -79,6 +81,8 @@ fn kernel(name: &str) -> Kernel {
 }
 
 const FLAG_AREA: u64 = 4096;
+/// Where the senders' (call number, digest) pairs start in a program buffer.
+const SIG_OFF: u32 = 1024;
 
 /// One call of the matrix: what every rank runs.
 #[derive(Clone, Copy)]
@@ -205,6 +209,8 @@ fn run(p: usize) -> Vec<String> {
                             expect_off: 64 + 4 * 64,
                             es: es as u32,
                             dtype: spec.dtype as u32,
+                            digest: 0x5eed_0000 + i as u32,
+                            sig_off: SIG_OFF,
                             pad: 0,
                             header: [call as u32, 0, 0, 0, 0, 0, 0, 0],
                         };
@@ -275,6 +281,8 @@ fn a_kernel_waiting_on_a_peer_returns_when_the_abort_word_is_set() {
         dtype: DataType::Float32 as u32,
         arrive_off: 64,
         expect_off: 64 + 4 * 64,
+        digest: 1,
+        sig_off: SIG_OFF,
         ..Args::default()
     };
     let done = std::sync::atomic::AtomicBool::new(false);
@@ -354,6 +362,8 @@ fn a_root_that_runs_ahead_never_overwrites_lines_a_slow_rank_has_not_read() {
                             es: 1,
                             arrive_off: 64,
                             expect_off: 64 + 4 * 64,
+                            digest: 7,
+                            sig_off: SIG_OFF,
                             ..Args::default()
                         };
                         // SAFETY: live memory of the lengths given.
@@ -377,4 +387,65 @@ fn a_root_that_runs_ahead_never_overwrites_lines_a_slow_rank_has_not_read() {
     });
     let want: Vec<u8> = (1..=calls as u8).collect();
     assert_eq!(results[1], want, "rank 1 missed or mixed up calls");
+}
+
+/// Two ranks whose calls differ (here: in their digest, as when one asks for twice the
+/// elements) take none of each other's lines: both wait, until the abort word, instead of
+/// finishing with the other's data.
+#[test]
+fn ranks_whose_calls_differ_take_none_of_each_others_lines() {
+    let (p, stride) = (2usize, 2 * 16 * 64u64);
+    let buffers: Vec<Vec<u64>> = (0..p)
+        .map(|_| vec![0u64; (FLAG_AREA + 2 * p as u64 * stride) as usize / 8])
+        .collect();
+    let bases: Vec<u64> = buffers.iter().map(|b| b.as_ptr() as u64).collect();
+    let abort = std::sync::atomic::AtomicU32::new(0);
+    let reduce = kernel("strata_ll_reduce");
+    let outs = std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..p)
+            .map(|rank| {
+                let (bases, abort) = (&bases, &abort);
+                s.spawn(move || {
+                    let mut data = vec![(rank + 1) as u8; 16];
+                    let args = Args {
+                        input: data.as_mut_ptr() as u64,
+                        output: data.as_mut_ptr() as u64,
+                        in_bytes: 16,
+                        out_bytes: 16,
+                        count: 16,
+                        bases: bases.as_ptr() as u64,
+                        abort_word: abort.as_ptr() as u64,
+                        ll_off: FLAG_AREA,
+                        ll_stride: stride,
+                        rank: rank as u32,
+                        nranks: p as u32,
+                        seq: 1,
+                        es: 1,
+                        dtype: DataType::Uint8 as u32,
+                        arrive_off: 64,
+                        expect_off: 64 + 4 * 64,
+                        digest: 100 + rank as u32,
+                        sig_off: SIG_OFF,
+                        ..Args::default()
+                    };
+                    // SAFETY: live memory of the lengths given.
+                    unsafe { reduce(&args, identity) };
+                    data
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(
+            ranks.iter().all(|h| !h.is_finished()),
+            "a rank finished a call its peer did not make"
+        );
+        abort.store(1, std::sync::atomic::Ordering::Release);
+        ranks
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    // Neither took the other's lines: each buffer still holds its own input.
+    assert_eq!(outs[0], vec![1u8; 16]);
+    assert_eq!(outs[1], vec![2u8; 16]);
 }
