@@ -573,6 +573,37 @@ pub extern "C" fn cuMemsetD8_v2(dst: u64, value: u8, len: usize) -> i32 {
     r
 }
 
+/// `cuMemsetD32Async`: `count` 32-bit words of `value` from `dst`, which must be 4-byte
+/// aligned, in stream order.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD32Async(dst: u64, value: u32, count: usize, s: usize) -> i32 {
+    status(current().and_then(|_| {
+        if !dst.is_multiple_of(4) {
+            return Err(code::INVALID_VALUE);
+        }
+        let d = device_only(dst, count * 4)? as usize;
+        stream::enqueue(
+            s,
+            Box::new(move || {
+                // SAFETY: the device view covers `count` aligned words.
+                let words = unsafe { std::slice::from_raw_parts_mut(d as *mut u32, count) };
+                words.fill(value);
+            }),
+        )
+    }))
+}
+
+/// `cuMemsetD32`: as [`cuMemsetD32Async`] on the default stream, then waits for the device.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD32_v2(dst: u64, value: u32, count: usize) -> i32 {
+    let r = cuMemsetD32Async(dst, value, count, 0);
+    if r == code::SUCCESS {
+        stats::add(stats::HOST_WAITS, 1);
+        stream::synchronize_all();
+    }
+    r
+}
+
 /// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
 const DMA_BUF_FD: c_int = 1;
 /// The host page size the range must be aligned to.
