@@ -493,16 +493,22 @@ nccl_api! {
         guarded(|| unsafe { query(comm, rank, "rank", |c| c.rank()) })
     }
 
-    /// `ncclCommCuDevice`: this build drives no CUDA device, so `ncclInvalidUsage`.
+    /// `ncclCommCuDevice`: the GPU the communicator is bound to (at init, to the caller's
+    /// current device or `ncclCommInitAll`'s list; else at its first call on device memory);
+    /// `ncclInvalidUsage` for a communicator that drives none.
     fn ncclCommCuDevice / pncclCommCuDevice(comm: NcclComm, device: *mut c_int) -> NcclResult {
         guarded(|| {
-            comm_of(comm)?;
+            let bound = comm_of(comm)?.ready().and_then(|c| c.bound_device());
             // SAFETY: per the contract.
-            unsafe { put(device, -1, "device")? };
-            Err(fail(
-                NcclResult::InvalidUsage,
-                "this strata build drives no CUDA device (host memory only)",
-            ))
+            unsafe { put(device, bound.unwrap_or(-1), "device")? };
+            match bound {
+                Some(_) => Ok(NcclResult::Success),
+                None => Err(fail(
+                    NcclResult::InvalidUsage,
+                    "this communicator drives no GPU (not bound: no current device at init \
+                     and no call on device memory yet)",
+                )),
+            }
         })
     }
 }

@@ -241,6 +241,14 @@ int main(int argc, char** argv) {
   }
   int devs[MAXR] = {0};
   NCCL(ncclCommInitAll(comms_, n_, devs));
+  for (int r = 0; r < n_; r++) {
+    int dev = -1;
+    NCCL(ncclCommCuDevice(comms_[r], &dev));
+    if (dev != 0) {
+      fprintf(stderr, "ncclCommCuDevice of rank %d says %d, want 0\n", r, dev);
+      failures_++;
+    }
+  }
   size_t counts[] = {2, 1000, big};
   for (int c = 0; c < 3; c++) collectives(counts[c]);
   for (int r = 0; r < n_; r++) NCCL(ncclCommDestroy(comms_[r]));

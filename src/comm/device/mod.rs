@@ -421,6 +421,12 @@ impl Communicator {
         }
     }
 
+    /// The GPU this communicator is bound to, if it is (`bind_device`, or its first call on
+    /// device buffers).
+    pub fn bound_device(&self) -> Option<i32> {
+        self.inner.gpu.get().map(|q| q.device())
+    }
+
     /// The kernel that runs `spec` on device buffers here (`ll_one_shot`, `ll_two_shot`, or
     /// `ll` for the other collectives), or `None` where it runs as the stream program of the
     /// tuner's algorithm (or host-staged, or before binding).
