@@ -8,7 +8,9 @@
 #   scripts/gpu-prepare.sh                      # .gpu/: collbench, libstrata_ffi.so, test binaries
 #   scripts/gpu-lent-check.sh .gpu              # on the lent machine ($OUT, else /tmp/gpu-lent)
 #
-# Steps, in order, so that a first figure exists even if time runs out (STEPS picks some):
+# Steps, in order, so that a first figure exists even if time runs out (STEPS picks some;
+# MAX_BYTES caps the sweeps, CUDA_DRIVER_LIB names another libcuda.so.1: .ci/run dry-runs the
+# script on the CUDA stand-in with both, so that it does not rot between lent machines):
 #   env      the GPU, driver, NCCL wheel, MPS
 #   copy     the device-to-device copy rate: the bound of any collective among ranks of one GPU
 #   threads  benches/gpu_bench.c, 2 ranks as threads of one process (ncclCommInitAll {0, 0}),
@@ -30,7 +32,9 @@ mkdir -p "$out"
 export STRATA_SOCKET_IFNAME="=lo"
 export NCCL_MULTI_RANK_GPU_ENABLE=1 # NVIDIA's NCCL: two ranks on one GPU; strata ignores it
 steps=" ${STEPS:-env copy threads mps ddp owed check} "
+max=${MAX_BYTES:-$((1 << 30))} # the largest size of the threads and mps sweeps
 want() { [[ "$steps" == *" $1 "* ]]; }
+failed=""
 step() { # step NAME SECONDS CMD...: CMD under a deadline, its output into $out/NAME.log
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
@@ -39,6 +43,7 @@ step() { # step NAME SECONDS CMD...: CMD under a deadline, its output into $out/
   rc=$?
   echo "   rc=$rc after $((SECONDS - t0)) s"
   tail -n "${TAIL:-6}" "$out/$name.log"
+  [ $rc = 0 ] || failed="$failed $name"
   return $rc
 }
 
@@ -68,8 +73,9 @@ cb="$bin/collbench"
 
 if want env; then
   {
-    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader
-    echo "python: $py; torch: $("$py" -c 'import torch; print(torch.__version__, "NCCL", torch.cuda.nccl.version())' 2>&1)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader ||
+      echo "no nvidia-smi (a dry run on the stand-in?)"
+    [ -n "$py" ] && echo "python: $py; torch: $("$py" -c 'import torch; print(torch.__version__, "NCCL", torch.cuda.nccl.version())' 2>&1)"
     echo "NVIDIA NCCL: $nvlib; header: $nvinc; driver: $cudalib; NVRTC: $STRATA_NVRTC_DIR"
     echo "MPS: $(command -v nvidia-cuda-mps-control || echo none)"
   } > "$out/env.log" 2>&1
@@ -80,24 +86,24 @@ fi
 harness=/tmp/strata-gpu-bench
 if [ -n "$nvlib" ] && [ -n "$nvinc" ] && [ -n "$cudalib" ]; then
   cc -O2 -std=c11 -o "$harness" benches/gpu_bench.c -I"$(dirname "$nvinc")" -Iffi/tests/c/cuda-standin \
-    -L"$(dirname "$nvlib")" -lnccl -Wl,-rpath,"$(dirname "$nvlib")" "$cudalib" -ldl || echo "cc failed"
+    -L"$(dirname "$nvlib")" -lnccl -Wl,-rpath,"$(dirname "$nvlib")" "$cudalib" -ldl || failed="$failed cc"
 else
   echo "no NVIDIA NCCL wheel: the harness runs strata alone (both columns)"
   mkdir -p /tmp/strata-lib && ln -sf "$strata" /tmp/strata-lib/libnccl.so.2
   cc -O2 -std=c11 -o "$harness" benches/gpu_bench.c -Iffi/include -L/tmp/strata-lib -l:libnccl.so.2 \
-    -Wl,-rpath,/tmp/strata-lib "$cudalib" -ldl || echo "cc failed"
+    -Wl,-rpath,/tmp/strata-lib "$cudalib" -ldl || failed="$failed cc"
 fi
 lib_env() { # lib_env nccl|strata: the environment that picks the library
   if [ "$1" = strata ]; then echo "LD_PRELOAD=$strata"; else echo "STRATA_UNUSED=1"; fi
 }
 
-want copy && step copy 30 "$harness" copy $((1 << 30))
+want copy && step copy 30 "$harness" copy "$max"
 
 # 2 ranks as threads, NCCL first in each round (a first NCCL figure exists even if cut short).
 if want threads; then
   for round in 1 2 3; do
     for lib in nccl strata; do
-      TAIL=2 step "threads_${lib}_r$round" 100 env "$(lib_env $lib)" "$harness" threads 2 8 $((1 << 30))
+      TAIL=2 step "threads_${lib}_r$round" 100 env "$(lib_env $lib)" "$harness" threads 2 8 "$max"
     done
   done
 fi
@@ -122,7 +128,7 @@ if want mps; then
     trap 'echo quit | nvidia-cuda-mps-control 2>/dev/null' EXIT
     if nvidia-cuda-mps-control -d; then
       for round in 1 2; do
-        for lib in nccl strata; do procs "mps_${lib}_r$round" "$lib" $((1 << 30)) 120; done
+        for lib in nccl strata; do procs "mps_${lib}_r$round" "$lib" "$max" 120; done
       done
       # CUDA IPC and stream memory operations between MPS clients: strata's stream programs
       # and kernels need both; a right result says they work.
@@ -172,3 +178,7 @@ fi
 # At most 8 files come back from a lent machine: the logs go as one archive.
 (cd "$out" && tar czf logs.tgz ./*.log ./*.json && rm -f ./*.log)
 echo "logs in $out/logs.tgz, table in $out/summary.txt, JSON in $out/summary.json"
+if [ -n "$failed" ]; then
+  echo "steps that failed:$failed"
+  exit 1
+fi
