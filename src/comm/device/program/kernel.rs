@@ -151,11 +151,21 @@ impl KernelChoice {
         let mut s = if self.up_to == 0 {
             format!("device buffers: no kernel path ({})", self.how)
         } else {
+            let limit = if self.up_to == usize::MAX {
+                "whenever the call fits its areas".to_string()
+            } else {
+                format!("up to {}", human_bytes(self.up_to))
+            };
+            let two_shot = if self.two_shot_from == usize::MAX {
+                "all-reduce one-shot throughout".to_string()
+            } else {
+                format!(
+                    "all-reduce two-shot from {}",
+                    human_bytes(self.two_shot_from)
+                )
+            };
             format!(
-                "device buffers: one low-latency kernel per call up to {} (all-reduce two-shot \
-                 from {}), {}",
-                human_bytes(self.up_to),
-                human_bytes(self.two_shot_from),
+                "device buffers: one low-latency kernel per call {limit} ({two_shot}), {}",
                 self.how
             )
         };
@@ -340,11 +350,7 @@ impl Programs {
             ReduceOp::PreMulSum(s) => (0, 2, u64::from_le_bytes(s.bytes)),
             other => (u32::from(other.code()), 0, 0),
         };
-        let header = record.map_or([0; HEADER_BYTES], |r| r.1);
-        let mut words = [0u32; 8];
-        for (w, b) in words.iter_mut().zip(header.chunks_exact(4)) {
-            *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
+        let words = header_words(&record.map_or([0; HEADER_BYTES], |r| r.1));
         let layout = self.layout;
         let args = LlArgs {
             input: send,

@@ -431,11 +431,11 @@ impl Programs {
                 ops.write(own + layout.expect_credit(q), want);
             }
         }
-        let header = record.map_or([0; HEADER_BYTES], |r| r.1);
-        let header_words = if comm.size() > 1 { HEADER_BYTES / 4 } else { 0 };
-        for (i, w) in header.chunks_exact(4).take(header_words).enumerate() {
-            let word = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            ops.write(own + layout.call() + 4 * i as u64, u64::from(word));
+        if comm.size() > 1 {
+            let words = header_words(&record.map_or([0; HEADER_BYTES], |r| r.1));
+            for (i, &word) in words.iter().enumerate() {
+                ops.write(own + layout.call() + 4 * i as u64, u64::from(word));
+            }
         }
         for step in &compiled.steps {
             if let [only] = step.as_slice() {
@@ -674,6 +674,15 @@ impl Drop for Programs {
             });
         }
     }
+}
+
+/// A call's encoded header as the words the flag area holds it in (zeros for transfers).
+fn header_words(header: &[u8; HEADER_BYTES]) -> [u32; layout::CALL_WORDS] {
+    let mut words = [0u32; layout::CALL_WORDS];
+    for (w, b) in words.iter_mut().zip(header.chunks_exact(4)) {
+        *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    words
 }
 
 /// `bytes` of device memory, allocated in `stream`'s order (`cuMemAllocAsync`).
