@@ -131,6 +131,22 @@ fn ranks_die_with_a_killed_launcher_instead_of_running_on() {
     println!("ranks gone {:?} after the launcher", killed_at.elapsed());
 }
 
+/// The rows of collbench's per-call table of the CUDA stand-in, each split into its fields
+/// (size, type, host bytes, device bytes, host waits, host functions, launches, memory ops).
+fn standin_table(text: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .skip_while(|l| !l.starts_with("# CUDA driver stand-in"))
+        .skip(2)
+        .map(|l| {
+            l.trim_start_matches('#')
+                .split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .take_while(|f| f.first().is_some_and(|s| s.parse::<u64>().is_ok()))
+        .collect()
+}
+
 #[test]
 fn on_device_buffers_it_names_each_peers_path_and_the_host_bytes_per_call() {
     let dir = common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin");
@@ -156,14 +172,9 @@ fn on_device_buffers_it_names_each_peers_path_and_the_host_bytes_per_call() {
         "{text}"
     );
     // Staged: each byte of the message goes to the host and back once per call.
-    let counted: Vec<(u64, u64)> = text
-        .lines()
-        .skip_while(|l| !l.starts_with("# CUDA driver stand-in"))
-        .skip(2)
-        .map_while(|l| {
-            let f: Vec<&str> = l.trim_start_matches('#').split_whitespace().collect();
-            Some((f.first()?.parse().ok()?, f.get(2)?.parse().ok()?))
-        })
+    let counted: Vec<(u64, u64)> = standin_table(&text)
+        .iter()
+        .filter_map(|f| Some((f.first()?.parse().ok()?, f.get(2)?.parse().ok()?)))
         .collect();
     assert_eq!(counted, vec![(65536, 131072), (262144, 524288)], "{text}");
 }
@@ -228,12 +239,9 @@ fn ranks_as_threads_share_one_gpu_and_small_calls_run_as_one_kernel_each() {
     assert_eq!(algos[..4], ["ll_one_shot"; 4], "{text}");
     assert_eq!(algos[4], "ll_two_shot", "{text}");
     assert!(!algos[5].starts_with("ll"), "{text}");
-    let counted: Vec<(u64, f64, f64)> = text
-        .lines()
-        .skip_while(|l| !l.starts_with("# CUDA driver stand-in"))
-        .skip(2)
-        .map_while(|l| {
-            let f: Vec<&str> = l.trim_start_matches('#').split_whitespace().collect();
+    let counted: Vec<(u64, f64, f64)> = standin_table(&text)
+        .iter()
+        .filter_map(|f| {
             Some((
                 f.first()?.parse().ok()?,
                 f.get(6)?.parse().ok()?,

@@ -16,7 +16,8 @@ use strata::gpu::{self, DeviceBuffer, Stream, sys};
 use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, check};
 
 use common::gpu::{
-    Gate, assert_all_ok, device_of, f32s, for_each_algorithm_call, full_matrix, spawn, worker,
+    Gate, assert_all_ok, device_of, f32s, for_each_algorithm_call, for_each_matrix_call,
+    full_matrix, note, spawn, worker,
 };
 
 #[test]
@@ -42,35 +43,11 @@ fn device_matrix(comm: &Communicator, rank: usize, n: usize) {
     let device = device_of(rank);
     let stream = Stream::new(device).unwrap();
     let mut failures = Vec::new();
-    for collective in Collective::WITH_BUFFERS {
-        for dtype in DataType::ALL {
-            let ops: Vec<ReduceOp> = if collective.reduces() {
-                let mut v = ReduceOp::BASIC.to_vec();
-                v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
-                v
-            } else {
-                vec![ReduceOp::Sum]
-            };
-            for op in ops {
-                for in_place in [false, true] {
-                    // Small, and big enough for several chunks (64 KiB here).
-                    for count in [1usize, 4099, 70_000] {
-                        let spec = CallSpec {
-                            op,
-                            root: n - 1,
-                            ..CallSpec::new(collective, dtype, count)
-                        };
-                        let what = format!("{collective} {dtype} {op} {count} in_place {in_place}");
-                        match check::run_and_check_device(comm, spec, in_place, &stream, device) {
-                            Ok(c) if c.first.is_none() => {}
-                            Ok(c) => failures.push(format!("{what}: {:?}", c.first)),
-                            Err(e) => failures.push(format!("{what}: {e}")),
-                        }
-                    }
-                }
-            }
-        }
-    }
+    // Small, and big enough for several chunks (64 KiB here).
+    for_each_matrix_call(n, &[1, 4099, 70_000], |spec, in_place, what| {
+        let checked = check::run_and_check_device(comm, spec, in_place, &stream, device);
+        note(&mut failures, what, checked);
+    });
     assert!(failures.is_empty(), "rank {rank}: {}", failures.join("\n"));
     comm.wait_device_idle(Duration::from_secs(10)).unwrap();
 }

@@ -9,9 +9,9 @@ mod common;
 
 use std::time::Duration;
 use strata::gpu::{self, DeviceBuffer, Stream};
-use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp, UniqueId, check};
+use strata::{CallSpec, Collective, Communicator, DataType, UniqueId, check};
 
-use common::gpu::{assert_all_ok, spawn};
+use common::gpu::{assert_all_ok, for_each_matrix_call, note, spawn};
 
 /// In the child process: `n` communicators as threads, each bound to GPU 0, each running
 /// `body(comm)`; the failures of every rank.
@@ -47,39 +47,14 @@ fn matrix(comm: &Communicator, counts: &[usize]) -> Vec<String> {
     let recv = DeviceBuffer::alloc(0, biggest).unwrap();
     comm.barrier().unwrap(); // nobody's calls start before everyone has allocated
     let mut failures = Vec::new();
-    for collective in Collective::WITH_BUFFERS {
-        for dtype in DataType::ALL {
-            let ops: Vec<ReduceOp> = if collective.reduces() {
-                let mut v = ReduceOp::BASIC.to_vec();
-                v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
-                v
-            } else {
-                vec![ReduceOp::Sum]
-            };
-            for op in ops {
-                for in_place in [false, true] {
-                    for &count in counts {
-                        let spec = CallSpec {
-                            op,
-                            root: n - 1,
-                            ..CallSpec::new(collective, dtype, count)
-                        };
-                        let what = format!(
-                            "rank {rank}: {collective} {dtype} {op} {count} in_place {in_place} ({})",
-                            comm.device_kernel_for(&spec).unwrap_or("stream program")
-                        );
-                        match check::run_and_check_device_in(
-                            comm, spec, in_place, &stream, &send, &recv,
-                        ) {
-                            Ok(c) if c.first.is_none() => {}
-                            Ok(c) => failures.push(format!("{what}: {:?}", c.first)),
-                            Err(e) => failures.push(format!("{what}: {e}")),
-                        }
-                    }
-                }
-            }
-        }
-    }
+    for_each_matrix_call(n, counts, |spec, in_place, what| {
+        let what = format!(
+            "rank {rank}: {what} ({})",
+            comm.device_kernel_for(&spec).unwrap_or("stream program")
+        );
+        let checked = check::run_and_check_device_in(comm, spec, in_place, &stream, &send, &recv);
+        note(&mut failures, what, checked);
+    });
     stream.synchronize().unwrap();
     comm.barrier().unwrap(); // nobody frees before everyone is done
     failures
@@ -174,6 +149,17 @@ fn an_8_byte_all_reduce_at_4_ranks_costs_one_launch_and_at_most_two_memory_opera
             let mut f = Vec::new();
             if comm.device_kernel_for(&spec) != Some("ll_one_shot") {
                 f.push(format!("ran as {:?}", comm.device_kernel_for(&spec)));
+            }
+            // explain says where the kernels stop and what this call runs as.
+            let text = comm.explain(Collective::AllReduce, 8).render();
+            for want in [
+                "device buffers: one low-latency kernel per call whenever the call fits",
+                "STRATA_GPU_KERNEL=on",
+                "on device buffers this call runs as one kernel: ll_one_shot",
+            ] {
+                if !text.contains(want) {
+                    f.push(format!("explain lacks '{want}':\n{text}"));
+                }
             }
             if launches > 1.0 || memops > 2.0 {
                 f.push(format!(
@@ -281,13 +267,10 @@ fn every_algorithm_as_a_stream_program_with_ranks_as_threads_on_one_gpu() {
                         if comm.device_kernel_for(&spec).is_some() {
                             failures.push(format!("{what}: ran as a kernel"));
                         }
-                        match check::run_and_check_device_in(
+                        let checked = check::run_and_check_device_in(
                             comm, spec, in_place, &stream, &send, &recv,
-                        ) {
-                            Ok(c) if c.first.is_none() => {}
-                            Ok(c) => failures.push(format!("{what}: {:?}", c.first)),
-                            Err(e) => failures.push(format!("{what}: {e}")),
-                        }
+                        );
+                        note(&mut failures, what, checked);
                     },
                 );
             }

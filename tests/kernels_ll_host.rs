@@ -84,6 +84,53 @@ const FLAG_AREA: u64 = 4096;
 /// Where the senders' (call number, digest) pairs start in a program buffer.
 const SIG_OFF: u32 = 1024;
 
+/// Every rank's program buffer: a flag area, then an area of `stride` bytes per sending rank
+/// and parity, zeroed as the runtime zeroes them; addressed through `bases`.
+struct Buffers {
+    _memory: Vec<Vec<u64>>,
+    bases: Vec<u64>,
+    stride: u64,
+}
+
+impl Buffers {
+    fn new(p: usize, stride: u64) -> Self {
+        let words = (FLAG_AREA + 2 * p as u64 * stride) as usize / 8;
+        let memory: Vec<Vec<u64>> = (0..p).map(|_| vec![0u64; words]).collect();
+        let bases = memory.iter().map(|b| b.as_ptr() as u64).collect();
+        Self {
+            _memory: memory,
+            bases,
+            stride,
+        }
+    }
+
+    /// What every call of rank `rank` shares: the layout, call `seq` (after call `seq - 1`),
+    /// the abort word at `abort`, and a digest every rank agrees on unless a test says not.
+    fn args(&self, rank: usize, seq: u32, abort: u64) -> Args {
+        Args {
+            bases: self.bases.as_ptr() as u64,
+            abort_word: abort,
+            ll_off: FLAG_AREA,
+            ll_stride: self.stride,
+            rank: rank as u32,
+            nranks: self.bases.len() as u32,
+            seq,
+            wait_for: seq - 1,
+            arrive_off: 64,
+            expect_off: 64 + 4 * 64,
+            digest: 1,
+            sig_off: SIG_OFF,
+            ..Args::default()
+        }
+    }
+
+    /// A word of rank `r`'s flag area.
+    fn word(&self, r: usize, offset: usize) -> u32 {
+        // SAFETY: within the buffer; read when no kernel writes it any more.
+        unsafe { *(self.bases[r] as *const u32).add(offset / 4) }
+    }
+}
+
 /// One call of the matrix: what every rank runs.
 #[derive(Clone, Copy)]
 struct Case {
@@ -139,22 +186,17 @@ fn cases(p: usize) -> Vec<Case> {
 
 /// Runs the matrix on `p` threads; returns the failures.
 fn run(p: usize) -> Vec<String> {
-    let stride: u64 = 2 * 16 * 1000; // 8 KB of payload per area: 1,000 f64
-    let buffer_bytes = FLAG_AREA + 2 * p as u64 * stride;
-    // Program buffers, zeroed as the runtime zeroes its flag areas.
-    let buffers: Vec<Vec<u64>> = (0..p)
-        .map(|_| vec![0u64; buffer_bytes as usize / 8])
-        .collect();
-    let bases: Vec<u64> = buffers.iter().map(|b| b.as_ptr() as u64).collect();
+    // 8 KB of payload per area: 1,000 f64.
+    let buffers = Buffers::new(p, 2 * 16 * 1000);
     let abort = [0u32; 1];
-    let (bases_addr, abort_addr) = (bases.as_ptr() as u64, abort.as_ptr() as u64);
+    let abort_addr = abort.as_ptr() as u64;
     let reduce = kernel("strata_ll_reduce");
     let copy = kernel("strata_ll_copy");
     let cases = cases(p);
     std::thread::scope(|s| {
         let ranks: Vec<_> = (0..p)
             .map(|rank| {
-                let cases = &cases;
+                let (cases, buffers) = (&cases, &buffers);
                 s.spawn(move || {
                     let mut failures = Vec::new();
                     for (i, case) in cases.iter().enumerate() {
@@ -191,28 +233,16 @@ fn run(p: usize) -> Vec<String> {
                             in_bytes: ib as u64,
                             out_bytes: ob as u64,
                             count: spec.count as u64,
-                            bases: bases_addr,
-                            abort_word: abort_addr,
                             scalar,
-                            ll_off: FLAG_AREA,
-                            ll_stride: stride,
-                            rank: rank as u32,
-                            nranks: p as u32,
                             root: spec.root as u32,
-                            seq: call as u32,
-                            wait_for: (call - 1) as u32,
                             coll,
                             op,
                             flags,
-                            call_off: 0,
-                            arrive_off: 64,
-                            expect_off: 64 + 4 * 64,
                             es: es as u32,
                             dtype: spec.dtype as u32,
                             digest: 0x5eed_0000 + i as u32,
-                            sig_off: SIG_OFF,
-                            pad: 0,
                             header: [call as u32, 0, 0, 0, 0, 0, 0, 0],
+                            ..buffers.args(rank, call as u32, abort_addr)
                         };
                         // SAFETY: every address in `args` is live memory of the lengths given,
                         // and every rank runs the same calls in the same order.
@@ -257,12 +287,7 @@ fn low_latency_kernels_are_right_for_every_collective_type_and_operator_at_2_to_
 /// monitor sets it after a fault.
 #[test]
 fn a_kernel_waiting_on_a_peer_returns_when_the_abort_word_is_set() {
-    let stride: u64 = 2 * 16 * 64;
-    let p = 2;
-    let buffers: Vec<Vec<u64>> = (0..p)
-        .map(|_| vec![0u64; (FLAG_AREA + 2 * p as u64 * stride) as usize / 8])
-        .collect();
-    let bases: Vec<u64> = buffers.iter().map(|b| b.as_ptr() as u64).collect();
+    let buffers = Buffers::new(2, 2 * 16 * 64);
     let abort = std::sync::atomic::AtomicU32::new(0);
     let mut data = vec![1u8; 64];
     let args = Args {
@@ -271,19 +296,9 @@ fn a_kernel_waiting_on_a_peer_returns_when_the_abort_word_is_set() {
         in_bytes: 64,
         out_bytes: 64,
         count: 16,
-        bases: bases.as_ptr() as u64,
-        abort_word: abort.as_ptr() as u64,
-        ll_off: FLAG_AREA,
-        ll_stride: stride,
-        nranks: 2,
-        seq: 1,
         es: 4,
         dtype: DataType::Float32 as u32,
-        arrive_off: 64,
-        expect_off: 64 + 4 * 64,
-        digest: 1,
-        sig_off: SIG_OFF,
-        ..Args::default()
+        ..buffers.args(0, 1, abort.as_ptr() as u64)
     };
     let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -304,16 +319,14 @@ fn a_kernel_waiting_on_a_peer_returns_when_the_abort_word_is_set() {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     });
-    // The kernel announced its call: header, what it waits for, its arrival at rank 1.
-    // SAFETY: reading words of the zeroed buffers, which the kernel has stopped writing.
-    let words = |r: usize, off: usize| unsafe { *(buffers[r].as_ptr() as *const u32).add(off / 4) };
+    // The kernel announced its call: what it waits for, its arrival at rank 1.
     assert_eq!(
-        words(0, 64 + 4 * 64 + 4),
+        buffers.word(0, 64 + 4 * 64 + 4),
         1,
         "rank 0 expects rank 1 at call 1"
     );
     assert_eq!(
-        words(1, 64),
+        buffers.word(1, 64),
         1,
         "rank 0 arrived at call 1 in rank 1's words"
     );
@@ -324,18 +337,15 @@ fn a_kernel_waiting_on_a_peer_returns_when_the_abort_word_is_set() {
 /// not read yet. Rank 1 sleeps before each of 12 calls; every call must deliver its own data.
 #[test]
 fn a_root_that_runs_ahead_never_overwrites_lines_a_slow_rank_has_not_read() {
-    let (p, count, stride) = (2usize, 32usize, 2 * 16 * 64u64);
-    let buffers: Vec<Vec<u64>> = (0..p)
-        .map(|_| vec![0u64; (FLAG_AREA + 2 * p as u64 * stride) as usize / 8])
-        .collect();
-    let bases: Vec<u64> = buffers.iter().map(|b| b.as_ptr() as u64).collect();
+    let (p, count) = (2usize, 32usize);
+    let buffers = Buffers::new(p, 2 * 16 * 64);
     let abort = std::sync::atomic::AtomicU32::new(0);
     let copy = kernel("strata_ll_copy");
     let calls = 12u32;
     let results = std::thread::scope(|s| {
         let ranks: Vec<_> = (0..p)
             .map(|rank| {
-                let (bases, abort) = (&bases, &abort);
+                let (buffers, abort) = (&buffers, &abort);
                 s.spawn(move || {
                     let mut got = Vec::new();
                     for call in 1..=calls {
@@ -349,22 +359,9 @@ fn a_root_that_runs_ahead_never_overwrites_lines_a_slow_rank_has_not_read() {
                             in_bytes: if rank == 0 { count as u64 } else { 0 },
                             out_bytes: count as u64,
                             count: count as u64,
-                            bases: bases.as_ptr() as u64,
-                            abort_word: abort.as_ptr() as u64,
-                            ll_off: FLAG_AREA,
-                            ll_stride: stride,
-                            rank: rank as u32,
-                            nranks: p as u32,
-                            root: 0,
-                            seq: call,
-                            wait_for: call - 1,
                             coll: 5,
                             es: 1,
-                            arrive_off: 64,
-                            expect_off: 64 + 4 * 64,
-                            digest: 7,
-                            sig_off: SIG_OFF,
-                            ..Args::default()
+                            ..buffers.args(rank, call, abort.as_ptr() as u64)
                         };
                         // SAFETY: live memory of the lengths given.
                         unsafe { copy(&args, identity) };
@@ -394,17 +391,14 @@ fn a_root_that_runs_ahead_never_overwrites_lines_a_slow_rank_has_not_read() {
 /// finishing with the other's data.
 #[test]
 fn ranks_whose_calls_differ_take_none_of_each_others_lines() {
-    let (p, stride) = (2usize, 2 * 16 * 64u64);
-    let buffers: Vec<Vec<u64>> = (0..p)
-        .map(|_| vec![0u64; (FLAG_AREA + 2 * p as u64 * stride) as usize / 8])
-        .collect();
-    let bases: Vec<u64> = buffers.iter().map(|b| b.as_ptr() as u64).collect();
+    let p = 2;
+    let buffers = Buffers::new(p, 2 * 16 * 64);
     let abort = std::sync::atomic::AtomicU32::new(0);
     let reduce = kernel("strata_ll_reduce");
     let outs = std::thread::scope(|s| {
         let ranks: Vec<_> = (0..p)
             .map(|rank| {
-                let (bases, abort) = (&bases, &abort);
+                let (buffers, abort) = (&buffers, &abort);
                 s.spawn(move || {
                     let mut data = vec![(rank + 1) as u8; 16];
                     let args = Args {
@@ -413,20 +407,10 @@ fn ranks_whose_calls_differ_take_none_of_each_others_lines() {
                         in_bytes: 16,
                         out_bytes: 16,
                         count: 16,
-                        bases: bases.as_ptr() as u64,
-                        abort_word: abort.as_ptr() as u64,
-                        ll_off: FLAG_AREA,
-                        ll_stride: stride,
-                        rank: rank as u32,
-                        nranks: p as u32,
-                        seq: 1,
                         es: 1,
                         dtype: DataType::Uint8 as u32,
-                        arrive_off: 64,
-                        expect_off: 64 + 4 * 64,
                         digest: 100 + rank as u32,
-                        sig_off: SIG_OFF,
-                        ..Args::default()
+                        ..buffers.args(rank, 1, abort.as_ptr() as u64)
                     };
                     // SAFETY: live memory of the lengths given.
                     unsafe { reduce(&args, identity) };

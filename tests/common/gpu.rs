@@ -232,3 +232,46 @@ pub fn for_each_algorithm_call(
     }
     comm.set_algorithm(collective, None).unwrap();
 }
+
+/// Calls `call(spec, in_place, what)` for every call of the full matrix: each collective with
+/// buffers × every type × every operator (PreMulSum with rank 0's scalar; `check` gives each
+/// rank its own) × in and out of place × `counts`, rooted at rank `n − 1`.
+pub fn for_each_matrix_call(
+    n: usize,
+    counts: &[usize],
+    mut call: impl FnMut(CallSpec, bool, String),
+) {
+    for collective in Collective::WITH_BUFFERS {
+        for dtype in DataType::ALL {
+            let ops: Vec<ReduceOp> = if collective.reduces() {
+                let mut v = ReduceOp::BASIC.to_vec();
+                v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
+                v
+            } else {
+                vec![ReduceOp::Sum]
+            };
+            for op in ops {
+                for in_place in [false, true] {
+                    for &count in counts {
+                        let spec = CallSpec {
+                            op,
+                            root: n - 1,
+                            ..CallSpec::new(collective, dtype, count)
+                        };
+                        let what = format!("{collective} {dtype} {op} {count} in_place {in_place}");
+                        call(spec, in_place, what);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds `what` to `failures` unless `checked` is a check with nothing wrong.
+pub fn note(failures: &mut Vec<String>, what: String, checked: strata::Result<check::Checked>) {
+    match checked {
+        Ok(c) if c.first.is_none() => {}
+        Ok(c) => failures.push(format!("{what}: {:?}", c.first)),
+        Err(e) => failures.push(format!("{what}: {e}")),
+    }
+}
