@@ -9,7 +9,8 @@
  *                                 NCCL_MULTI_RANK_GPU_ENABLE=1), calls grouped, one stream
  *                                 per rank; the time is the slowest rank's
  *   gpu_bench procs MIN MAX       one rank of RANK / WORLD_SIZE (NCCL_TEST_ID_FILE carries the
- *                                 id), every rank on GPU 0 (under CUDA MPS to run at once)
+ *                                 id) on GPU RANK mod the GPUs visible: with one GPU every rank
+ *                                 shares it (under CUDA MPS to run at once)
  *   gpu_bench copy BYTES          the device-to-device copy rate of GPU 0: the bound of any
  *                                 collective among ranks that share it
  *
@@ -32,6 +33,7 @@ typedef unsigned long long CUdeviceptr;
 typedef void* CUcontext;
 typedef void* CUevent;
 int cuInit(unsigned);
+int cuDeviceGetCount(int*);
 int cuDevicePrimaryCtxRetain(CUcontext*, int);
 int cuCtxSetCurrent(CUcontext);
 int cuMemAlloc_v2(CUdeviceptr*, size_t);
@@ -145,8 +147,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   CUcontext ctx;
+  int gpus = 1;
   CU(cuInit(0));
-  CU(cuDevicePrimaryCtxRetain(&ctx, 0));
+  CU(cuDeviceGetCount(&gpus));
+  int gpu = !strcmp(argv[1], "procs") && getenv("RANK") ? atoi(getenv("RANK")) % gpus : 0;
+  CU(cuDevicePrimaryCtxRetain(&ctx, gpu));
   CU(cuCtxSetCurrent(ctx));
   int version = 0;
   ncclGetVersion(&version);

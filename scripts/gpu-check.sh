@@ -3,7 +3,7 @@
 # (stream programs over CUDA IPC among the GPUs of the machine, host-staged, abort, timeouts),
 # collbench --device cuda for every collective and algorithm, and strata against NVIDIA's NCCL
 # (the nvidia-nccl-cu12 wheel) with
-# one C program (benches/gpu_allreduce.c) run against each library, interleaved over three
+# one C program (benches/gpu_bench.c) run against each library, interleaved over three
 # rounds, medians reported; on 1 GPU and on every GPU of the machine.
 #
 # GPUDirect RDMA needs two such machines with RDMA NICs (nvidia-peermem or dma-buf support):
@@ -34,46 +34,31 @@ venv="${STRATA_CACHE:-$HOME/.cache/strata}/nccl-cu12-venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --no-deps nvidia-nccl-cu12
 nv="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/nccl"
-cc -O2 -std=c11 -o target/gpu_allreduce_nvidia benches/gpu_allreduce.c -I"$nv/include" \
-  -Iffi/tests/c/cuda-standin -L"$nv/lib" -l:libnccl.so.2 -lcuda
-mkdir -p target/strata-lib && ln -sf ../release/libstrata_ffi.so target/strata-lib/libnccl.so.2
+cc -O2 -std=c11 -o target/gpu_bench_nvidia benches/gpu_bench.c -I"$nv/include" \
+  -Iffi/tests/c/cuda-standin -L"$nv/lib" -l:libnccl.so.2 -Wl,-rpath,"$nv/lib" -lcuda -ldl
 
-run() { # run LIBDIR NP: the C program on NP ranks against the libnccl.so.2 in LIBDIR
-  local lib=$1 np=$2 idf pids=()
+run() { # run LOG LIB NP: benches/gpu_bench.c on NP ranks (one per GPU), NVIDIA's NCCL or strata preloaded
+  local log=$1 lib=$2 np=$3 idf pids=() preload=""
+  [ "$lib" = strata ] && preload="$PWD/target/release/libstrata_ffi.so"
   idf=$(mktemp -u /tmp/strata-gpu-id.XXXXXX)
   for r in $(seq 0 $((np - 1))); do
-    RANK=$r WORLD_SIZE=$np NCCL_TEST_ID_FILE=$idf LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" \
-      timeout 600 target/gpu_allreduce_nvidia 8 "$max" 20 > "$idf.out.$r" &
+    RANK=$r WORLD_SIZE=$np NCCL_TEST_ID_FILE=$idf LD_PRELOAD="$preload" \
+      timeout 600 target/gpu_bench_nvidia procs 8 "$max" > "$idf.out.$r" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
-  cat "$idf.out.0"
+  cat "$idf".out.* > "$log"
   rm -f "$idf" "$idf".out.*
 }
 
 for np in $(printf '%s\n' 1 "$ngpu" | sort -un); do
-  echo "== all_reduce float sum, $np GPU(s): NVIDIA NCCL vs strata, 3 interleaved rounds, medians"
+  echo "== all-reduce, all-gather, reduce-scatter, $np GPU(s): NVIDIA NCCL vs strata, 3 interleaved rounds, medians"
   out=$(mktemp -d)
   for round in 1 2 3; do
-    run "$nv/lib" "$np" > "$out/nvidia.$round"
-    run "$PWD/target/strata-lib" "$np" > "$out/strata.$round"
+    run "$out/procs_nccl_r$round.log" nccl "$np"
+    run "$out/procs_strata_r$round.log" strata "$np"
   done
-  python3 - "$out" <<'PY'
-import statistics, sys, glob
-d = sys.argv[1]
-def load(who):
-    rows = {}
-    for f in glob.glob(f"{d}/{who}.*"):
-        for line in open(f):
-            b, t, bw = line.split()
-            rows.setdefault(int(b), []).append((float(t), float(bw)))
-    return {b: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for b, v in rows.items()}
-nv, st = load("nvidia"), load("strata")
-print(f"{'bytes':>12} {'nccl us':>10} {'strata us':>10} {'nccl busbw':>11} {'strata busbw':>13} {'ratio':>6}")
-for b in sorted(nv):
-    (tn, bn), (ts, bs) = nv[b], st.get(b, (float('nan'), float('nan')))
-    print(f"{b:>12} {tn:>10.1f} {ts:>10.1f} {bn:>11.2f} {bs:>13.2f} {bs / bn if bn else float('nan'):>6.2f}")
-PY
+  python3 scripts/gpu_summary.py "$out"
   rm -rf "$out"
   echo "== collbench --device cuda, $np GPU(s): every collective (stream programs on one host)"
   for op in all_reduce all_gather reduce_scatter broadcast reduce all_to_all; do

@@ -70,7 +70,9 @@ def main():
             continue
         n = 2
         rows = []
-        print(f"\n# {mode}: 2 ranks on one GPU, medians of {max(len(v) for v in (nv or st).values())} "
+        what = {"threads": "2 ranks as threads on one GPU", "mps": "2 processes on one GPU under MPS",
+                "procs": "ranks as processes"}[mode]
+        print(f"\n# {mode}: {what}, medians of {max(len(v) for v in (nv or st).values())} "
               f"rounds; ratio = strata time / NCCL time")
         print(f"# {'collective':15} {'size':>6} {'nccl us':>10} {'strata us':>10} {'ratio':>6} "
               f"{'nccl busbw':>10} {'strata busbw':>12} {'wrong':>5}  target")
@@ -87,8 +89,8 @@ def main():
             elif nb and sb and b >= 64 << 20:
                 target = "ok" if sb >= nb else "below"
             hbm = None
-            if coll == "all_reduce" and su:
-                hbm = 2 * n * b / su / 1e3  # GB/s of HBM traffic at least
+            if coll == "all_reduce" and su and mode != "procs":
+                hbm = 2 * n * b / su / 1e3  # GB/s of HBM traffic at least, ranks sharing a GPU
             row = {"collective": coll, "bytes": b, "nccl_us": nu, "strata_us": su, "ratio": ratio,
                    "nccl_busbw": nb, "strata_busbw": sb, "wrong": wrong, "target": target,
                    "strata_hbm_gbs_at_least": hbm}
