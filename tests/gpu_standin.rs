@@ -572,3 +572,37 @@ fn copies_to_and_from_pageable_memory_follow_the_drivers_synchronisation_rules()
     let name = "copies_to_and_from_pageable_memory_follow_the_drivers_synchronisation_rules";
     assert_all_ok(&spawn(name, 1, &[], Duration::from_secs(60)));
 }
+
+/// Ranks whose kernel areas differ (`STRATA_GPU_LL_BYTES` set on one rank only) agree at bind
+/// to run no call as a kernel, rather than write lines at offsets their peers do not read or
+/// leave a collective out; their calls run as stream programs and stay right.
+#[test]
+fn ranks_whose_kernel_areas_differ_agree_on_no_kernels() {
+    if let Some((comm, rank, n)) = worker() {
+        if rank == 1 {
+            // SAFETY: nothing else of this process reads the environment meanwhile (the
+            // communicator's threads never read this variable).
+            unsafe { std::env::set_var("STRATA_GPU_LL_BYTES", "64K") };
+        }
+        let device = device_of(rank);
+        comm.bind_device(device).unwrap();
+        let choice = comm.kernel_choice().expect("the kernel path was set up");
+        assert_eq!(choice.up_to, 0, "rank {rank}: {choice:?}");
+        assert!(choice.how.contains("differ"), "rank {rank}: {}", choice.how);
+        let stream = Stream::new(device).unwrap();
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 2);
+        assert_eq!(comm.device_kernel_for(&spec), None);
+        let c = check::run_and_check_device(&comm, spec, false, &stream, device).unwrap();
+        assert!(c.first.is_none(), "rank {rank} of {n}: {:?}", c.first);
+        return;
+    }
+    let name = "ranks_whose_kernel_areas_differ_agree_on_no_kernels";
+    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
+        eprintln!(
+            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
+        );
+        return;
+    }
+    let env = [("STRATA_GPU_KERNEL", "on"), ("STRATA_GPU_PATH", "stream")];
+    assert_all_ok(&spawn(name, 2, &env, Duration::from_secs(60)));
+}

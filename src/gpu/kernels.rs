@@ -242,7 +242,8 @@ impl Kernels {
         })
     }
 
-    fn function(&self, name: &str) -> Result<sys::CUfunction> {
+    /// The kernel `name` of the loaded module (looked up once).
+    pub(crate) fn function(&self, name: &str) -> Result<sys::CUfunction> {
         let mut f = self.functions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(&h) = f.get(name) {
             return Ok(h as sys::CUfunction);

@@ -189,7 +189,7 @@ impl Programs {
             }
         }
         let ll = match failure {
-            None => match kernel::Ll::new(&layout, &bases, device) {
+            None => match kernel::Ll::new(&layout, &bases, device, &kernels) {
                 Ok(ll) => ll,
                 Err(e) => {
                     failure = Some(format!("the kernels' tables: {e}"));

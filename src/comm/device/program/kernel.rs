@@ -99,9 +99,11 @@ fn mode_from(nccl_proto: Option<&str>, setting: Option<&str>) -> Result<Mode> {
 }
 
 /// Bytes of one area (16-byte lines for `STRATA_GPU_LL_BYTES` payload bytes, default 256 KiB);
-/// 0 where the kernels are off.
+/// 0 where no kernel can serve the communicator (one rank, or more than [`MAX_RANKS`]). It
+/// depends on nothing else a rank could see differently from another: `STRATA_GPU_KERNEL=off`
+/// only sets the crossover to 0, so every rank still takes part in agreeing on it.
 pub(super) fn area_bytes(p: usize) -> Result<usize> {
-    if !(2..=MAX_RANKS).contains(&p) || mode_from_env()? == Mode::Off {
+    if !(2..=MAX_RANKS).contains(&p) {
         return Ok(0);
     }
     let payload = match std::env::var("STRATA_GPU_LL_BYTES") {
@@ -239,9 +241,22 @@ pub(super) struct Ll {
 impl Ll {
     /// Sets the kernel side up for a rank whose peers' buffers are at `bases`; `None` when the
     /// layout has no areas. A context must be current.
-    pub(super) fn new(layout: &Layout, bases: &[u64], device: i32) -> Result<Option<Self>> {
+    pub(super) fn new(
+        layout: &Layout,
+        bases: &[u64],
+        device: i32,
+        kernels: &Kernels,
+    ) -> Result<Option<Self>> {
         if layout.ll_stride == 0 {
             return Ok(None);
+        }
+        // A driver that cannot load them leaves this rank without kernels (the ranks then
+        // agree on none, in choose_kernels).
+        for name in ["strata_ll_reduce", "strata_ll_copy"] {
+            if let Err(e) = kernels.function(name) {
+                tracing::info!("no low-latency kernels: {e}");
+                return Ok(None);
+            }
         }
         let table = DeviceBuffer::alloc(device, 8 * bases.len())?;
         let bytes: Vec<u8> = bases.iter().flat_map(|b| b.to_le_bytes()).collect();
@@ -413,7 +428,39 @@ impl Programs {
     /// Measures where the kernels stop paying and agrees on it with every rank (collective: at
     /// bind, before any call), or takes the limit `STRATA_GPU_KERNEL` sets.
     pub(super) fn choose_kernels(&self, comm: &Communicator) -> Result<()> {
-        let Some(ll) = &self.ll else {
+        let stride = self.layout.ll_stride as u64;
+        if stride == 0 {
+            return Ok(()); // alike on every rank: one rank, too many, or other hosts
+        }
+        // Every rank has the kernels and areas of the same size (STRATA_GPU_LL_BYTES), or none
+        // uses them: agreed before anything is measured, so no rank leaves a collective out.
+        let mut words = [u64::from(self.ll.is_some()), stride, !stride];
+        let min = CallSpec {
+            op: ReduceOp::Min,
+            ..CallSpec::new(Collective::AllReduce, DataType::Uint64, 3)
+        };
+        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        comm.call_bytes(min, None, &mut bytes)?;
+        for (w, b) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+            *w = u64::from_le_bytes(b.try_into().unwrap_or_default());
+        }
+        let Some(ll) = self.ll.as_ref().filter(|_| words == [1, stride, !stride]) else {
+            let why = if words[0] == 0 {
+                "a rank could not load the kernels"
+            } else {
+                "the ranks' STRATA_GPU_LL_BYTES differ"
+            };
+            if comm.rank() == 0 {
+                tracing::warn!("device buffers: no kernel path: {why}");
+            }
+            if let Some(ll) = &self.ll {
+                let _ = ll.choice.set(KernelChoice {
+                    up_to: 0,
+                    two_shot_from: usize::MAX,
+                    how: why.into(),
+                    measured: Vec::new(),
+                });
+            }
             return Ok(());
         };
         let room = self.layout.ll_stride / 2;
