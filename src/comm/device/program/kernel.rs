@@ -345,10 +345,7 @@ impl Programs {
             Error::Transport(format!("internal: no kernel runs {}", spec.collective))
         })?;
         let (p, es) = (comm.size(), spec.dtype.size());
-        let mut guard = self
-            .state
-            .lock()
-            .map_err(|_| Error::Transport("device program state poisoned".into()))?;
+        let mut guard = self.lock_state()?;
         let st = &mut *guard;
         let start = self.begin(st, stream)?;
         st.kernel_calls += 1;

@@ -264,10 +264,7 @@ impl Programs {
             combine: arith.combine as u8,
             divide: arith.divide_by.is_some(),
         };
-        let mut guard = self
-            .state
-            .lock()
-            .map_err(|_| Error::Transport("device program state poisoned".into()))?;
+        let mut guard = self.lock_state()?;
         let st = &mut *guard;
         let compiled = match st.cache.get(&key) {
             Some(c) => c.clone(),
@@ -349,10 +346,7 @@ impl Programs {
         if compiled.steps.is_empty() {
             return Ok(());
         }
-        let mut guard = self
-            .state
-            .lock()
-            .map_err(|_| Error::Transport("device program state poisoned".into()))?;
+        let mut guard = self.lock_state()?;
         let st = &mut *guard;
         let start = self.begin(st, stream)?;
         let bases = Bases {
@@ -381,6 +375,13 @@ impl Programs {
             what,
             None,
         )
+    }
+
+    /// The pair counters, program cache and lane streams, for one call's enqueueing.
+    fn lock_state(&self) -> Result<std::sync::MutexGuard<'_, ProgramState>> {
+        self.state
+            .lock()
+            .map_err(|_| Error::Transport("device program state poisoned".into()))
     }
 
     /// What every call enqueues first: it starts after the communicator's previous call
