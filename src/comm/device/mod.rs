@@ -146,6 +146,15 @@ impl Communicator {
         device.ok_or_else(|| Error::InvalidArgument("the call names no device buffer".into()))
     }
 
+    /// The GPU queue for a call on the device buffers `ptrs` (all on the communicator's GPU),
+    /// with that GPU's context current on this thread until the guard drops: a call may come
+    /// from any thread, with another context current or none (the caller's is restored).
+    fn queue_for(&self, ptrs: &[(u64, &str)]) -> Result<(&StreamQueue, gpu::DeviceGuard)> {
+        let device = Self::device_of(ptrs)?;
+        let on = gpu::DeviceGuard::enter(device)?;
+        Ok((self.gpu_queue(device)?, on))
+    }
+
     /// Enqueues `work` on `streams`: it runs on this communicator's progress thread once every
     /// stream has reached this point, on host copies of `ranges` (device ranges read are
     /// copied in first; ranges written are copied back after), and the streams go on only
@@ -161,10 +170,7 @@ impl Communicator {
             return Err(e);
         }
         let ptrs: Vec<(u64, &str)> = ranges.iter().map(|r| (r.ptr, "a buffer")).collect();
-        let device = Self::device_of(&ptrs)?;
-        // The communicator's GPU for the call, whatever this thread had current (restored after).
-        let _on = gpu::DeviceGuard::enter(device)?;
-        let q = self.gpu_queue(device)?;
+        let (q, _on) = self.queue_for(&ptrs)?;
         let raw: Vec<_> = streams.iter().map(|s| s.raw()).collect();
         q.enqueue(&raw, JobKind::Staged(ranges, work))
     }
@@ -210,10 +216,7 @@ impl Communicator {
         if spec.count == 0 || ptrs.is_empty() {
             return Ok(());
         }
-        let device = Self::device_of(&ptrs)?;
-        // The communicator's GPU for the call, whatever this thread had current (restored after).
-        let _on = gpu::DeviceGuard::enter(device)?;
-        let q = self.gpu_queue(device)?;
+        let (q, _on) = self.queue_for(&ptrs)?;
         let job = Elementwise {
             spec,
             send,
@@ -295,10 +298,8 @@ impl Communicator {
                 .filter(|b| b.2 > 0)
                 .map(|(ptr, what, _)| (ptr, what))
                 .collect();
-            let device = Self::device_of(&ptrs)?;
-            // The communicator's GPU for the call, whatever this thread had current (restored after).
-            let _on = gpu::DeviceGuard::enter(device)?;
-            if let Some(programs) = self.gpu_queue(device)?.programs() {
+            let (q, _on) = self.queue_for(&ptrs)?;
+            if let Some(programs) = q.programs() {
                 return programs
                     .enqueue(self, spec, send, recv, ib, stream)
                     .map(|_| ());
@@ -366,11 +367,8 @@ impl Communicator {
             }
         });
         let ptrs: Vec<(u64, &str)> = ranges.iter().map(|r| (r.ptr, "a buffer")).collect();
-        let device = Self::device_of(&ptrs)?;
-        // The communicator's GPU for the call, whatever this thread had current (restored after).
-        let _on = gpu::DeviceGuard::enter(device)?;
-        self.gpu_queue(device)?
-            .enqueue(&[stream.raw()], JobKind::Staged(ranges, work))
+        let (q, _on) = self.queue_for(&ptrs)?;
+        q.enqueue(&[stream.raw()], JobKind::Staged(ranges, work))
     }
 
     /// Enqueues point-to-point transfers on device memory on `stream` as one batch (a group's
@@ -407,10 +405,8 @@ impl Communicator {
         if ptrs.is_empty() {
             return Ok(());
         }
-        let device = Self::device_of(&ptrs)?;
-        // The communicator's GPU for the call, whatever this thread had current (restored after).
-        let _on = gpu::DeviceGuard::enter(device)?;
-        match self.gpu_queue(device)?.programs() {
+        let (q, _on) = self.queue_for(&ptrs)?;
+        match q.programs() {
             Some(programs) => programs.enqueue_transfers(self, transfers, stream),
             None => Err(Error::Unsupported(
                 "point-to-point transfers in a stream program need every peer reachable GPU \
