@@ -16,10 +16,8 @@ use std::sync::{Mutex, OnceLock};
 /// stand-in).
 pub const REDUCE_SOURCE: &str = include_str!("kernels/reduce.cu");
 
-/// The low-latency kernels' source: compiled after [`REDUCE_SOURCE`], whose definitions it uses.
-pub const LL_SOURCE: &str = include_str!("kernels/ll.cu");
-
-/// The whole program NVRTC compiles: the reductions, then the low-latency kernels.
+/// The whole program NVRTC compiles: the reductions, then the low-latency kernels
+/// (`kernels/ll.cu`, which uses what `reduce.cu` defines).
 const PROGRAM: &str = concat!(
     include_str!("kernels/reduce.cu"),
     "\n",

@@ -16,7 +16,7 @@ pub use driver::{
     DeviceGuard, DriverInfo, Memory, available, current_device, current_gpu_bus_id, driver,
     memory_of, set_device,
 };
-pub use kernels::{LL_SOURCE, REDUCE_SOURCE, kernel_suffix};
+pub use kernels::{REDUCE_SOURCE, kernel_suffix};
 pub use memory::{DeviceBuffer, DeviceRange, FreeHook, on_device_free, read_device};
 pub use standin::{StandinStats, standin_stats};
 pub use stream::{Event, Stream};

@@ -42,13 +42,26 @@ pub(crate) enum Variant {
 
 impl Variant {
     /// As `explain` and collbench's algo column name it.
-    pub(crate) fn name(self, collective: Collective) -> &'static str {
-        match (self, collective) {
-            (Variant::OneShot, _) => "ll_one_shot",
-            (Variant::TwoShot, _) => "ll_two_shot",
-            (Variant::Direct, _) => "ll",
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Variant::OneShot => "ll_one_shot",
+            Variant::TwoShot => "ll_two_shot",
+            Variant::Direct => "ll",
         }
     }
+}
+
+/// Whether a kernel waits for a rank whose arrive word is `have` when it expects that rank's
+/// arrival at call `want` (0: at none): `have` is not there yet on the cycle of call numbers
+/// (as `ll_ahead` in ll.cu counts). The monitor's diagnosis asks it of every flag area.
+pub(super) fn behind(have: u32, want: u32) -> bool {
+    if want == 0 {
+        return false;
+    }
+    if have == 0 {
+        return true;
+    }
+    (u64::from(have) + CYCLE - u64::from(want)) % CYCLE >= CYCLE / 2
 }
 
 /// How `STRATA_GPU_KERNEL` (and `NCCL_PROTO`) set the kernel path.
@@ -646,6 +659,15 @@ mod tests {
         assert_eq!(crossover(&m), 128);
         assert_eq!(crossover(&m[3..4]), 0);
         assert_eq!(crossover(&[]), 0);
+    }
+
+    #[test]
+    fn a_rank_is_behind_until_it_arrives_also_across_the_wrap() {
+        assert!(!behind(0, 0), "nothing expected");
+        assert!(behind(0, 1), "never arrived");
+        assert!(behind(4, 5) && !behind(5, 5) && !behind(6, 5));
+        // The call after 0xfffffffe is 1: a rank at 1 has passed 0xfffffffe.
+        assert!(!behind(1, 0xffff_fffe) && behind(0xffff_fffe, 1));
     }
 
     #[test]

@@ -231,7 +231,7 @@ impl Programs {
     /// The name of what runs `spec` on device buffers here: a kernel's (`ll_one_shot`, ...),
     /// or `None` for the stream program of the tuner's algorithm.
     pub(crate) fn kernel_name(&self, comm: &Communicator, spec: &CallSpec) -> Option<&'static str> {
-        self.kernel_for(comm, spec).map(|v| v.name(spec.collective))
+        self.kernel_for(comm, spec).map(kernel::Variant::name)
     }
 
     /// The crossover the kernels were given at bind, if the communicator has them.

@@ -69,7 +69,7 @@ impl CallName {
                 spec.dtype,
                 spec.op,
                 spec.count,
-                variant.name(spec.collective)
+                variant.name()
             ),
         }
     }
@@ -295,7 +295,7 @@ impl Watch {
                     .filter(|&x| {
                         behind(w[x], w[2 * p + x])
                             || behind(w[p + x], w[3 * p + x])
-                            || kernel_behind(w[arrive + x], w[expect + x])
+                            || super::kernel::behind(w[arrive + x], w[expect + x])
                     })
                     .collect(),
             ));
@@ -348,20 +348,6 @@ impl Watch {
         culprits.sort_unstable();
         (culprits, Some(text), mismatch)
     }
-}
-
-/// Whether a kernel waits for rank x: it expects x's arrival at call `want` (0: at none),
-/// and x's arrive word, `have`, is not there yet, on the cycle of kernel call numbers
-/// (1..=0xfffffffe, as `ll_ahead` in ll.cu counts).
-fn kernel_behind(have: u32, want: u32) -> bool {
-    const CYCLE: u64 = 0xffff_fffe;
-    if want == 0 {
-        return false;
-    }
-    if have == 0 {
-        return true;
-    }
-    (u64::from(have) + CYCLE - u64::from(want)) % CYCLE >= CYCLE / 2
 }
 
 /// Two ranks in their n-th device call with different arguments (collective, type, operator,
