@@ -56,7 +56,8 @@ impl DeferredInit {
             tracing::warn!("GPU {dev}: {e}; device buffers will fail");
         }
         let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
-        self.handle.set_ready_bound(r, self.device.is_some());
+        // Binding was decided here: a device known, bound above; none, nothing to bind to.
+        self.handle.set_ready_bound(r, true);
         out
     }
 }

@@ -138,8 +138,8 @@ impl CommHandle {
         self.set_ready_bound(result, false)
     }
 
-    /// [`CommHandle::set_ready`]; `bound` when the init already bound the communicator to its
-    /// GPU ([`crate::group::DeferredInit::run`]).
+    /// [`CommHandle::set_ready`]; `bound` when whoever made the communicator already bound it
+    /// to its GPU or found none to bind to ([`crate::group::DeferredInit::run`]).
     pub fn set_ready_bound(&self, result: strata::Result<Communicator>, bound: bool) {
         let mut slot = lock(&self.slot);
         *slot = match result {
@@ -153,8 +153,7 @@ impl CommHandle {
                 let one_here = c.peers().iter().filter(|p| p.process == me).count() == 1;
                 if !bound
                     && one_here
-                    && crate::device::driver_loaded()
-                    && let Ok(Some(dev)) = strata::gpu::current_device()
+                    && let Some(dev) = crate::group::DeferredInit::current_device()
                     && let Err(e) = c.bind_device(dev)
                 {
                     tracing::warn!("GPU {dev}: {e}; device buffers will fail");
