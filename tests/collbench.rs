@@ -147,25 +147,35 @@ fn standin_table(text: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-#[test]
-fn on_device_buffers_it_names_each_peers_path_and_the_host_bytes_per_call() {
-    let dir = common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin");
+/// collbench's output with `args` and `env`, on loopback with `libs` as its library path,
+/// after asserting that it succeeded.
+fn collbench_ok(args: &[&str], env: &[(&str, &str)], libs: &std::ffi::OsStr) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_collbench"))
-        .args([
-            "--np", "3", "--device", "cuda", "-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w",
-            "1",
-        ])
+        .args(args)
         .env("STRATA_SOCKET_IFNAME", "=lo")
-        .env("STRATA_GPU_PATH", "staged")
-        .env("STRATA_STANDIN_GPUS", "4")
-        .env("LD_LIBRARY_PATH", &dir)
+        .envs(env.iter().copied())
+        .env("LD_LIBRARY_PATH", libs)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[test]
+fn on_device_buffers_it_names_each_peers_path_and_the_host_bytes_per_call() {
+    let dir = common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin");
+    let text = collbench_ok(
+        &[
+            "--np", "3", "--device", "cuda", "-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w",
+            "1",
+        ],
+        &[("STRATA_GPU_PATH", "staged"), ("STRATA_STANDIN_GPUS", "4")],
+        dir.as_os_str(),
     );
     assert!(
         text.contains("# Device paths of rank 0: rank 1 staged, rank 2 staged"),
@@ -190,8 +200,8 @@ fn ranks_as_threads_share_one_gpu_and_small_calls_run_as_one_kernel_each() {
     };
     let dir = common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin");
     let path = std::env::join_paths([dir.as_os_str(), nvrtc.as_os_str()]).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_collbench"))
-        .args([
+    let text = collbench_ok(
+        &[
             "--threads",
             "3",
             "--device",
@@ -206,18 +216,9 @@ fn ranks_as_threads_share_one_gpu_and_small_calls_run_as_one_kernel_each() {
             "3",
             "-w",
             "1",
-        ])
-        .env("STRATA_SOCKET_IFNAME", "=lo")
-        .env("STRATA_STANDIN_GPUS", "1")
-        .env("STRATA_GPU_KERNEL", "64K")
-        .env("LD_LIBRARY_PATH", &path)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &[("STRATA_STANDIN_GPUS", "1"), ("STRATA_GPU_KERNEL", "64K")],
+        &path,
     );
     assert!(
         text.contains("# Device paths of rank 0: rank 1 direct, rank 2 direct"),

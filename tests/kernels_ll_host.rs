@@ -7,6 +7,8 @@
 //! while peers are one call behind or ahead. Results are checked as every strata test checks
 //! them (`strata::check`). What this proves is the protocol's logic, not GPU speed.
 
+mod common;
+
 use std::ffi::c_void;
 use strata::{CallSpec, Collective, DataType, ReduceOp, check};
 use strata_cuda_standin as _; // links the host kernels
@@ -140,47 +142,31 @@ struct Case {
 }
 
 fn cases(p: usize) -> Vec<Case> {
-    let mut out = Vec::new();
-    for collective in [
+    let kernels = [
         Collective::AllReduce,
         Collective::ReduceScatter,
         Collective::Reduce,
         Collective::AllGather,
         Collective::Broadcast,
-    ] {
-        for dtype in DataType::ALL {
-            let ops: Vec<ReduceOp> = if collective.reduces() {
-                let mut v = ReduceOp::BASIC.to_vec();
-                v.push(ReduceOp::PreMulSum(check::premul_scalar(dtype, 0)));
-                v
-            } else {
-                vec![ReduceOp::Sum]
-            };
-            for op in ops {
-                for count in [1usize, 3, 37, 1000] {
-                    for in_place in [false, true] {
-                        let shots: &[bool] = if collective == Collective::AllReduce {
-                            &[false, true]
-                        } else {
-                            &[false]
-                        };
-                        for &two_shot in shots {
-                            let spec = CallSpec {
-                                op,
-                                root: p - 1,
-                                ..CallSpec::new(collective, dtype, count)
-                            };
-                            out.push(Case {
-                                spec,
-                                in_place,
-                                two_shot,
-                            });
-                        }
-                    }
-                }
-            }
+    ];
+    let mut out = Vec::new();
+    common::gpu::for_each_matrix_call(p, &[1, 3, 37, 1000], |spec, in_place, _| {
+        if !kernels.contains(&spec.collective) {
+            return;
         }
-    }
+        let shots: &[bool] = if spec.collective == Collective::AllReduce {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &two_shot in shots {
+            out.push(Case {
+                spec,
+                in_place,
+                two_shot,
+            });
+        }
+    });
     out
 }
 
