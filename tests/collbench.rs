@@ -192,10 +192,7 @@ fn on_device_buffers_it_names_each_peers_path_and_the_host_bytes_per_call() {
 #[test]
 fn ranks_as_threads_share_one_gpu_and_small_calls_run_as_one_kernel_each() {
     let test = "ranks_as_threads_share_one_gpu_and_small_calls_run_as_one_kernel_each";
-    let Some(nvrtc) = std::env::var_os("STRATA_NVRTC_DIR") else {
-        eprintln!(
-            "SKIPPED {test}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
+    let Some(nvrtc) = common::nvrtc_dir(test) else {
         return;
     };
     let dir = common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin");
@@ -270,7 +267,10 @@ fn a_full_dev_shm_fails_with_a_clear_error_not_sigbus() {
     // SAFETY: a plain query.
     if unsafe { libc::geteuid() } != 0 || Command::new("unshare").arg("--version").output().is_err()
     {
-        println!("SKIPPED {name}: needs root and unshare (a private mount of a tiny /dev/shm)");
+        common::skip(
+            name,
+            "needs root and unshare (a private mount of a tiny /dev/shm)",
+        );
         return;
     }
     // A 256 KiB /dev/shm, private to this run: a 1 MiB ring segment cannot fit.
@@ -352,4 +352,29 @@ fn segments_left_by_dead_ranks_are_removed_by_the_next_run() {
         "the dead process's segment is still in /dev/shm"
     );
     assert!(live_left, "a live process's segment was removed");
+}
+
+/// The launcher's flags work on either side of `health`: both placements spawn 3 ranks
+/// (the report's first line counts them), and the bound holds after the subcommand too.
+#[test]
+fn launcher_flags_work_before_and_after_the_health_subcommand() {
+    let none = std::ffi::OsStr::new("");
+    for args in [
+        &["--np", "3", "health", "--bytes", "64K"][..],
+        &[
+            "health",
+            "--np",
+            "3",
+            "--bytes",
+            "64K",
+            "--timeout",
+            "60",
+            "--bind-to",
+            "none",
+        ][..],
+    ] {
+        let text = collbench_ok(args, &[], none);
+        assert!(text.contains("1 hosts, 3 ranks"), "{args:?}:\n{text}");
+        assert!(text.contains("every host in line"), "{args:?}:\n{text}");
+    }
 }

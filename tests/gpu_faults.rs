@@ -133,10 +133,7 @@ fn never_calls(kernel: bool) {
 
 /// Spawns [`never_calls`] at 3 ranks; the lines in which ranks 0 and 1 report the timeout.
 fn never_calls_reports(name: &str, kernel: &str) -> Option<Vec<String>> {
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
+    if common::nvrtc_dir(name).is_none() {
         return None;
     }
     let env = [
@@ -248,10 +245,7 @@ fn mismatched(kernel: bool) {
 }
 
 fn mismatched_reports(name: &str, kernel: &str) {
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
+    if common::nvrtc_dir(name).is_none() {
         return;
     }
     let env = [

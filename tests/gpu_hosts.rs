@@ -18,9 +18,9 @@ const HOSTS: usize = 2;
 const PER_HOST: usize = 2;
 const SUBNET: &str = "198.18.6.";
 
-/// The ranks' library path: both stand-ins, then NVRTC.
-fn library_path() -> Option<String> {
-    let nvrtc = std::env::var("STRATA_NVRTC_DIR").ok()?;
+/// The ranks' library path: both stand-ins, then NVRTC; `None` (having said so) without NVRTC.
+fn library_path(name: &str) -> Option<String> {
+    let nvrtc = common::nvrtc_dir(name)?.into_string().ok()?;
     let cuda = common::standin_dir("libstrata_cuda_standin.so", "libcuda.so.1", "cuda-standin");
     let verbs = common::ibverbs_standin_dir();
     Some(format!("{}:{}:{nvrtc}", cuda.display(), verbs.display()))
@@ -36,12 +36,7 @@ fn run_on_hosts(name: &str, extra: &[(&str, &str)]) -> Option<Vec<(bool, String)
         println!("SKIPPED {name}: it needs the stand-ins' NIC between namespaces, not one GPU");
         return None;
     }
-    let Some(path) = library_path() else {
-        println!(
-            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
-        return None;
-    };
+    let path = library_path(name)?;
     let nics = |h: usize| -> Vec<String> {
         (0..PER_HOST)
             .map(|l| format!("{SUBNET}{}/24", 101 + h * PER_HOST + l))
@@ -50,7 +45,7 @@ fn run_on_hosts(name: &str, extra: &[(&str, &str)]) -> Option<Vec<(bool, String)
     let _hosts = match Hosts::build("st-g", SUBNET, HOSTS, nics) {
         Ok(h) => h,
         Err(why) => {
-            println!("SKIPPED {name}: {why}");
+            common::skip(name, &why);
             return None;
         }
     };

@@ -244,11 +244,7 @@ fn the_standin_counts_what_crosses_host_memory_and_who_waits() {
         staged.iter().all(|(_, out)| out.contains("COUNTED")),
         "{staged:?}"
     );
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {name} through CUDA IPC: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, \
-             which .ci/run installs) is not set; the staged half ran"
-        );
+    if common::nvrtc_dir(&format!("{name} through CUDA IPC (the staged half ran)")).is_none() {
         return;
     }
     let ipc = spawn(
@@ -309,10 +305,7 @@ fn every_collective_algorithm_type_and_operator_as_stream_programs_at_2_3_and_4_
     }
     let test =
         "every_collective_algorithm_type_and_operator_as_stream_programs_at_2_3_and_4_processes";
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {test}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
+    if common::nvrtc_dir(test).is_none() {
         return;
     }
     for n in [2, 3, 4] {
@@ -346,10 +339,7 @@ fn a_64_mib_all_reduce_as_a_stream_program_touches_no_host_memory_and_no_host_wa
         );
         return;
     }
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {test}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
+    if common::nvrtc_dir(test).is_none() {
         return;
     }
     let ranks = spawn(
@@ -429,10 +419,7 @@ fn sends_and_receives_on_device_buffers_progress_together_in_one_stream_program(
         return;
     }
     let name = "sends_and_receives_on_device_buffers_progress_together_in_one_stream_program";
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
+    if common::nvrtc_dir(name).is_none() {
         return;
     }
     for n in [2, 3, 4] {
@@ -476,10 +463,7 @@ fn a_one_rank_communicator_runs_device_calls_on_the_gpu_not_through_host_memory(
         );
         return;
     }
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
+    if common::nvrtc_dir(name).is_none() {
         return;
     }
     let ranks = spawn(
@@ -597,10 +581,7 @@ fn ranks_whose_kernel_areas_differ_agree_on_no_kernels() {
         return;
     }
     let name = "ranks_whose_kernel_areas_differ_agree_on_no_kernels";
-    if std::env::var_os("STRATA_NVRTC_DIR").is_none() {
-        eprintln!(
-            "SKIPPED {name}: STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set"
-        );
+    if common::nvrtc_dir(name).is_none() {
         return;
     }
     let env = [("STRATA_GPU_KERNEL", "on"), ("STRATA_GPU_PATH", "stream")];

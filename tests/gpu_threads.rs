@@ -13,6 +13,12 @@ use strata::{CallSpec, Collective, Communicator, DataType, UniqueId, check};
 
 use common::gpu::{assert_all_ok, for_each_matrix_call, note, spawn};
 
+/// In the parent: true (having said so) when `STRATA_NVRTC_DIR` is not set; the stream
+/// programs and kernels these tests run are compiled at bind with NVRTC.
+fn without_nvrtc(test: &str) -> bool {
+    std::env::var_os(common::WORKER).is_none() && common::nvrtc_dir(test).is_none()
+}
+
 /// In the child process: `n` communicators as threads, each bound to GPU 0, each running
 /// `body(comm)`; the failures of every rank.
 fn threads(n: usize, body: impl Fn(&Communicator) -> Vec<String> + Sync) -> Vec<String> {
@@ -62,6 +68,9 @@ fn matrix(comm: &Communicator, counts: &[usize]) -> Vec<String> {
 
 #[test]
 fn ranks_as_threads_sharing_one_gpu_run_every_collective_type_and_operator() {
+    if without_nvrtc("ranks_as_threads_sharing_one_gpu_run_every_collective_type_and_operator") {
+        return;
+    }
     if std::env::var_os(common::WORKER).is_some() {
         let n: usize = std::env::var("STRATA_TEST_THREADS")
             .unwrap()
@@ -142,6 +151,11 @@ fn footprint(comm: &Communicator, spec: CallSpec, calls: usize) -> (f64, f64) {
 
 #[test]
 fn an_8_byte_all_reduce_at_4_ranks_costs_one_launch_and_at_most_two_memory_operations() {
+    if without_nvrtc(
+        "an_8_byte_all_reduce_at_4_ranks_costs_one_launch_and_at_most_two_memory_operations",
+    ) {
+        return;
+    }
     if std::env::var_os(common::WORKER).is_some() {
         let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 2);
         let out = threads(4, |comm| {
@@ -189,6 +203,9 @@ fn an_8_byte_all_reduce_at_4_ranks_costs_one_launch_and_at_most_two_memory_opera
 /// piece then, about 1 in batches), and its results stay right.
 #[test]
 fn a_stream_program_enqueues_each_synchronisation_as_one_batch() {
+    if without_nvrtc("a_stream_program_enqueues_each_synchronisation_as_one_batch") {
+        return;
+    }
     if std::env::var_os(common::WORKER).is_some() {
         let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 16 << 10);
         let out = threads(4, |comm| {
@@ -249,6 +266,9 @@ fn a_stream_program_enqueues_each_synchronisation_as_one_batch() {
 /// algorithms never run as kernels).
 #[test]
 fn every_algorithm_as_a_stream_program_with_ranks_as_threads_on_one_gpu() {
+    if without_nvrtc("every_algorithm_as_a_stream_program_with_ranks_as_threads_on_one_gpu") {
+        return;
+    }
     if std::env::var_os(common::WORKER).is_some() {
         let failures = threads(3, |comm| {
             let stream = Stream::new(0).unwrap();

@@ -90,15 +90,17 @@ fn health_names_the_host_whose_link_is_shaped_to_half_and_no_other() {
     let hosts = match Hosts::build("st-k", "198.18.9.", HOSTS, |_| Vec::new()) {
         Ok(h) => h,
         Err(why) => {
-            println!(
-                "SKIPPED health_names_the_host_whose_link_is_shaped_to_half_and_no_other: {why}"
+            common::skip(
+                "health_names_the_host_whose_link_is_shaped_to_half_and_no_other",
+                &why,
             );
             return;
         }
     };
     if !(0..HOSTS).all(|h| tc(&format!("st-k{h}"), "400mbit")) {
-        println!(
-            "SKIPPED health_names_the_host_whose_link_is_shaped_to_half_and_no_other: tc tbf failed"
+        common::skip(
+            "health_names_the_host_whose_link_is_shaped_to_half_and_no_other",
+            "tc tbf failed",
         );
         return;
     }

@@ -36,7 +36,7 @@ fn a_partition_is_reported_as_a_silent_network_not_a_hung_process() {
     let hosts = match Hosts::build("st-q", "198.18.8.", HOSTS, |_| Vec::new()) {
         Ok(h) => h,
         Err(why) => {
-            println!("SKIPPED {name}: {why}");
+            common::skip(name, &why);
             return;
         }
     };

@@ -219,7 +219,7 @@ fn nvidia_nccl(test: &str) -> Option<PathBuf> {
         None => {
             skip(
                 test,
-                "STRATA_NVIDIA_NCCL_DIR is not set (.ci/run points it at the nvidia-nccl-cu13 wheel torch installs)",
+                "STRATA_NVIDIA_NCCL_DIR is not set (scripts/test-all.sh points it at the nvidia-nccl-cu13 wheel torch installs)",
             );
             None
         }
@@ -383,7 +383,7 @@ fn gpu_buffers_on_streams_every_collective_at_2_3_and_4_processes_on_the_cuda_st
     let Some(nvrtc) = std::env::var_os("STRATA_NVRTC_DIR") else {
         common::skip(
             "gpu_buffers_on_streams (stream-program part)",
-            "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set",
+            "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which scripts/test-all.sh installs) is not set",
         );
         return;
     };
@@ -438,7 +438,7 @@ fn ranks_as_threads_sharing_one_gpu_through_init_all_and_init_rank_on_the_cuda_s
     let Some(nvrtc) = std::env::var_os("STRATA_NVRTC_DIR") else {
         common::skip(
             "ranks_as_threads_sharing_one_gpu (kernel and stream-program part)",
-            "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set",
+            "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which scripts/test-all.sh installs) is not set",
         );
         return;
     };
@@ -478,7 +478,7 @@ fn a_client_written_with_cudarcs_safe_api_runs_unchanged_through_the_drop_in() {
         )),
         None => common::skip(
             "a_client_written_with_cudarcs_safe_api (kernel and stream-program part)",
-            "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which .ci/run installs) is not set",
+            "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which scripts/test-all.sh installs) is not set",
         ),
     }
     for (gpu_path, dirs) in &paths {
@@ -499,13 +499,13 @@ fn a_client_written_with_cudarcs_safe_api_runs_unchanged_through_the_drop_in() {
 #[test]
 fn python_through_ctypes_and_numpy_on_4_processes() {
     let test = "python_through_ctypes_and_numpy_on_4_processes";
-    let numpy = Command::new("python3")
-        .args(["-c", "import numpy"])
-        .output();
+    // The PyTorch venv has numpy; else the system's python3.
+    let python = std::env::var_os("STRATA_TORCH_PYTHON").unwrap_or_else(|| "python3".into());
+    let numpy = Command::new(&python).args(["-c", "import numpy"]).output();
     if !numpy.is_ok_and(|o| o.status.success()) {
         skip(
             test,
-            "python3 with numpy is not installed (.ci/run installs it)",
+            "no python with numpy (set STRATA_TORCH_PYTHON; scripts/test-all.sh installs one)",
         );
         return;
     }
@@ -513,7 +513,7 @@ fn python_through_ctypes_and_numpy_on_4_processes() {
     let script = source("python/nccl_ctypes.py");
     run_ranks(
         4,
-        &[Path::new("python3"), &script],
+        &[Path::new(&python), &script],
         &[("STRATA_NCCL_LIB", &lib)],
     );
 }

@@ -49,7 +49,7 @@ fn torch_python(test: &str) -> Option<PathBuf> {
     skip(
         test,
         &format!(
-            "{} cannot import torch (set STRATA_TORCH_PYTHON; .ci/run installs torch into a cached venv)",
+            "{} cannot import torch (set STRATA_TORCH_PYTHON; scripts/test-all.sh installs torch into a cached venv)",
             candidate.display()
         ),
     );

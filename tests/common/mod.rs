@@ -55,6 +55,28 @@ pub mod netns;
 
 pub const WORKER: &str = "STRATA_TEST_WORKER";
 
+/// Says on one line that `test` did not run and why. Under `STRATA_TESTS_ALL=1` (set by
+/// `scripts/test-all.sh`, which installs everything the suite needs) a skip is a failure.
+pub fn skip(test: &str, why: &str) {
+    if std::env::var_os("STRATA_TESTS_ALL").is_some() {
+        panic!("{test} would be skipped ({why}), but STRATA_TESTS_ALL=1 runs every test");
+    }
+    println!("SKIPPED {test}: {why}");
+}
+
+/// `STRATA_NVRTC_DIR`, the folder of `libnvrtc.so.12`; `None` (having said so through
+/// [`skip`]) when it is not set.
+pub fn nvrtc_dir(test: &str) -> Option<std::ffi::OsString> {
+    let dir = std::env::var_os("STRATA_NVRTC_DIR");
+    if dir.is_none() {
+        skip(
+            test,
+            "STRATA_NVRTC_DIR (the folder of libnvrtc.so.12, which scripts/test-all.sh installs) is not set",
+        );
+    }
+    dir
+}
+
 pub struct Worker {
     pub comm: Communicator,
     pub rank: usize,
