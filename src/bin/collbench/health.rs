@@ -18,6 +18,8 @@ use super::*;
 /// Options of `collbench health`.
 #[derive(clap::Args, Debug, Clone)]
 pub(super) struct HealthArgs {
+    #[command(flatten)]
+    pub(super) launch: LaunchArgs,
     /// Bytes each pair of hosts sends each way per round.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     bytes: usize,

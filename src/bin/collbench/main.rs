@@ -96,6 +96,36 @@ struct Args {
     command: Option<Subcommand>,
 }
 
+/// The launcher's flags, also accepted after a subcommand that runs a job
+/// (`collbench health --np 4` as well as `collbench --np 4 health`).
+#[derive(clap::Args, Debug, Clone, Default)]
+struct LaunchArgs {
+    /// Spawn this many ranks on this host (as --np before the subcommand).
+    #[arg(long = "np")]
+    np: Option<usize>,
+    /// Give up after this many seconds, with --np (as --timeout before the subcommand).
+    #[arg(long = "timeout")]
+    timeout: Option<f64>,
+    /// Bind spawned ranks: core or none (as --bind-to before the subcommand).
+    #[arg(long = "bind-to", value_parser = ["core", "none"])]
+    bind_to: Option<String>,
+}
+
+impl Args {
+    /// Parses the command line, taking launcher flags given after a job's subcommand as if
+    /// they came before it (the later one wins when both are given).
+    fn from_command_line() -> Self {
+        let mut args = Args::parse();
+        if let Some(Subcommand::Health(h)) = &args.command {
+            let launch = h.launch.clone();
+            args.np = launch.np.unwrap_or(args.np);
+            args.timeout = launch.timeout.or(args.timeout);
+            args.bind_to = launch.bind_to.unwrap_or(args.bind_to);
+        }
+        args
+    }
+}
+
 #[derive(clap::Subcommand, Debug, Clone)]
 enum Subcommand {
     /// Print what strata sees: the host as a tree, GPU-to-NIC affinity, the fabric and the
@@ -191,7 +221,7 @@ struct Report {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = Args::from_command_line();
     match &args.command {
         Some(Subcommand::Topo(t)) => return topo_main(t),
         Some(Subcommand::Layout(l)) => return layout_main(l),
