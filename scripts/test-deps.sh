@@ -5,7 +5,8 @@
 #   deps="$(scripts/test-deps.sh)" && eval "$deps"
 #
 # * Debian packages (as root, or with passwordless sudo): libhwloc-dev, libudev-dev and
-#   pkg-config for the `hwloc` feature; libfabric1 for the libfabric transport's tests.
+#   pkg-config for the `hwloc` feature; libfabric1 for the libfabric transport's tests;
+#   slurmctld, slurmd and slurm-client for the tests under a real Slurm (tests/slurm.rs).
 # * PyTorch from PyPI in a cached venv (scripts/install-torch.sh; it has numpy, torchft and
 #   expecttest too): STRATA_TORCH_PYTHON.
 # * NVIDIA's nccl.h and libnccl.so.2 from the nvidia-nccl-cu13 wheel torch pins:
@@ -26,6 +27,8 @@ if ! pkg-config --exists hwloc 2>/dev/null || ! pkg-config --exists libudev 2>/d
     apt_install libhwloc-dev libudev-dev pkg-config
 fi
 ldconfig -p | grep -q 'libfabric\.so\.1 ' || apt_install libfabric1
+command -v slurmd >/dev/null && command -v srun >/dev/null ||
+    apt_install --no-install-recommends slurmctld slurmd slurm-client
 
 torch_python="$(scripts/install-torch.sh)"
 "$torch_python" -c "import torch; print('torch', torch.__version__, 'pins NCCL', torch.cuda.nccl.version())" >&2

@@ -88,6 +88,59 @@ pub fn detect() -> Result<Option<LaunchInfo>> {
     detect_with(|k| std::env::var(k).ok())
 }
 
+/// The bootstrap root a Slurm step implies, as (host, port), read through `get`; `None`
+/// outside a step. The host is the first of `SLURM_STEP_NODELIST` (where task 0 runs); the
+/// port is `STRATA_PORT`, else the first of `SLURM_STEP_RESV_PORTS` (srun `--resv-ports`),
+/// else one derived from the job and step ids in 20000-31999 (below Linux's ephemeral
+/// ports), so every task of the step computes the same root with no variable set by hand.
+pub fn slurm_root_with(get: impl Fn(&str) -> Option<String>) -> Result<Option<(String, u16)>> {
+    let (Some(nodes), Some(job)) = (get("SLURM_STEP_NODELIST"), get("SLURM_JOB_ID")) else {
+        return Ok(None);
+    };
+    let host = first_host(&nodes).ok_or_else(|| {
+        Error::InvalidArgument(format!("SLURM_STEP_NODELIST={nodes} names no host"))
+    })?;
+    let port = if let Some(p) = get("STRATA_PORT") {
+        p.trim()
+            .parse::<u16>()
+            .map_err(|_| Error::InvalidArgument(format!("STRATA_PORT={p} is not a port")))?
+    } else if let Some(ports) = get("SLURM_STEP_RESV_PORTS") {
+        let first = ports.split([',', '-']).next().unwrap_or_default().trim();
+        first.parse::<u16>().map_err(|_| {
+            Error::InvalidArgument(format!("SLURM_STEP_RESV_PORTS={ports} names no port"))
+        })?
+    } else {
+        let step = get("SLURM_STEP_ID").unwrap_or_default();
+        let mut h = blake3::Hasher::new();
+        h.update(b"strata slurm port");
+        h.update(job.trim().as_bytes());
+        h.update(b"/");
+        h.update(step.trim().as_bytes());
+        let b = h.finalize();
+        20000 + u16::from_le_bytes([b.as_bytes()[0], b.as_bytes()[1]]) % 12000
+    };
+    Ok(Some((host, port)))
+}
+
+/// The first host of a Slurm hostlist expression: `node[07-09,12],gpu3` gives `node07`,
+/// `rack[1-2]-n[3-4]` gives `rack1-n3` (each bracket's first value, zero padding kept).
+pub fn first_host(list: &str) -> Option<String> {
+    let mut host = String::new();
+    let mut in_brackets = false;
+    let mut took_first = false;
+    for c in list.trim().chars() {
+        match c {
+            '[' if !in_brackets => (in_brackets, took_first) = (true, false),
+            ']' if in_brackets => in_brackets = false,
+            ',' | '-' if in_brackets => took_first = true,
+            ',' => break,
+            _ if in_brackets && took_first => {}
+            _ => host.push(c),
+        }
+    }
+    (!host.is_empty() && !in_brackets).then_some(host)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,6 +189,50 @@ mod tests {
             .unwrap();
         assert_eq!(m.launcher, "mpich");
         assert!(with(&[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_first_host_of_a_slurm_hostlist() {
+        for (list, first) in [
+            ("vm", "vm"),
+            ("node[07-09,12],gpu3", "node07"),
+            ("gpu3,node[1-2]", "gpu3"),
+            ("rack[1-2]-n[3-4]", "rack1-n3"),
+            ("n[5]", "n5"),
+            ("a-b-c[010-011]", "a-b-c010"),
+        ] {
+            assert_eq!(first_host(list).as_deref(), Some(first), "{list}");
+        }
+        assert_eq!(first_host(""), None);
+        assert_eq!(first_host("node[1-2"), None);
+    }
+
+    #[test]
+    fn a_slurm_step_implies_one_root_for_all_its_tasks() {
+        let root = |vars: &[(&str, &str)]| {
+            let m: HashMap<&str, &str> = vars.iter().copied().collect();
+            slurm_root_with(|k| m.get(k).map(|v| v.to_string()))
+        };
+        let step = [
+            ("SLURM_STEP_NODELIST", "node[3-4]"),
+            ("SLURM_JOB_ID", "1234"),
+            ("SLURM_STEP_ID", "0"),
+        ];
+        let (host, port) = root(&step).unwrap().unwrap();
+        assert_eq!(host, "node3");
+        assert!((20000..32000).contains(&port), "{port}");
+        // Another step of the same job gets another port; the same step, the same one.
+        let next = root(&[step[0], step[1], ("SLURM_STEP_ID", "1")])
+            .unwrap()
+            .unwrap();
+        assert_ne!(next.1, port);
+        assert_eq!(root(&step).unwrap().unwrap().1, port);
+        let resv = root(&[step[0], step[1], ("SLURM_STEP_RESV_PORTS", "12001-12004")]);
+        assert_eq!(resv.unwrap().unwrap().1, 12001);
+        let set = root(&[step[0], step[1], ("STRATA_PORT", "4242")]);
+        assert_eq!(set.unwrap().unwrap().1, 4242);
+        assert!(root(&[step[0], step[1], ("STRATA_PORT", "x")]).is_err());
+        assert!(root(&[("SLURM_JOB_ID", "1")]).unwrap().is_none());
     }
 
     #[test]

@@ -133,9 +133,7 @@ fn never_calls(kernel: bool) {
 
 /// Spawns [`never_calls`] at 3 ranks; the lines in which ranks 0 and 1 report the timeout.
 fn never_calls_reports(name: &str, kernel: &str) -> Option<Vec<String>> {
-    if common::nvrtc_dir(name).is_none() {
-        return None;
-    }
+    common::nvrtc_dir(name)?;
     let env = [
         ("STRATA_GPU_PATH", "stream"),
         ("STRATA_TIMEOUT", "2"),

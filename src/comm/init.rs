@@ -174,7 +174,8 @@ impl Communicator {
 
     /// Joins using the launcher's variables: rank and size from torchrun, Slurm, Open MPI or
     /// MPICH; the root from `STRATA_ROOT=host:port`, else `MASTER_ADDR` with port
-    /// `STRATA_PORT` (default `MASTER_PORT + 1`, since torchrun's store owns `MASTER_PORT`).
+    /// `STRATA_PORT` (default `MASTER_PORT + 1`, since torchrun's store owns `MASTER_PORT`),
+    /// else, in a Slurm step, the step's first node ([`crate::launcher::slurm_root_with`]).
     /// The job secret is `STRATA_SECRET` (32 hex digits) when set, otherwise derived from the
     /// launcher's job identifiers and the root address.
     pub fn from_env() -> Result<Self> {
@@ -365,11 +366,28 @@ fn root_from_env() -> Result<SocketAddr> {
     if let Ok(root) = std::env::var("STRATA_ROOT") {
         return resolve(root.trim());
     }
-    let addr = std::env::var("MASTER_ADDR").map_err(|_| {
-        Error::InvalidArgument(
-            "set STRATA_ROOT=host:port or MASTER_ADDR (with MASTER_PORT or STRATA_PORT)".into(),
-        )
-    })?;
+    let Ok(addr) = std::env::var("MASTER_ADDR") else {
+        let get = |k: &str| std::env::var(k).ok();
+        let Some((host, port)) = crate::launcher::slurm_root_with(get)? else {
+            return Err(Error::InvalidArgument(
+                "set STRATA_ROOT=host:port or MASTER_ADDR (with MASTER_PORT or STRATA_PORT), \
+                 or start the ranks with srun"
+                    .into(),
+            ));
+        };
+        // Task 0 serves the root, so it must run on the step's first node.
+        if let (Some("0"), Some(node)) = (get("SLURM_PROCID").as_deref(), get("SLURMD_NODENAME"))
+            && node != host
+        {
+            return Err(Error::InvalidArgument(format!(
+                "Slurm task 0 runs on {node}, not on {host}, the first node of \
+                 SLURM_STEP_NODELIST, where the other tasks look for the bootstrap root; \
+                 set STRATA_ROOT=host:port"
+            )));
+        }
+        tracing::debug!(%host, port, "bootstrap root from the Slurm step");
+        return resolve(&format!("{host}:{port}"));
+    };
     let port = match std::env::var("STRATA_PORT") {
         Ok(p) => p
             .trim()

@@ -246,7 +246,10 @@ fn main() -> ExitCode {
         return spawn_main(&args);
     }
     let comm = match strata::launcher::detect() {
-        Ok(Some(_)) => Communicator::from_env(),
+        Ok(Some(info)) => {
+            bind_launched_rank(&args, &info);
+            Communicator::from_env()
+        }
         Ok(None) => UniqueId::new().and_then(|id| Communicator::init(&id, 1, 0)),
         Err(e) => Err(e),
     };
