@@ -18,6 +18,11 @@ pub(crate) use tree::{TreeInbox, rendezvous, tree_children, tree_parent};
 /// Bytes in a [`UniqueId`], as in `ncclUniqueId`.
 pub const UNIQUE_ID_BYTES: usize = 128;
 const ID_MAGIC: &[u8; 8] = b"STRATAID";
+/// The byte that is 1 when the root listened before the id existed (a root served by
+/// [`UniqueId::new`]): a refused connection to it then means the root is gone, not late.
+const ROOT_LISTENED_FIRST: usize = 44;
+/// How long a rank keeps trying a root that listened first and now refuses connections.
+pub(crate) const ROOT_GONE_GRACE: Duration = Duration::from_secs(2);
 
 /// The token every rank of a job needs to join it: a magic, the root's address and a fresh
 /// random secret. Opaque 128 bytes, like `ncclUniqueId`.
@@ -54,7 +59,8 @@ impl UniqueId {
             .local_addr()
             .map_err(|e| Error::io("bootstrap root address", e))?;
         deepen_backlog(&listener, 4096);
-        let id = Self::from_parts(local, &secret);
+        let mut id = Self::from_parts(local, &secret);
+        id.bytes[ROOT_LISTENED_FIRST] = 1;
         std::thread::Builder::new()
             .name("strata-root".into())
             .spawn(move || tree::directory_main(listener, secret, timeout))
@@ -133,6 +139,11 @@ impl UniqueId {
         SocketAddr::new(ip, port)
     }
 
+    /// Whether the root listened before this id was made, so that it cannot be late.
+    pub(crate) fn root_listened_first(&self) -> bool {
+        self.bytes[ROOT_LISTENED_FIRST] == 1
+    }
+
     pub(crate) fn secret(&self) -> Secret {
         self.bytes[28..44].try_into().unwrap_or([0; 16])
     }
@@ -167,5 +178,43 @@ mod tests {
         assert!(UniqueId::from_hex(&"zz".repeat(128)).is_err());
         assert_eq!(decode_hex(" 0aff "), Some(vec![0x0a, 0xff]));
         assert!(!format!("{id:?}").contains("7, 7"));
+    }
+
+    /// A rank given the id of a root that listened first and is gone (its process exited; a
+    /// stale id read again from a store that outlived a restart) says so within the grace,
+    /// instead of retrying until the init deadline; the same address in an id whose root may
+    /// still be starting (from `from_env`) is retried.
+    #[test]
+    fn an_id_whose_root_is_gone_fails_at_once_and_says_why() {
+        let gone = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = gone.local_addr().unwrap();
+        drop(gone);
+        let mut id = UniqueId::from_parts(addr, &[3; 16]);
+        id.bytes[ROOT_LISTENED_FIRST] = 1;
+        let mut cfg = crate::Config::from_env().unwrap();
+        cfg.init_timeout = Duration::from_secs(30);
+        let start = std::time::Instant::now();
+        let Err(err) = crate::Communicator::init_with_config(&id, 2, 1, cfg.clone()) else {
+            panic!("init with a gone root succeeded");
+        };
+        let took = start.elapsed();
+        let text = err.to_string();
+        assert!(
+            text.contains("nothing listens there any more") && text.contains("the id is stale"),
+            "{text}"
+        );
+        assert!(
+            took < ROOT_GONE_GRACE + Duration::from_secs(3),
+            "{took:?}: {text}"
+        );
+        // Without the flag, refusals are a root not up yet: retried to the deadline.
+        cfg.init_timeout = Duration::from_secs(4);
+        let late = UniqueId::from_parts(addr, &[3; 16]);
+        let start = std::time::Instant::now();
+        let Err(err) = crate::Communicator::init_with_config(&late, 2, 1, cfg) else {
+            panic!("init with a gone root succeeded");
+        };
+        assert!(start.elapsed() >= Duration::from_secs(4), "{err}");
+        assert!(err.to_string().contains("timed out"), "{err}");
     }
 }

@@ -458,3 +458,54 @@ fn installed_torch_imports_every_function_from_the_drop_in_and_runs_on_it() {
         imports.len()
     );
 }
+
+/// torchrun with c10d rendezvous at an endpoint (its store outlives a restart attempt) and
+/// `--max-restarts 2`, one worker exiting with status 1 at step 5 of the first attempt: the
+/// restarted group joins again (the unique id is kept per attempt) and finishes with exact
+/// results, and no shared-memory segment of any worker is left in /dev/shm. (Gloo, in the
+/// same layout, hangs: `scripts/torchrun_restart.sh` runs both.)
+#[test]
+fn a_torchrun_restart_with_c10d_rendezvous_at_an_endpoint_joins_again_and_finishes() {
+    let test = "a_torchrun_restart_with_c10d_rendezvous_at_an_endpoint_joins_again_and_finishes";
+    let Some(python) = torch_python(test) else {
+        return;
+    };
+    let _machine = alone();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cmd = python_cmd(&python);
+    cmd.args(["-m", "torch.distributed.run", "--nproc-per-node=4"])
+        .args(["--max-restarts=2", "--rdzv-backend=c10d"])
+        .arg(format!("--rdzv-endpoint=127.0.0.1:{port}"))
+        .arg(repo().join("python/tests/check_restart.py"));
+    let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(180));
+    assert!(ok, "{text}");
+    assert_eq!(
+        text.matches("exits at step 5 of attempt 0").count(),
+        1,
+        "{text}"
+    );
+    for rank in 0..4 {
+        assert!(
+            text.contains(&format!("RESTART ok attempt 1 rank {rank}\n")),
+            "rank {rank} did not finish in the second attempt:\n{text}"
+        );
+    }
+    let pids: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split("RESTART pid ").nth(1)?.split_whitespace().next())
+        .collect();
+    assert_eq!(pids.len(), 8, "{text}");
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| {
+            pids.iter()
+                .any(|p| name.starts_with(&format!("strata-{p}-")))
+        })
+        .collect();
+    assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
+}

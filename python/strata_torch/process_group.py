@@ -7,7 +7,9 @@ inline or queued in issue order. Outputs that are not contiguous are staged and 
 
 import ctypes
 import itertools
+import os
 import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -33,6 +35,27 @@ _LIB = None
 _LIB_LOCK = threading.Lock()
 _GROUP_NUMBERS = itertools.count()
 UNIQUE_ID_KEY = "strata/unique_id"
+# What the library says when an id's root listened first and now refuses every connection.
+STALE_ID = "or the id is stale"
+
+
+def unique_id_key():
+    """Where rank 0 leaves the unique id in the store: per torchrun restart attempt
+    (``TORCHELASTIC_RESTART_COUNT``), since with c10d rendezvous at an endpoint the store
+    outlives an attempt and a restarted rank would read the id of a root that died with the
+    last one."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    return UNIQUE_ID_KEY if attempt is None else f"{UNIQUE_ID_KEY}/attempt{attempt}"
+
+
+def _newer_id(store, key, stale, deadline):
+    """The id at ``key`` once it differs from ``stale``; None if it does not by ``deadline``."""
+    while time.monotonic() < deadline:
+        uid = store.get(key)
+        if uid != stale:
+            return uid
+        time.sleep(0.1)
+    return None
 
 
 def library():
@@ -103,21 +126,30 @@ class ProcessGroupStrata(dist.ProcessGroup):
                     f"strata: sub-group {tag}: rank {rank}/{size} is not place "
                     f"{ranks.index(group.rank())} of {ranks}")
             return self._set_timeout_or_destroy(comm, rank, size)
+        key = unique_id_key()
         if rank == 0:
             uid = self._lib.unique_id()
-            store.set(UNIQUE_ID_KEY, uid)
+            store.set(key, uid)
         else:
-            uid = store.get(UNIQUE_ID_KEY)
-        if len(uid) != nccl.UNIQUE_ID_BYTES:
-            raise RuntimeError(f"strata: the store holds a {len(uid)}-byte unique id, not 128")
-        # The group's timeout is this communicator's own deadline (strataCommSetTimeout), not
-        # the environment: ranks of several groups may be made at once from threads of one
-        # process (torchft's tests do), and none waits for another's init.
-        try:
-            comm = self._lib.init_rank(size, uid, rank)
-        except nccl.NcclError as e:
-            raise dist.DistBackendError(f"strata: init of rank {rank}/{size}: {e}") from e
-        return self._set_timeout_or_destroy(comm, rank, size)
+            uid = store.get(key)
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        while True:
+            if len(uid) != nccl.UNIQUE_ID_BYTES:
+                raise RuntimeError(f"strata: the store holds a {len(uid)}-byte unique id, not 128")
+            # The group's timeout is this communicator's own deadline (strataCommSetTimeout),
+            # not the environment: ranks of several groups may be made at once from threads of
+            # one process (torchft's tests do), and none waits for another's init.
+            try:
+                comm = self._lib.init_rank(size, uid, rank)
+                return self._set_timeout_or_destroy(comm, rank, size)
+            except nccl.NcclError as e:
+                # An id whose root is gone, read from a store that outlived the run that
+                # wrote it (an elastic re-rendezvous that kept the restart count): wait for
+                # this run's rank 0 to write a new one.
+                fresh = rank != 0 and STALE_ID in str(e) and _newer_id(store, key, uid, deadline)
+                if not fresh:
+                    raise dist.DistBackendError(f"strata: init of rank {rank}/{size}: {e}") from e
+                uid = fresh
 
     def _set_timeout_or_destroy(self, comm, rank, size):
         """Gives ``comm`` the group's timeout; destroys it if that fails."""

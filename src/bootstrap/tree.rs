@@ -18,8 +18,8 @@
 use super::UniqueId;
 use crate::error::{Error, RankList, Result};
 use crate::wire::{
-    ConnectKind, Handler, Incoming, Msg, PeerInfo, Secret, accept_loop, connect_authenticated,
-    encode_msg, random_bytes, recv_msg, refuse, send_msg,
+    ConnectKind, Handler, Incoming, Msg, PeerInfo, ROOT_GONE, Retry, Secret, accept_loop,
+    connect_authenticated, encode_msg, random_bytes, recv_msg, refuse, send_msg,
 };
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -343,7 +343,7 @@ pub fn directory_registration_time(nranks: usize, threads: usize) -> Result<Dura
                             &secret,
                             deadline,
                             Duration::from_secs(10),
-                            true,
+                            Retry::UntilDeadline,
                         )?;
                         send_msg(&mut c, &Msg::Hello { rank, nranks, info })?;
                         match recv_msg(&mut c)? {
@@ -371,7 +371,7 @@ pub fn directory_registration_time(nranks: usize, threads: usize) -> Result<Dura
         &secret,
         Instant::now() + Duration::from_secs(5),
         Duration::from_secs(5),
-        false,
+        Retry::No,
     ) {
         let _ = send_msg(&mut c, &Msg::Done);
     }
@@ -474,7 +474,7 @@ impl Rendezvous<'_> {
             &self.id.secret(),
             deadline,
             self.cfg.handshake_timeout,
-            false,
+            Retry::No,
         )
         .ok()?;
         send_msg(&mut s, question).ok()?;
@@ -485,14 +485,25 @@ impl Rendezvous<'_> {
     /// Registers at the directory: the neighbours registered before this rank.
     fn register(&self, me: PeerInfo) -> Result<Vec<(usize, SocketAddr)>> {
         let root = self.id.root_addr();
+        let retry = if self.id.root_listened_first() {
+            Retry::RefusedFor(super::ROOT_GONE_GRACE)
+        } else {
+            Retry::UntilDeadline
+        };
         let mut s = connect_authenticated(
             root,
             &self.id.secret(),
             self.deadline,
             self.cfg.handshake_timeout,
-            true,
+            retry,
         )
-        .map_err(|e| self.timeout_error(format!("bootstrap root {root}: {e}"), vec![]))?;
+        .map_err(|e| match e {
+            Error::Transport(why) if why.contains(ROOT_GONE) => Error::Transport(format!(
+                "init: bootstrap root {root}: {why}: the process that made this unique id has \
+                 exited, or the id is stale (from an earlier run or restart attempt)"
+            )),
+            e => self.timeout_error(format!("bootstrap root {root}: {e}"), vec![]),
+        })?;
         send_msg(
             &mut s,
             &Msg::Hello {
@@ -536,7 +547,7 @@ impl Rendezvous<'_> {
             &self.id.secret(),
             self.deadline,
             self.cfg.handshake_timeout,
-            false,
+            Retry::No,
         )?;
         send_msg(
             &mut s,
@@ -755,7 +766,7 @@ mod tests {
             &id.secret(),
             deadline,
             deadline - Instant::now(),
-            true,
+            Retry::UntilDeadline,
         )
         .unwrap();
         send_msg(

@@ -117,18 +117,32 @@ pub(crate) fn handshake_accept(
     Ok(())
 }
 
-/// Connects and authenticates. With `retry_refused`, a refused connection, or one dropped during
-/// the handshake, is tried again until `deadline` (the bootstrap root may not be up yet, or may
-/// be shedding a burst of thousands of ranks), after a randomised back-off; without it, the
-/// first failure is final (a rank's listener is up before the rank table exists, so a refusal
-/// means the rank is gone).
+/// What [`connect_authenticated`] does when a connection is refused or dropped during the
+/// handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// The first failure is final: a rank's listener is up before the rank table exists, so
+    /// a refusal means the rank is gone.
+    No,
+    /// Try again until the deadline, after a randomised back-off: the bootstrap root may not
+    /// be up yet, or may be shedding a burst of thousands of ranks.
+    UntilDeadline,
+    /// As `UntilDeadline` for dropped handshakes, but refusals only for this long: the
+    /// listener was up before the address was handed out (a unique id's root), so refusals
+    /// that go on mean nothing listens there any more.
+    RefusedFor(Duration),
+}
+
+/// Connects and authenticates, retrying failures as `retry` says.
 pub(crate) fn connect_authenticated(
     addr: SocketAddr,
     secret: &Secret,
     deadline: Instant,
     hs_timeout: Duration,
-    retry_refused: bool,
+    retry: Retry,
 ) -> Result<TcpStream> {
+    let retry_refused = retry != Retry::No;
+    let mut first_refused: Option<Instant> = None;
     let mut last_err = None;
     let mut backoff = Duration::from_millis(10);
     while Instant::now() < deadline {
@@ -159,6 +173,15 @@ pub(crate) fn connect_authenticated(
                 if !retry_refused {
                     break;
                 }
+                if let Retry::RefusedFor(grace) = retry
+                    && e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && first_refused.get_or_insert_with(Instant::now).elapsed() >= grace
+                {
+                    return Err(Error::Transport(format!(
+                        "{addr} refused every connection for {:.1} s: {ROOT_GONE}",
+                        grace.as_secs_f64()
+                    )));
+                }
             }
         }
         // Spread the retries of a burst of ranks over the back-off window.
@@ -172,6 +195,10 @@ pub(crate) fn connect_authenticated(
         last_err.unwrap_or_else(|| "deadline passed".into())
     )))
 }
+
+/// The words that end the error of an address that refused connections for
+/// [`Retry::RefusedFor`]'s whole grace.
+pub(crate) const ROOT_GONE: &str = "nothing listens there any more";
 
 /// Lets `listener` queue up to `backlog` connections not yet accepted (the kernel caps it at
 /// `net.core.somaxconn`); the standard library's 128 makes a burst of ranks wait for SYN
@@ -318,7 +345,7 @@ pub(crate) fn open_request(
     handshake_timeout: Duration,
     kind: ConnectKind,
 ) -> Result<TcpStream> {
-    let mut s = connect_authenticated(peer.listen, secret, deadline, handshake_timeout, false)?;
+    let mut s = connect_authenticated(peer.listen, secret, deadline, handshake_timeout, Retry::No)?;
     send_msg(
         &mut s,
         &Msg::Connect {
@@ -365,16 +392,28 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             drop(l);
         });
-        let e = connect_authenticated(addr, &[1; 16], deadline(), Duration::from_secs(5), false)
-            .unwrap_err();
+        let e = connect_authenticated(
+            addr,
+            &[1; 16],
+            deadline(),
+            Duration::from_secs(5),
+            Retry::No,
+        )
+        .unwrap_err();
         closer.join().unwrap();
         assert!(
             unreachable_cause(&e).contains("out of file descriptors or stuck"),
             "{e}"
         );
         // Nothing listens at all: refused.
-        let e = connect_authenticated(addr, &[1; 16], deadline(), Duration::from_secs(5), false)
-            .unwrap_err();
+        let e = connect_authenticated(
+            addr,
+            &[1; 16],
+            deadline(),
+            Duration::from_secs(5),
+            Retry::No,
+        )
+        .unwrap_err();
         assert!(unreachable_cause(&e).contains("it has exited"), "{e}");
     }
 }

@@ -14,8 +14,8 @@ mod peer;
 mod progress;
 
 pub(crate) use auth::{
-    Secret, accept_loop, connect_authenticated, deepen_backlog, is_out_of_descriptors, is_refused,
-    open_request, random_bytes, unreachable_cause,
+    ROOT_GONE, Retry, Secret, accept_loop, connect_authenticated, deepen_backlog,
+    is_out_of_descriptors, is_refused, open_request, random_bytes, unreachable_cause,
 };
 pub(crate) use census::Census;
 #[cfg(test)]
