@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # A rank slowed to half speed mid-run, named by collbench; or a clean run that names no one.
 #
-#   sudo scripts/stragglers_netns.sh [--size BYTES] [--iters N] [--after S] [--clean]
+#   sudo scripts/stragglers_netns.sh [--size BYTES] [--iters N] [--after S]
+#                                    [--stop MS --period MS] [--clean]
 #
 # Builds 2 hosts as network namespaces (st-s0, st-s1: 198.18.5.1-2/24) on one bridge in a
 # switch namespace (st-ssw) and runs collbench on them, 4 ranks per host (8 in all; the ranks
 # of a host share memory, the hosts talk TCP). After --after seconds (default 5) it stops rank
-# 5 for 100 ms of every 200 ms (SIGSTOP/SIGCONT: half speed) until the run ends, and prints
+# 5 for --stop ms of every --period ms (default 100 of 200; SIGSTOP/SIGCONT: half speed)
+# until the run ends, and prints
 # when the first rank named it (from the `warn` lines, NCCL_DEBUG=WARN) against the moment
 # the throttle began, and collbench's `# Stragglers:` line. --clean runs the same job with no
 # throttle: the line must say `none`. Exits non-zero when the wrong rank, or no rank, is
@@ -18,13 +20,17 @@ SIZE=1M
 ITERS=12000
 AFTER=5
 CLEAN=0
+STOP_MS=100
+PERIOD_MS=200
 while [ $# -gt 0 ]; do
     case "$1" in
         --size) SIZE="$2"; shift ;;
         --iters) ITERS="$2"; shift ;;
         --after) AFTER="$2"; shift ;;
+        --stop) STOP_MS="$2"; shift ;;
+        --period) PERIOD_MS="$2"; shift ;;
         --clean) CLEAN=1 ;;
-        *) echo "usage: $0 [--size BYTES] [--iters N] [--after S] [--clean]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--size BYTES] [--iters N] [--after S] [--stop MS --period MS] [--clean]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -96,10 +102,12 @@ if [ "$CLEAN" = 0 ]; then
     [ -n "$victim" ] || { echo "rank $VICTIM is not running" >&2; tail -n 3 "$WORK"/err* "$WORK"/out* >&2; exit 1; }
     began=$(now)
     (
+        stopped=$(awk -v ms="$STOP_MS" 'BEGIN { printf "%.3f", ms / 1000 }')
+        running=$(awk -v ms="$((PERIOD_MS - STOP_MS))" 'BEGIN { printf "%.3f", ms / 1000 }')
         while kill -STOP "$victim" 2>/dev/null; do
-            sleep 0.1
+            sleep "$stopped"
             kill -CONT "$victim" 2>/dev/null || break
-            sleep 0.1
+            sleep "$running"
         done
     ) &
     THROTTLE=$!
@@ -138,7 +146,7 @@ if [ -z "$first" ]; then
 fi
 named_at=$(date -d "$first" +%s.%N)
 after=$(echo "$named_at $began" | awk '{printf "%.1f", $1 - $2}')
-echo "rank $VICTIM throttled to half speed at +${AFTER} s; first named ${after} s later (run of ${took} s)"
+echo "rank $VICTIM stopped $STOP_MS ms of every $PERIOD_MS ms from +${AFTER} s; first named ${after} s later (run of ${took} s)"
 grep -h "is a straggler" "$WORK"/err* | sed -E 's/\x1b\[[0-9;]*m//g' | head -3
 case "$line" in
     "# Stragglers: rank $VICTIM ("*) ;;

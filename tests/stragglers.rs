@@ -107,16 +107,17 @@ fn unix_s() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-#[test]
-fn a_rank_stopped_half_the_time_is_named_within_seconds_by_the_rank_it_holds_up() {
-    const RUN: Duration = Duration::from_secs(8);
-    const THROTTLE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(7));
+/// One run: `n` ranks all-reduce 64 KiB (ring) for `RUN`, rank 2 stopped for the first
+/// `stop` of every `period` between `THROTTLE.0` and `THROTTLE.1`.
+fn stopped_run(name: &str, n: usize, stop: u64, period: u64) {
+    const RUN: Duration = Duration::from_secs(6);
+    const THROTTLE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(5));
     if let Some(w) = worker() {
         w.comm
             .set_algorithm(Collective::AllReduce, Some(Algorithm::Ring))
             .unwrap();
         let start = Instant::now();
-        let mut buf = vec![1f32; 1 << 18];
+        let mut buf = vec![1f32; 1 << 14];
         let mut named_at = None;
         let mut calls = 0u64;
         loop {
@@ -144,31 +145,29 @@ fn a_rank_stopped_half_the_time_is_named_within_seconds_by_the_rank_it_holds_up(
     if is_worker() {
         return;
     }
-    let name = "a_rank_stopped_half_the_time_is_named_within_seconds_by_the_rank_it_holds_up";
+    println!("== {n} ranks, rank {SLOW} stopped {stop} ms of every {period} ms");
     let mut throttle_began = None;
     let mut stopped = false;
-    let ranks = spawn_watched(
-        name,
-        4,
-        4,
-        &[("NCCL_DEBUG", "WARN")],
-        Duration::from_secs(60),
-        |pids, t| {
-            let victim = pids[SLOW] as i32;
-            let within = t >= THROTTLE.0 && t < THROTTLE.1;
-            // Stopped in the first 100 ms of each 200 ms, continued otherwise (and after).
-            let stop = within && t.as_millis() % 200 < 100;
-            if within && throttle_began.is_none() {
-                throttle_began = Some(unix_s());
-            }
-            if stop != stopped {
-                let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
-                // SAFETY: signalling a child this test spawned.
-                unsafe { libc::kill(victim, sig) };
-                stopped = stop;
-            }
-        },
-    );
+    let (stop_ms, period_ms) = (stop.to_string(), period.to_string());
+    let env = [
+        ("NCCL_DEBUG", "WARN"),
+        ("STRATA_TEST_STOP_MS", stop_ms.as_str()),
+        ("STRATA_TEST_PERIOD_MS", period_ms.as_str()),
+    ];
+    let ranks = spawn_watched(name, n, n, &env, Duration::from_secs(60), |pids, t| {
+        let victim = pids[SLOW] as i32;
+        let within = t >= THROTTLE.0 && t < THROTTLE.1;
+        let stop = within && (t.as_millis() as u64) % period < stop;
+        if within && throttle_began.is_none() {
+            throttle_began = Some(unix_s());
+        }
+        if stop != stopped {
+            let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: signalling a child this test spawned.
+            unsafe { libc::kill(victim, sig) };
+            stopped = stop;
+        }
+    });
     assert!(!stopped, "the victim was left stopped");
     assert_all_ok(&ranks);
     let began = throttle_began.expect("the throttle ran");
@@ -183,9 +182,6 @@ fn a_rank_stopped_half_the_time_is_named_within_seconds_by_the_rank_it_holds_up(
         let view = field("VIEW ");
         let at: f64 = field("NAMED_AT ").parse().unwrap();
         println!("rank {r}: {} calls, view {view}", field("CALLS "));
-        for l in out.lines().filter(|l| l.contains("straggler")) {
-            println!("  {l}");
-        }
         if at > 0.0 {
             first = first.min(at);
             println!("  named {:.1} s after the throttle began", at - began);
@@ -198,14 +194,48 @@ fn a_rank_stopped_half_the_time_is_named_within_seconds_by_the_rank_it_holds_up(
     }
     // The ranks it holds up only through a neighbour say nothing: only rank 2 is named.
     let first_view: std::collections::BTreeSet<usize> = [SLOW].into();
+    let layout = format!("{n} ranks, {stop}/{period} ms");
     assert!(
         named.is_empty() || named == first_view,
-        "only rank {SLOW} may be named, not {named:?}"
+        "{layout}: only rank {SLOW} may be named, not {named:?}"
     );
-    assert!(first.is_finite(), "rank {SLOW} was never named");
+    assert!(first.is_finite(), "{layout}: rank {SLOW} was never named");
     assert!(
-        first - began < 6.0,
-        "named {:.1} s after the throttle began",
+        first - began < 4.0,
+        "{layout}: named {:.1} s after the throttle began",
         first - began
     );
+}
+
+/// The stop periods a CPU quota gives (CFS's default period is 100 ms) and shorter: a rank
+/// at half speed is named whatever the period, at 3 and 4 ranks on this 2-core machine (more
+/// ranks than cores). Sleeps between polls longer than the stops used to hide them: 50 of
+/// every 100 ms went unnamed for 20 s in 6 trials of 6.
+#[test]
+fn a_rank_stopped_half_the_time_is_named_within_seconds_by_the_rank_it_holds_up() {
+    let name = "a_rank_stopped_half_the_time_is_named_within_seconds_by_the_rank_it_holds_up";
+    if is_worker() {
+        let n = std::env::var("STRATA_TEST_NRANKS")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let stop = std::env::var("STRATA_TEST_STOP_MS")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let period = std::env::var("STRATA_TEST_PERIOD_MS")
+            .unwrap()
+            .parse()
+            .unwrap();
+        return stopped_run(name, n, stop, period);
+    }
+    for (n, stop, period) in [
+        (4, 100, 200),
+        (4, 50, 100),
+        (3, 50, 100),
+        (4, 25, 50),
+        (3, 25, 50),
+    ] {
+        stopped_run(name, n, stop, period);
+    }
 }

@@ -107,6 +107,16 @@ impl StallLog {
         }
     }
 
+    /// The longest a waiting rank may sleep between polls: half the stall threshold (at
+    /// least 1 ms). A rank stopped while it sleeps (SIGSTOP, a CPU quota) wakes late, and a
+    /// wake-up later than the sleep meant is time it did not run, not a stall on its peers;
+    /// a sleep longer than the stop would hide it. With 50 ms sleeps, a rank stopped for
+    /// 30-50 ms of every 60-100 ms seemed to stall on its peers as long as they did on it,
+    /// and was not named.
+    pub fn longest_sleep(&self) -> Duration {
+        (self.threshold / 2).max(Duration::from_millis(1))
+    }
+
     /// Records the stall share `peer`'s header carried.
     pub(crate) fn note_share(&mut self, peer: usize, per_mille: u16) {
         match self.peer_shares.iter_mut().find(|s| s.0 == peer) {

@@ -143,7 +143,9 @@ impl OpRun<'_> {
             });
         }
         self.check_control(waits)?;
-        let mut sleep = MAX_SLEEP.min(deadline - now);
+        let mut sleep = MAX_SLEEP
+            .min(deadline - now)
+            .min(self.reuse.stalls.longest_sleep());
         let mut futexes: Vec<(*const AtomicU32, u32, *const AtomicU32)> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut sleep_on = Vec::with_capacity(waits.len());
