@@ -6,7 +6,8 @@
 #
 # * Debian packages (as root, or with passwordless sudo): libhwloc-dev, libudev-dev and
 #   pkg-config for the `hwloc` feature; libfabric1 for the libfabric transport's tests;
-#   slurmctld, slurmd and slurm-client for the tests under a real Slurm (tests/slurm.rs).
+#   slurmctld, slurmd and slurm-client for the tests under a real Slurm (tests/slurm.rs);
+#   prometheus, which scrapes a running job in tests/metrics.rs.
 # * PyTorch from PyPI in a cached venv (scripts/install-torch.sh; it has numpy, torchft and
 #   expecttest too): STRATA_TORCH_PYTHON.
 # * NVIDIA's nccl.h and libnccl.so.2 from the nvidia-nccl-cu13 wheel torch pins:
@@ -29,6 +30,7 @@ fi
 ldconfig -p | grep -q 'libfabric\.so\.1 ' || apt_install libfabric1
 command -v slurmd >/dev/null && command -v srun >/dev/null ||
     apt_install --no-install-recommends slurmctld slurmd slurm-client
+command -v prometheus >/dev/null || apt_install --no-install-recommends prometheus
 
 torch_python="$(scripts/install-torch.sh)"
 "$torch_python" -c "import torch; print('torch', torch.__version__, 'pins NCCL', torch.cuda.nccl.version())" >&2

@@ -27,6 +27,7 @@ pub mod error;
 mod executor;
 pub mod gpu;
 pub mod launcher;
+pub mod metrics;
 pub mod reduce;
 pub(crate) mod transport;
 pub mod tuning;

@@ -157,7 +157,12 @@ impl Communicator {
         })();
         let r = self.conclude(st, &local, result);
         if r.is_ok() {
-            self.note_stalls(st, &local, began);
+            let (took, stalled) = self.note_stalls(st, &local, began);
+            if let Some(m) = &inner.metrics {
+                m.record(&spec, input_bytes.max(output_bytes), took, stalled);
+            }
+        } else if let Some(m) = &inner.metrics {
+            m.fault();
         }
         st.last_call = Some(call);
         r
@@ -176,8 +181,9 @@ impl Communicator {
     }
 
     /// Feeds a finished call's stalls to the straggler view, and says so when a peer becomes,
-    /// or stops being, persistently slow.
-    fn note_stalls(&self, st: &mut State, call: &Header, began: Duration) {
+    /// or stops being, persistently slow. Returns how long the call took (on the coarse
+    /// clock) and how long it stalled.
+    fn note_stalls(&self, st: &mut State, call: &Header, began: Duration) -> (Duration, Duration) {
         use crate::watchdog::stragglers::{Change, coarse_now};
         let log = &mut st.exec.stalls;
         let now = coarse_now();
@@ -186,6 +192,10 @@ impl Communicator {
             st.stragglers
                 .observe((now, took, log.stalled), &log.stalls, &log.peer_shares);
         log.own_share = st.stragglers.own_share_per_mille();
+        let stalled = log.stalled;
+        if self.inner.metrics.is_some() {
+            self.inner.health.set_own_stall_share(log.own_share);
+        }
         // What `Communicator::stragglers` reads: fresh at a change, and at most a quarter of a
         // second old while anyone is named.
         let stale = st.stragglers.any_named()
@@ -235,6 +245,7 @@ impl Communicator {
                 );
             }
         }
+        (took, stalled)
     }
 
     /// What a call of `spec` is made of besides its sequence number: the algorithm (chosen

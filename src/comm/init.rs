@@ -281,6 +281,21 @@ impl Communicator {
             health: health.clone(),
             incoming: listener.watchdog_inbox(),
         })?;
+        let metrics = if cfg.metrics_port.is_some() || cfg.metrics_file.is_some() {
+            let me = &peers[rank];
+            let m = Arc::new(crate::metrics::CommMetrics::new(
+                &comm_id,
+                rank,
+                size,
+                &me.host.hostname,
+                health.clone(),
+            ));
+            let place = peers[..rank].iter().filter(|p| p.host == me.host).count();
+            crate::metrics::register(&m, &cfg, place, rank)?;
+            Some(m)
+        } else {
+            None
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 rank,
@@ -304,6 +319,7 @@ impl Communicator {
                 fullest_host,
                 gpu: std::sync::OnceLock::new(),
                 diagnoser,
+                metrics,
             }),
         })
     }

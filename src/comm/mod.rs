@@ -205,6 +205,9 @@ pub(crate) struct Inner {
     /// Takes the census of a call that timed out (shared with the listener, which answers
     /// the other ranks' questions).
     diagnoser: Arc<crate::diagnosis::Diagnoser>,
+    /// This communicator's counters for the metrics exporters (`STRATA_METRICS_PORT`,
+    /// `STRATA_METRICS_FILE`); none when neither is set.
+    metrics: Option<Arc<crate::metrics::CommMetrics>>,
 }
 
 /// The four communicators of a 4D parallel layout ([`Communicator::split_layout`]).

@@ -95,6 +95,14 @@ pub struct Config {
     /// How late a peer's first message of a call may be before the call counts it late, for
     /// straggler reports (`STRATA_STRAGGLER_MS`, default 5; see `watchdog::stragglers`).
     pub straggler_threshold: Duration,
+    /// Serve Prometheus metrics on this port plus the rank's place on its host
+    /// (`STRATA_METRICS_PORT`; unset: no server). See [`crate::metrics`].
+    pub metrics_port: Option<u16>,
+    /// Write the same metrics to this file (`STRATA_METRICS_FILE`; `{rank}` and `{pid}` are
+    /// replaced).
+    pub metrics_file: Option<std::path::PathBuf>,
+    /// How often the metrics file is rewritten (`STRATA_METRICS_INTERVAL_MS`, default 1000).
+    pub metrics_interval: Duration,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -206,6 +214,16 @@ impl Config {
             trace_dir: env("STRATA_TRACE_DIR").map(std::path::PathBuf::from),
             straggler_threshold: Duration::from_secs_f64(
                 parse_env("STRATA_STRAGGLER_MS", 5.0f64)?.max(0.0) / 1e3,
+            ),
+            metrics_port: match env("STRATA_METRICS_PORT") {
+                None => None,
+                Some(p) => Some(p.trim().parse::<u16>().map_err(|_| {
+                    Error::InvalidArgument(format!("STRATA_METRICS_PORT={p} is not a port"))
+                })?),
+            },
+            metrics_file: env("STRATA_METRICS_FILE").map(std::path::PathBuf::from),
+            metrics_interval: Duration::from_millis(
+                parse_env("STRATA_METRICS_INTERVAL_MS", 1000u64)?.max(10),
             ),
         })
     }

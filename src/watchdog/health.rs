@@ -6,7 +6,7 @@ use crate::wire::{HEADER_BYTES, PeerInfo, Progress};
 use serde::{Deserialize, Serialize};
 use std::os::unix::net::UnixDatagram;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 
 use super::flight::{Recorder, now_us};
 
@@ -39,6 +39,8 @@ pub(crate) struct Health {
     /// The peers this rank names as stragglers now (changed only when one is named or
     /// recovers), for the flight record.
     stragglers: Mutex<Vec<super::Straggler>>,
+    /// This rank's own stall share, per mille (what its headers carry), for the metrics.
+    own_share: AtomicU16,
     /// Wakes the watchdog thread so that it announces a fault at once.
     pub(super) waker: Mutex<Option<UnixDatagram>>,
 }
@@ -114,6 +116,16 @@ impl Health {
         if let Ok(mut s) = self.stragglers.lock() {
             *s = now;
         }
+    }
+
+    /// Notes this rank's own stall share, per mille.
+    pub fn set_own_stall_share(&self, per_mille: u16) {
+        self.own_share.store(per_mille, Ordering::Relaxed);
+    }
+
+    /// This rank's own stall share, 0 to 1.
+    pub fn own_stall_share(&self) -> f64 {
+        f64::from(self.own_share.load(Ordering::Relaxed)) / 1000.0
     }
 
     /// The stragglers this rank names.

@@ -16,19 +16,7 @@ pub(super) fn list<T>(
         .collect()
 }
 
-/// busbw / algbw for `c` on `n` ranks (nccl-tests' factors).
-pub(super) fn bus_factor(c: Collective, n: usize) -> f64 {
-    let n = n as f64;
-    match c {
-        Collective::AllReduce => 2.0 * (n - 1.0) / n,
-        Collective::AllGather
-        | Collective::ReduceScatter
-        | Collective::AllToAll
-        | Collective::Gather
-        | Collective::Scatter => (n - 1.0) / n,
-        _ => 1.0,
-    }
-}
+pub(super) use strata::metrics::bus_factor;
 
 /// (count, input bytes, output bytes) for a row of `size` bytes, nccl-tests' convention: size
 /// is the larger of the two buffers of a rank.
