@@ -10,7 +10,6 @@
 //! node_exporter's textfile collector reads them. A call adds to a few relaxed atomic
 //! counters; nothing else happens on the data path.
 
-use crate::CallSpec;
 use crate::error::{Error, Result};
 use crate::watchdog::Health;
 use crate::{Collective, Config};
@@ -79,10 +78,16 @@ impl CommMetrics {
         }
     }
 
-    /// A call of `spec` that moved `bytes` (the larger buffer of this rank, as nccl-tests
-    /// counts) and took `took`, `stalled` of it on peers.
-    pub(crate) fn record(&self, spec: &CallSpec, bytes: usize, took: Duration, stalled: Duration) {
-        let c = &self.per[spec.collective.code() as usize];
+    /// A call of `collective` that moved `bytes` (the larger buffer of this rank, as
+    /// nccl-tests counts) and took `took`, `stalled` of it on peers.
+    pub(crate) fn record(
+        &self,
+        collective: Collective,
+        bytes: usize,
+        took: Duration,
+        stalled: Duration,
+    ) {
+        let c = &self.per[collective.code() as usize];
         c.calls.fetch_add(1, Relaxed);
         c.bytes.fetch_add(bytes as u64, Relaxed);
         c.nanos.fetch_add(took.as_nanos() as u64, Relaxed);
@@ -202,7 +207,8 @@ fn registry() -> &'static Mutex<Vec<Weak<CommMetrics>>> {
 
 /// Adds a communicator's counters to what this process exports, and starts the exporters
 /// `cfg` asks for with the first (`local_place`: this rank's place among its host's ranks;
-/// `rank`: its rank, for the file's name). Fails only if the port cannot be had.
+/// `rank`: its rank, for the file's name). A port that cannot be had, or a file writer that
+/// cannot start, is logged, and the job goes on.
 pub(crate) fn register(
     m: &Arc<CommMetrics>,
     cfg: &Config,
@@ -220,25 +226,11 @@ pub(crate) fn register(
         return Ok(());
     }
     if let Some(base) = cfg.metrics_port {
-        let port = base
-            .checked_add(u16::try_from(local_place).unwrap_or(u16::MAX))
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "STRATA_METRICS_PORT={base} + {local_place} is no port"
-                ))
-            })?;
-        let addr = SocketAddr::new(cfg.listen_ip, port);
-        let listener = TcpListener::bind(addr).map_err(|e| {
-            Error::io(
-                format!("binding the metrics port {addr} (STRATA_METRICS_PORT)"),
-                e,
-            )
-        })?;
-        std::thread::Builder::new()
-            .name("strata-metrics".into())
-            .spawn(move || serve(listener))
-            .map_err(|e| Error::io("spawning the metrics server", e))?;
-        tracing::info!(%addr, "metrics: Prometheus text at http://{addr}/metrics");
+        // A port another process holds costs the metrics, never the job: said once, and on.
+        match serve_on(base, local_place, cfg.listen_ip) {
+            Ok(addr) => tracing::info!(%addr, "metrics: Prometheus text at http://{addr}/metrics"),
+            Err(e) => tracing::warn!("metrics: not served: {e}"),
+        }
     }
     if let Some(pattern) = &cfg.metrics_file {
         let path = PathBuf::from(
@@ -262,6 +254,28 @@ pub(crate) fn register(
     }
     *started = true;
     Ok(())
+}
+
+/// Starts the metrics server on port `base + place` of `ip`.
+fn serve_on(base: u16, place: usize, ip: std::net::IpAddr) -> Result<SocketAddr> {
+    let port = u16::try_from(place)
+        .ok()
+        .and_then(|p| base.checked_add(p))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("STRATA_METRICS_PORT={base} + {place} is no port"))
+        })?;
+    let addr = SocketAddr::new(ip, port);
+    let listener = TcpListener::bind(addr).map_err(|e| {
+        Error::io(
+            format!("binding the metrics port {addr} (STRATA_METRICS_PORT)"),
+            e,
+        )
+    })?;
+    std::thread::Builder::new()
+        .name("strata-metrics".into())
+        .spawn(move || serve(listener))
+        .map_err(|e| Error::io("spawning the metrics server", e))?;
+    Ok(addr)
 }
 
 /// Writes [`render`] to `path` through a temporary file, so a reader never sees half of it.

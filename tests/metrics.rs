@@ -208,7 +208,7 @@ fn prometheus_scrapes_every_rank_and_returns_the_calls_and_bytes_the_job_made() 
 
 /// What one rank serves and writes: every family with its help and type, the calls and bytes
 /// of each collective under the communicator's labels, the bus bytes at nccl-tests' factor,
-/// 404 elsewhere; the file carries the same text.
+/// 404 elsewhere; the file carries the same text; a rank whose port is taken warns and runs.
 #[test]
 fn the_text_names_every_family_and_the_file_carries_it() {
     let name = "the_text_names_every_family_and_the_file_carries_it";
@@ -243,16 +243,22 @@ fn the_text_names_every_family_and_the_file_carries_it() {
     let dir = std::env::temp_dir().join(format!("strata-metrics-text-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let port = free_ports(3).to_string();
+    let base = free_ports(3);
+    let port = base.to_string();
+    // Rank 1's port is taken: it serves no metrics, says so, and the job goes on.
+    let _taken = std::net::TcpListener::bind(("127.0.0.1", base + 1)).unwrap();
     let file = dir.join("metrics-{rank}.prom").display().to_string();
     let dir_s = dir.display().to_string();
     let env = [
         ("STRATA_METRICS_PORT", port.as_str()),
         ("STRATA_METRICS_FILE", file.as_str()),
         ("STRATA_METRICS_INTERVAL_MS", "50"),
+        ("STRATA_LOG", "warn"),
         ("STRATA_TEST_DIR", dir_s.as_str()),
     ];
-    common::assert_all_ok(&common::spawn(name, 3, 3, &env, Duration::from_secs(60)));
+    let ranks = common::spawn(name, 3, 3, &env, Duration::from_secs(60));
+    common::assert_all_ok(&ranks);
+    assert!(ranks[1].1.contains("metrics: not served"), "{}", ranks[1].1);
     let served = std::fs::read_to_string(dir.join("served.txt")).unwrap();
     let file = std::fs::read_to_string(dir.join("file.txt")).unwrap();
     let _ = std::fs::remove_dir_all(&dir);

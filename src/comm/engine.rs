@@ -159,7 +159,12 @@ impl Communicator {
         if r.is_ok() {
             let (took, stalled) = self.note_stalls(st, &local, began);
             if let Some(m) = &inner.metrics {
-                m.record(&spec, input_bytes.max(output_bytes), took, stalled);
+                m.record(
+                    spec.collective,
+                    input_bytes.max(output_bytes),
+                    took,
+                    stalled,
+                );
             }
         } else if let Some(m) = &inner.metrics {
             m.fault();
