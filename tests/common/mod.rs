@@ -61,7 +61,11 @@ pub fn skip(test: &str, why: &str) {
     if std::env::var_os("STRATA_TESTS_ALL").is_some() {
         panic!("{test} would be skipped ({why}), but STRATA_TESTS_ALL=1 runs every test");
     }
-    println!("SKIPPED {test}: {why}");
+    // Straight to stderr, which `cargo test` does not capture: the line shows in a passing run.
+    let _ = std::io::Write::write_fmt(
+        &mut std::io::stderr(),
+        format_args!("SKIPPED {test}: {why}\n"),
+    );
 }
 
 /// `STRATA_NVRTC_DIR`, the folder of `libnvrtc.so.12`; `None` (having said so through
