@@ -100,10 +100,8 @@ pub fn slurm_root_with(get: impl Fn(&str) -> Option<String>) -> Result<Option<(S
     let host = first_host(&nodes).ok_or_else(|| {
         Error::InvalidArgument(format!("SLURM_STEP_NODELIST={nodes} names no host"))
     })?;
-    let port = if let Some(p) = get("STRATA_PORT") {
-        p.trim()
-            .parse::<u16>()
-            .map_err(|_| Error::InvalidArgument(format!("STRATA_PORT={p} is not a port")))?
+    let port = if let Some(p) = strata_port(&get)? {
+        p
     } else if let Some(ports) = get("SLURM_STEP_RESV_PORTS") {
         let first = ports.split([',', '-']).next().unwrap_or_default().trim();
         first.parse::<u16>().map_err(|_| {
@@ -120,6 +118,18 @@ pub fn slurm_root_with(get: impl Fn(&str) -> Option<String>) -> Result<Option<(S
         20000 + u16::from_le_bytes([b.as_bytes()[0], b.as_bytes()[1]]) % 12000
     };
     Ok(Some((host, port)))
+}
+
+/// `STRATA_PORT`, read through `get`, when it is set: the bootstrap root's port whatever
+/// else names the root's host (`MASTER_ADDR`, a Slurm step).
+pub fn strata_port(get: impl Fn(&str) -> Option<String>) -> Result<Option<u16>> {
+    get("STRATA_PORT")
+        .map(|p| {
+            p.trim()
+                .parse::<u16>()
+                .map_err(|_| Error::InvalidArgument(format!("STRATA_PORT={p} is not a port")))
+        })
+        .transpose()
 }
 
 /// The first host of a Slurm hostlist expression: `node[07-09,12],gpu3` gives `node07`,

@@ -404,12 +404,9 @@ fn root_from_env() -> Result<SocketAddr> {
         tracing::debug!(%host, port, "bootstrap root from the Slurm step");
         return resolve(&format!("{host}:{port}"));
     };
-    let port = match std::env::var("STRATA_PORT") {
-        Ok(p) => p
-            .trim()
-            .parse::<u16>()
-            .map_err(|_| Error::InvalidArgument(format!("STRATA_PORT={p} is not a port")))?,
-        Err(_) => {
+    let port = match crate::launcher::strata_port(|k| std::env::var(k).ok())? {
+        Some(p) => p,
+        None => {
             let mp = std::env::var("MASTER_PORT").map_err(|_| {
                 Error::InvalidArgument(
                     "MASTER_ADDR is set but neither MASTER_PORT nor STRATA_PORT".into(),
