@@ -392,28 +392,24 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             drop(l);
         });
-        let e = connect_authenticated(
-            addr,
-            &[1; 16],
-            deadline(),
-            Duration::from_secs(5),
-            Retry::No,
-        )
-        .unwrap_err();
+        let connect = || {
+            connect_authenticated(
+                addr,
+                &[1; 16],
+                deadline(),
+                Duration::from_secs(5),
+                Retry::No,
+            )
+            .unwrap_err()
+        };
+        let e = connect();
         closer.join().unwrap();
         assert!(
             unreachable_cause(&e).contains("out of file descriptors or stuck"),
             "{e}"
         );
         // Nothing listens at all: refused.
-        let e = connect_authenticated(
-            addr,
-            &[1; 16],
-            deadline(),
-            Duration::from_secs(5),
-            Retry::No,
-        )
-        .unwrap_err();
+        let e = connect();
         assert!(unreachable_cause(&e).contains("it has exited"), "{e}");
     }
 }
