@@ -12,7 +12,7 @@ use std::time::Duration;
 pub use crate::wire::PeerInfo;
 
 mod tree;
-pub use tree::{TREE_FANOUT, directory_registration_time, tree_depth};
+pub use tree::{JobRoot, TREE_FANOUT, directory_registration_time, tree_depth};
 pub(crate) use tree::{TreeInbox, rendezvous, tree_children, tree_parent};
 
 /// Bytes in a [`UniqueId`], as in `ncclUniqueId`.
@@ -53,6 +53,27 @@ impl UniqueId {
 
     /// Starts a root bound to `addr` with the given secret (used by `from_env` on rank 0).
     pub(crate) fn serve(addr: SocketAddr, secret: Secret, timeout: Duration) -> Result<Self> {
+        Self::serve_door(addr, secret, timeout, None)
+    }
+
+    /// [`UniqueId::serve`] for a job's well-known root: after init the root stays open for
+    /// status clients until the returned [`JobRoot`] is dropped.
+    pub(crate) fn serve_job(
+        addr: SocketAddr,
+        secret: Secret,
+        timeout: Duration,
+    ) -> Result<(Self, JobRoot)> {
+        let (root, door) = tree::job_root();
+        let id = Self::serve_door(addr, secret, timeout, Some(door))?;
+        Ok((id, root))
+    }
+
+    fn serve_door(
+        addr: SocketAddr,
+        secret: Secret,
+        timeout: Duration,
+        door: Option<tree::RootDoor>,
+    ) -> Result<Self> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| Error::io(format!("binding the bootstrap root to {addr}"), e))?;
         let local = listener
@@ -63,7 +84,7 @@ impl UniqueId {
         id.bytes[ROOT_LISTENED_FIRST] = 1;
         std::thread::Builder::new()
             .name("strata-root".into())
-            .spawn(move || tree::directory_main(listener, secret, timeout))
+            .spawn(move || tree::directory_main(listener, secret, timeout, door))
             .map_err(|e| Error::io("spawning the bootstrap root", e))?;
         Ok(id)
     }

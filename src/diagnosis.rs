@@ -83,7 +83,7 @@ fn tree_children(rank: usize, n: usize) -> std::ops::Range<usize> {
 }
 
 /// Ranks in `node`'s subtree of the rank tree of `n`.
-fn subtree_size(node: usize, n: usize) -> usize {
+pub(crate) fn subtree_size(node: usize, n: usize) -> usize {
     let mut size = 0;
     let mut level = node..node + 1;
     while level.start < n {
@@ -96,7 +96,7 @@ fn subtree_size(node: usize, n: usize) -> usize {
 }
 
 /// The instant `share` of the way from now to `until`.
-fn fraction_of(until: Instant, share: f64) -> Instant {
+pub(crate) fn fraction_of(until: Instant, share: f64) -> Instant {
     let now = Instant::now();
     now + until.saturating_duration_since(now).mul_f64(share)
 }

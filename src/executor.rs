@@ -29,7 +29,7 @@ pub(crate) use crate::wire::{HEADER_BYTES, Header};
 use ahead::NextStep;
 pub(crate) use oneshot::SmallOneShot;
 pub(crate) use small::{SMALL_MAX_BYTES, SmallDoubling};
-pub(crate) use stalls::StallLog;
+pub(crate) use stalls::{StallLog, WaitBoard};
 pub(crate) use wait::{SpinPolicy, check_control};
 
 /// A first message up to this size travels in the same transport write as its header.

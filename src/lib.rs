@@ -29,6 +29,7 @@ pub mod gpu;
 pub mod launcher;
 pub mod metrics;
 pub mod reduce;
+pub mod status;
 pub(crate) mod transport;
 pub mod tuning;
 pub mod watchdog;

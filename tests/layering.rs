@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
     // The listener and connection setup, over the transport table.
     &["connection"],
     &["watchdog", "executor"],
-    &["diagnosis", "metrics"],
+    &["diagnosis", "metrics", "status"],
     &["comm"],
     &["check"],
 ];

@@ -284,6 +284,11 @@ ncclResult_t strataCommSetTimeout(ncclComm_t comm, double seconds);
  * its NUL into `json` (`capacity` bytes); `*length` gets the text's length without the NUL,
  * and a buffer too small is ncclInvalidArgument. */
 ncclResult_t strataCommGetStragglers(ncclComm_t comm, char* json, size_t capacity, size_t* length);
+/* strata's own: the live view of the communicator (each rank's call and how long it has been in
+ * it, whom it waits on, stragglers, faults, silent ranks, who holds the job up), gathered from
+ * the ranks within `within_s` seconds (0 < within_s <= 30), as a JSON object written like
+ * strataCommGetStragglers's list. */
+ncclResult_t strataCommGetStatus(ncclComm_t comm, double within_s, char* json, size_t capacity, size_t* length);
 /* strata's own: receives `count` elements into host memory from whichever rank's ncclSend to
  * this rank arrives first (MPI_ANY_SOURCE) and writes that rank to `*source`; not in a group. */
 ncclResult_t strataRecvAny(void* recvbuff, size_t count, ncclDataType_t datatype, int* source, ncclComm_t comm);

@@ -128,6 +128,56 @@ fn strata_comm_get_stragglers_writes_json_and_refuses_a_short_buffer() {
 }
 
 #[test]
+fn strata_comm_get_status_writes_every_rank_and_refuses_bad_input() {
+    let comms = init_all(3);
+    let mut buf = vec![0 as std::ffi::c_char; 1 << 16];
+    let mut len = 0usize;
+    // SAFETY: a 64 KiB buffer and a length.
+    let ok = unsafe { strataCommGetStatus(comms[1], 2.0, buf.as_mut_ptr(), buf.len(), &mut len) };
+    assert_eq!(ok, NcclResult::Success);
+    // SAFETY: written with its NUL.
+    let text = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    let view: serde_json::Value = serde_json::from_str(text.to_str().unwrap()).unwrap();
+    assert_eq!(view["nranks"], 3);
+    let ranks: Vec<u64> = view["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rank"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ranks, vec![0, 1, 2], "{view}");
+    assert_eq!(
+        view["holding_up"],
+        serde_json::json!([]),
+        "idle ranks hold no one up"
+    );
+    let mut short = [0x55 as std::ffi::c_char; 8];
+    // SAFETY: as above, 8 bytes.
+    let r = unsafe { strataCommGetStatus(comms[0], 2.0, short.as_mut_ptr(), 8, &mut len) };
+    assert_eq!(r, NcclResult::InvalidArgument);
+    assert!(len > 8);
+    assert_eq!(short, [0x55; 8]);
+    for bad in [0.0, -1.0, f64::NAN, 31.0] {
+        // SAFETY: as above.
+        let r =
+            unsafe { strataCommGetStatus(comms[0], bad, buf.as_mut_ptr(), buf.len(), &mut len) };
+        assert_eq!(r, NcclResult::InvalidArgument, "{bad}");
+    }
+    // SAFETY: NULL arguments are refused, not followed.
+    unsafe {
+        assert_eq!(
+            strataCommGetStatus(null_mut(), 1.0, buf.as_mut_ptr(), buf.len(), &mut len),
+            NcclResult::InvalidArgument
+        );
+        assert_eq!(
+            strataCommGetStatus(comms[0], 1.0, null_mut(), 64, &mut len),
+            NcclResult::InvalidArgument
+        );
+    }
+    destroy(&comms);
+}
+
+#[test]
 fn strata_recv_any_names_each_sender_and_refuses_a_group_and_null_pointers() {
     let comms = init_all(3);
     let (c1, c2) = (comms[1] as usize, comms[2] as usize);

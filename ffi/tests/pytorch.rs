@@ -241,6 +241,21 @@ fn a_late_rank_is_named_through_the_backend_and_a_clean_run_names_no_one() {
 }
 
 #[test]
+fn the_status_view_names_the_rank_the_others_wait_on_through_the_backend() {
+    let test = "the_status_view_names_the_rank_the_others_wait_on_through_the_backend";
+    let Some(python) = torch_python(test) else {
+        return;
+    };
+    let _machine = alone();
+    let mut cmd = python_cmd(&python);
+    cmd.arg(repo().join("python/tests/check_status.py"));
+    let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(120));
+    println!("{text}");
+    assert!(ok, "{text}");
+    assert!(text.contains("status: 1 passed, 0 failed"), "{text}");
+}
+
+#[test]
 fn a_rank_stopped_half_the_time_is_named_through_the_backend_under_torchrun() {
     let Some(python) =
         torch_python("a_rank_stopped_half_the_time_is_named_through_the_backend_under_torchrun")

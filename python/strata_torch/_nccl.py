@@ -129,6 +129,10 @@ class Library:
         fn.argtypes = [P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
         fn.restype = I
         self._get_stragglers = self._checked(fn, "strataCommGetStragglers")
+        fn = self._lib.strataCommGetStatus
+        fn.argtypes = [P, ctypes.c_double, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+        fn.restype = I
+        self._get_status = self._checked(fn, "strataCommGetStatus")
         fn = self._lib.strataRecvAny
         fn.argtypes = [P, N, I, ctypes.POINTER(I), P]
         fn.restype = I
@@ -201,6 +205,22 @@ class Library:
                 # Not a short buffer: raise the library's error.
                 self._get_stragglers(comm, buf, capacity, ctypes.byref(length), comm=comm)
             capacity = length.value + 1
+
+    def status(self, comm, within_s=1.0):
+        """strataCommGetStatus: the live view of the communicator as a dict (``ranks`` with
+        each rank's ``call`` and ``waiting_on``, ``silent``, ``holding_up``, ...)."""
+        length = ctypes.c_size_t(0)
+        capacity = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            code = self._lib.strataCommGetStatus(comm, within_s, buf, capacity, ctypes.byref(length))
+            if code == SUCCESS:
+                return json.loads(buf.value.decode())
+            if length.value + 1 <= capacity:
+                # Not a short buffer: raise the library's error.
+                self._get_status(comm, within_s, buf, capacity, ctypes.byref(length), comm=comm)
+            # The view is gathered anew and may have grown a little.
+            capacity = 2 * (length.value + 1)
 
     def recv_any(self, buf, count, dtype_code, comm):
         """strataRecvAny: receives into ``buf`` from whichever rank sends first; returns it."""

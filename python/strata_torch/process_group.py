@@ -185,6 +185,15 @@ class ProcessGroupStrata(dist.ProcessGroup):
         self._check_open()
         return self._lib.stragglers(self._comm)
 
+    def status(self, within_s=1.0):
+        """The live view of this group, asked of its ranks without stopping them (what
+        ``collbench status`` prints): a dict with ``ranks`` (each rank's ``call``, its
+        ``for_s``, ``waiting_on``, ``stragglers``, ``fault``), ``silent`` (ranks that gave no
+        answer within ``within_s`` seconds) and ``holding_up`` (who the others wait on). Any
+        rank may call it alone, at any time; it is not a collective."""
+        self._check_open()
+        return self._lib.status(self._comm, float(within_s))
+
     def async_error(self):
         """The fault that broke this group's communicator (strata's message), or None while it
         is healthy; "aborted" once aborted or shut down. Never blocks."""

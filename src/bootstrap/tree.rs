@@ -18,7 +18,7 @@
 use super::UniqueId;
 use crate::error::{Error, RankList, Result};
 use crate::wire::{
-    ConnectKind, Handler, Incoming, Msg, PeerInfo, ROOT_GONE, Retry, Secret, accept_loop,
+    ConnectKind, Handler, Incoming, Located, Msg, PeerInfo, ROOT_GONE, Retry, Secret, accept_loop,
     connect_authenticated, encode_msg, random_bytes, recv_msg, refuse, send_msg,
 };
 use std::collections::BTreeMap;
@@ -131,6 +131,8 @@ impl TreeInbox {
 struct Registry {
     nranks: Option<usize>,
     listen: Vec<Option<SocketAddr>>,
+    /// Each registered rank's host name and process id, for status clients.
+    who: Vec<(String, u32)>,
     registered: usize,
     /// When the first rank registered: the job's init deadline counts from here.
     first_arrival: Option<Instant>,
@@ -151,6 +153,28 @@ impl Registry {
 
     fn complete(&self) -> bool {
         self.nranks.is_some_and(|n| self.registered == n)
+    }
+
+    /// A status client's question: where the registered ones of `ranks` listen.
+    fn locate(&self, ranks: &[usize]) -> Msg {
+        let ranks = ranks
+            .iter()
+            .take(TREE_FANOUT + 1)
+            .filter_map(|&r| {
+                let listen = (*self.listen.get(r)?)?;
+                let (host, pid) = self.who[r].clone();
+                Some(Located {
+                    rank: r,
+                    host,
+                    pid,
+                    listen,
+                })
+            })
+            .collect();
+        Msg::Located {
+            nranks: self.nranks.unwrap_or(0),
+            ranks,
+        }
     }
 
     /// Records `rank`'s listener and answers with its neighbours registered so far.
@@ -179,6 +203,7 @@ impl Registry {
         }
         if self.listen.is_empty() {
             self.listen = vec![None; n];
+            self.who = vec![(String::new(), 0); n];
             self.first_arrival.get_or_insert_with(Instant::now);
         }
         if rank >= n || info.rank != rank {
@@ -188,6 +213,7 @@ impl Registry {
             return refuse(format!("rank {rank} joined twice"));
         }
         self.listen[rank] = Some(info.listen);
+        self.who[rank] = (info.host.hostname.clone(), info.pid);
         self.registered += 1;
         let known = |r: usize| self.listen[r].map(|a| (r, a));
         Msg::Joined {
@@ -197,15 +223,87 @@ impl Registry {
     }
 }
 
+/// Keeps a job's bootstrap root open after init, so that a status client (`collbench
+/// status`) holding the job's secret can learn there where the ranks listen; dropping it
+/// closes the port.
+pub struct JobRoot {
+    closed: Arc<(Mutex<bool>, Condvar)>,
+    /// Says when the directory's threads are gone and the port is free.
+    gone: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl JobRoot {
+    fn new() -> (Self, RootDoor) {
+        let closed = Arc::new((Mutex::new(false), Condvar::new()));
+        let (tx, gone) = std::sync::mpsc::channel();
+        (
+            Self {
+                closed: closed.clone(),
+                gone: Mutex::new(gone),
+            },
+            RootDoor { closed, _gone: tx },
+        )
+    }
+}
+
+impl Drop for JobRoot {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.closed;
+        if let Ok(mut c) = lock.lock() {
+            *c = true;
+        }
+        cv.notify_all();
+        // The port is free when this returns (or after a second, if the root is wedged), so
+        // the next job of this process can bind it.
+        if let Ok(gone) = self.gone.lock() {
+            let _ = gone.recv_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+/// The directory's side of a [`JobRoot`]: it serves until the root is dropped.
+pub(super) struct RootDoor {
+    closed: Arc<(Mutex<bool>, Condvar)>,
+    /// Dropped when the directory exits, which tells the [`JobRoot`].
+    _gone: std::sync::mpsc::Sender<()>,
+}
+
+impl RootDoor {
+    /// Waits until the job's [`JobRoot`] is dropped.
+    fn wait_closed(&self) {
+        let (lock, cv) = &*self.closed;
+        let Ok(mut c) = lock.lock() else { return };
+        while !*c {
+            c = match cv.wait(c) {
+                Ok(g) => g,
+                Err(_) => return,
+            };
+        }
+    }
+}
+
+/// A fresh [`JobRoot`] and the door its directory keeps.
+pub(super) fn job_root() -> (JobRoot, RootDoor) {
+    JobRoot::new()
+}
+
 /// The directory behind a unique id: serves one communicator's registrations and the
 /// verdicts of ranks that fail, then exits when rank 0 says the table has gone down the tree,
 /// or when its deadline and then a grace period (for the ranks' questions about who is
-/// missing) have passed.
-pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Duration) {
+/// missing) have passed. With a `door`, a directory whose table went down stays until the
+/// door's [`JobRoot`] is dropped, answering status clients' `Locate`.
+pub(super) fn directory_main(
+    listener: TcpListener,
+    secret: Secret,
+    timeout: Duration,
+    door: Option<RootDoor>,
+) {
+    let wake = listener.local_addr().ok();
     let state = Arc::new((
         Mutex::new(Registry {
             nranks: None,
             listen: Vec::new(),
+            who: Vec::new(),
             registered: 0,
             first_arrival: None,
             closed: false,
@@ -245,6 +343,7 @@ pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Dur
                     }
                 }
             },
+            Msg::Locate { ranks } => reg.locate(&ranks),
             Msg::Done => {
                 reg.finished = true;
                 cv.notify_all();
@@ -272,11 +371,13 @@ pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Dur
     let (lock, cv) = &*state;
     let give_up = Instant::now() + timeout * 2;
     let Ok(mut reg) = lock.lock() else { return };
+    let mut built = false;
     loop {
         let now = Instant::now();
         // Rank 0 says when the table has gone down the tree; until then a rank that fails in
         // the tree may still post its verdict here.
         if reg.complete() && reg.finished {
+            built = true;
             break;
         }
         let expires = reg.first_arrival.map(|d| d + timeout);
@@ -301,7 +402,23 @@ pub(super) fn directory_main(listener: TcpListener, secret: Secret, timeout: Dur
         };
     }
     drop(reg);
+    if let Some(door) = &door
+        && built
+    {
+        door.wait_closed();
+    }
     stop.store(true, Ordering::Release);
+    // Wakes the acceptor from its poll at once.
+    if let Some(mut a) = wake {
+        if a.ip().is_unspecified() {
+            a.set_ip(if a.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        let _ = TcpStream::connect_timeout(&a, Duration::from_millis(100));
+    }
     if let Ok(t) = acceptor {
         let _ = t.join();
     }
@@ -737,6 +854,67 @@ pub(crate) fn rendezvous(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One exchange with the root at `addr` holding `secret`.
+    fn ask_root(addr: SocketAddr, secret: &Secret, question: &Msg) -> Result<Msg> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut c =
+            connect_authenticated(addr, secret, deadline, Duration::from_secs(5), Retry::No)?;
+        send_msg(&mut c, question)?;
+        recv_msg(&mut c)
+    }
+
+    #[test]
+    fn a_job_root_answers_where_ranks_listen_until_it_is_dropped() {
+        let secret = [7; 16];
+        let (id, root) = UniqueId::serve_job(
+            "127.0.0.1:0".parse().unwrap(),
+            secret,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let addr = id.root_addr();
+        let host = strata_topology::HostIdentity::detect();
+        for rank in 0..2 {
+            let info = PeerInfo {
+                rank,
+                host: host.clone(),
+                pid: 40 + rank as u32,
+                process: 0,
+                listen: SocketAddr::from(([127, 0, 0, 1], 9000 + rank as u16)),
+                place: Default::default(),
+                transports: Default::default(),
+            };
+            let hello = Msg::Hello {
+                rank,
+                nranks: 2,
+                info,
+            };
+            assert!(matches!(
+                ask_root(addr, &secret, &hello),
+                Ok(Msg::Joined { .. })
+            ));
+        }
+        assert!(matches!(ask_root(addr, &secret, &Msg::Done), Ok(Msg::Ack)));
+        // The table went down the tree; the root stays for status clients.
+        std::thread::sleep(Duration::from_millis(300));
+        let Ok(Msg::Located { nranks, ranks }) =
+            ask_root(addr, &secret, &Msg::Locate { ranks: vec![1, 5] })
+        else {
+            panic!("no answer to Locate");
+        };
+        assert_eq!(nranks, 2);
+        assert_eq!(ranks.len(), 1, "rank 5 does not exist");
+        assert_eq!((ranks[0].rank, ranks[0].pid), (1, 41));
+        assert_eq!(ranks[0].listen.port(), 9001);
+        assert!(ask_root(addr, &[8; 16], &Msg::Locate { ranks: vec![0] }).is_err());
+        // Dropped: the port is closed when drop returns.
+        let t = Instant::now();
+        drop(root);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        let e = ask_root(addr, &secret, &Msg::Locate { ranks: vec![0] }).unwrap_err();
+        assert!(crate::wire::is_refused(&e), "{e}");
+    }
 
     #[test]
     fn a_rank_that_registers_and_vanishes_is_named_by_the_others() {

@@ -185,24 +185,46 @@ impl Communicator {
         let root = root_from_env()?;
         let secret = secret_from_env(&root)?;
         let cfg = Config::from_env()?;
-        let id = if info.rank == 0 {
-            let bind = SocketAddr::new(
-                if root.is_ipv4() {
-                    IpAddr::from([0, 0, 0, 0])
-                } else {
-                    IpAddr::from([0u16; 8])
-                },
-                root.port(),
-            );
-            let served = UniqueId::serve(bind, secret, cfg.init_timeout)?;
-            UniqueId::from_parts(
-                SocketAddr::new(root.ip(), served.root_addr().port()),
-                &secret,
-            )
+        let (id, job_root) = if info.rank == 0 {
+            let (id, job_root) = serve_job_root(root, secret, &cfg)?;
+            (id, Some(job_root))
         } else {
-            UniqueId::from_parts(root, &secret)
+            (UniqueId::from_parts(root, &secret), None)
         };
-        Self::init_with_config(&id, info.size, info.rank, cfg)
+        let comm = Self::init_with_config(&id, info.size, info.rank, cfg)?;
+        if let Some(job_root) = job_root {
+            let _ = comm.inner.job_root.set((root, job_root));
+        }
+        Ok(comm)
+    }
+
+    /// The live view of this communicator: every rank's call, how long it has been in it,
+    /// whom it waits on, stragglers and faults, gathered down the rank tree within `within`
+    /// (ranks that do not answer by then are named as silent). The job keeps running.
+    pub fn status(&self, within: Duration) -> JobStatus {
+        let root = self.inner.job_root.get().map(|(addr, _)| addr.to_string());
+        self.inner.status.job_status(within, root)
+    }
+
+    /// The live view of a running job from outside it (`collbench status`): its bootstrap
+    /// root is `root` (`host:port`), else found as [`Communicator::from_env`] finds it, and
+    /// its secret is `STRATA_SECRET`, else derived as `from_env` derives it. The root answers
+    /// while rank 0 of a job started from the launcher's variables (or `collbench --np` with
+    /// `STRATA_ROOT` set) runs.
+    pub fn job_status(root: Option<&str>, within: Duration) -> Result<JobStatus> {
+        let root = match root {
+            Some(r) => resolve_root(r.trim())?,
+            None => root_from_env()?,
+        };
+        let secret = secret_from_env(&root)?;
+        let cfg = Config::from_env()?;
+        crate::status::ask_job(
+            root,
+            secret,
+            comm_id_of(&secret, b"world"),
+            cfg.handshake_timeout,
+            within,
+        )
     }
 
     pub(super) fn from_parts(
@@ -242,7 +264,7 @@ impl Communicator {
         )
         .with_rules(cfg.tuning_rules.clone())
         .with_ring_pipeline(cfg.ring_pipeline_bytes, fullest_host);
-        let state = State {
+        let mut state = State {
             conns: (0..size).map(|_| None).collect(),
             seq: 0,
             device_seq: 0,
@@ -262,6 +284,7 @@ impl Communicator {
             shrinks: 0,
         };
         let health = listener.health();
+        state.exec.stalls.board = Some(health.waits.clone());
         let diagnoser = Arc::new(crate::diagnosis::Diagnoser::new(
             comm_id.clone(),
             rank,
@@ -271,6 +294,15 @@ impl Communicator {
             cfg.handshake_timeout,
         ));
         listener.set_diagnoser(diagnoser.clone());
+        let status = Arc::new(crate::status::StatusSource::new(
+            comm_id.clone(),
+            rank,
+            peers.clone(),
+            secret,
+            health.clone(),
+            cfg.handshake_timeout,
+        ));
+        listener.set_status_source(status.clone());
         let timeout_ms = cfg.timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         let watchdog = Watchdog::start(WatchdogSetup {
             comm_id: comm_id.clone(),
@@ -319,6 +351,8 @@ impl Communicator {
                 fullest_host,
                 gpu: std::sync::OnceLock::new(),
                 diagnoser,
+                status,
+                job_root: std::sync::OnceLock::new(),
                 metrics,
             }),
         })
@@ -368,17 +402,50 @@ impl UniqueId {
     }
 }
 
+impl UniqueId {
+    /// The id of a job whose root is given by the launcher's variables, as
+    /// [`Communicator::from_env`] finds it (`STRATA_ROOT`, `MASTER_ADDR`, a Slurm step), served
+    /// in this process: for a launcher that spawns the ranks itself (`collbench --np`). The
+    /// root stays open for status clients until the [`JobRoot`] is dropped. `None` when no
+    /// root is named.
+    pub fn serve_from_env() -> Result<Option<(Self, JobRoot)>> {
+        if std::env::var_os("STRATA_ROOT").is_none() && std::env::var_os("MASTER_ADDR").is_none() {
+            return Ok(None);
+        }
+        let root = root_from_env()?;
+        let secret = secret_from_env(&root)?;
+        serve_job_root(root, secret, &Config::from_env()?).map(Some)
+    }
+}
+
+/// Serves the job's root on `root`'s port, on every interface; the id names `root`'s address.
+fn serve_job_root(root: SocketAddr, secret: Secret, cfg: &Config) -> Result<(UniqueId, JobRoot)> {
+    let bind = SocketAddr::new(
+        if root.is_ipv4() {
+            IpAddr::from([0, 0, 0, 0])
+        } else {
+            IpAddr::from([0u16; 8])
+        },
+        root.port(),
+    );
+    let (served, job_root) = UniqueId::serve_job(bind, secret, cfg.init_timeout)?;
+    let id = UniqueId::from_parts(
+        SocketAddr::new(root.ip(), served.root_addr().port()),
+        &secret,
+    );
+    Ok((id, job_root))
+}
+
+/// `host:port` resolved to its first IPv4 address.
+fn resolve_root(s: &str) -> Result<SocketAddr> {
+    s.to_socket_addrs()
+        .map_err(|e| Error::InvalidArgument(format!("cannot resolve bootstrap root '{s}': {e}")))?
+        .find(|a| a.is_ipv4())
+        .ok_or_else(|| Error::InvalidArgument(format!("bootstrap root '{s}' has no IPv4 address")))
+}
+
 fn root_from_env() -> Result<SocketAddr> {
-    let resolve = |s: &str| -> Result<SocketAddr> {
-        s.to_socket_addrs()
-            .map_err(|e| {
-                Error::InvalidArgument(format!("cannot resolve bootstrap root '{s}': {e}"))
-            })?
-            .find(|a| a.is_ipv4())
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!("bootstrap root '{s}' has no IPv4 address"))
-            })
-    };
+    let resolve = resolve_root;
     if let Ok(root) = std::env::var("STRATA_ROOT") {
         return resolve(root.trim());
     }

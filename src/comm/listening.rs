@@ -1,5 +1,5 @@
 //! A communicator's listener with the services its modules serve through it: bootstrap tree
-//! edges, watchdog links and status, census questions and shrinks. Each module supplies its
+//! edges, watchdog links and status, census questions, the live view and shrinks. Each module supplies its
 //! handler; this is the one place they are put together.
 
 use super::shrink::Shrinks;
@@ -8,6 +8,7 @@ use crate::config::Config;
 use crate::connection::{CommListener, Connection, Routes};
 use crate::diagnosis::{self, Diagnoser, DiagnoserCell};
 use crate::error::Result;
+use crate::status::{self, StatusCell, StatusSource};
 use crate::watchdog::{self, Health, LinkInbox};
 use crate::wire::{PeerInfo, Route, Secret};
 use std::net::TcpListener;
@@ -21,6 +22,7 @@ pub(super) struct Listening {
     tree_in: Arc<TreeInbox>,
     watchdog_in: LinkInbox,
     diagnoser: DiagnoserCell,
+    status: StatusCell,
     shrinks: Arc<Shrinks>,
 }
 
@@ -58,6 +60,7 @@ impl Listening {
         let tree_in = Arc::new(TreeInbox::default());
         let watchdog_in = LinkInbox::default();
         let diagnoser = DiagnoserCell::default();
+        let status = StatusCell::default();
         let shrinks = Shrinks::new(cfg.init_timeout);
         let mut routes = Routes::default();
         routes
@@ -71,6 +74,7 @@ impl Listening {
                 Route::Census,
                 diagnosis::census_handler(diagnoser.clone(), health.clone()),
             )
+            .add(Route::JobStatus, status::status_handler(status.clone()))
             .add(Route::Shrink, shrinks.handler());
         Ok(Self {
             conns: listen(routes)?,
@@ -78,6 +82,7 @@ impl Listening {
             tree_in,
             watchdog_in,
             diagnoser,
+            status,
             shrinks,
         })
     }
@@ -120,6 +125,11 @@ impl Listening {
     /// Lets the listener answer census questions with the communicator's diagnoser.
     pub fn set_diagnoser(&self, diagnoser: Arc<Diagnoser>) {
         let _ = self.diagnoser.set(diagnoser);
+    }
+
+    /// Lets the listener answer status questions with the communicator's source.
+    pub fn set_status_source(&self, source: Arc<StatusSource>) {
+        let _ = self.status.set(source);
     }
 
     /// Joins shrink `key` as its lowest survivor (see [`Shrinks::join`]).

@@ -1,6 +1,6 @@
 //! The `Communicator`: the one type most users touch.
 
-use crate::bootstrap::{self, UniqueId};
+use crate::bootstrap::{self, JobRoot, UniqueId};
 use crate::config::{Config, RankOrder};
 use crate::connection::{self, CommListener, Connection, ControlFrame};
 use crate::dtype::{DataType, Element, ReduceOp};
@@ -9,6 +9,7 @@ use crate::executor::{
     self, Buffers, HEADER_BYTES, Header, OpRun, SMALL_MAX_BYTES, SmallDoubling, SmallOneShot,
 };
 use crate::reduce::{self, Combine};
+use crate::status::JobStatus;
 use crate::watchdog::{self, FlightRecord, Health, Progress, Watchdog, WatchdogSetup};
 use crate::wire::{PeerInfo, Secret};
 use listening::Listening;
@@ -205,6 +206,11 @@ pub(crate) struct Inner {
     /// Takes the census of a call that timed out (shared with the listener, which answers
     /// the other ranks' questions).
     diagnoser: Arc<crate::diagnosis::Diagnoser>,
+    /// Answers the live view's questions (shared with the listener).
+    status: Arc<crate::status::StatusSource>,
+    /// The job's bootstrap root and its address, kept open for status clients while this
+    /// communicator lives (rank 0 of [`Communicator::from_env`] only).
+    job_root: std::sync::OnceLock<(std::net::SocketAddr, crate::bootstrap::JobRoot)>,
     /// This communicator's counters for the metrics exporters (`STRATA_METRICS_PORT`,
     /// `STRATA_METRICS_FILE`); none when neither is set.
     metrics: Option<Arc<crate::metrics::CommMetrics>>,

@@ -2,7 +2,68 @@
 //! the stall shares its peers' headers carried.
 
 use crate::transport::Direction;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+/// Which peers a rank's call is blocked on now, for the live view (`collbench status`):
+/// written when a wait reaches its sleeping phase and cleared when it ends, two relaxed
+/// stores each; read by the status handler.
+#[derive(Default)]
+pub(crate) struct WaitBoard {
+    /// Up to three peers, each as rank + 1 in 21 bits; 0: not blocked.
+    peers: AtomicU64,
+    /// When the wait began, microseconds since [`board_epoch`].
+    since_us: AtomicU64,
+}
+
+/// Bits per peer in [`WaitBoard::peers`].
+const PEER_BITS: u32 = 21;
+const PEER_MASK: u64 = (1 << PEER_BITS) - 1;
+
+fn board_epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl WaitBoard {
+    /// The call is blocked on `peers` (the first three that fit are kept) since `now`.
+    fn set(&self, peers: &[usize], now: Instant) {
+        let mut word = 0u64;
+        let mut slot = 0;
+        for &p in peers {
+            let code = p as u64 + 1;
+            if code > PEER_MASK || slot == 3 {
+                continue;
+            }
+            word |= code << (slot * PEER_BITS);
+            slot += 1;
+        }
+        let since = now.saturating_duration_since(board_epoch()).as_micros() as u64;
+        self.since_us.store(since, Ordering::Relaxed);
+        self.peers.store(word, Ordering::Release);
+    }
+
+    /// The call is no longer blocked.
+    fn clear(&self) {
+        self.peers.store(0, Ordering::Release);
+    }
+
+    /// The peers the call is blocked on and for how long (none: not blocked now).
+    pub(crate) fn read(&self) -> (Vec<usize>, Duration) {
+        let word = self.peers.load(Ordering::Acquire);
+        let peers: Vec<usize> = (0..3)
+            .map(|i| (word >> (i * PEER_BITS)) & PEER_MASK)
+            .filter(|&c| c != 0)
+            .map(|c| (c - 1) as usize)
+            .collect();
+        if peers.is_empty() {
+            return (peers, Duration::ZERO);
+        }
+        let since = board_epoch() + Duration::from_micros(self.since_us.load(Ordering::Relaxed));
+        (peers, Instant::now().saturating_duration_since(since))
+    }
+}
 
 /// A call's stalls: idle stretches of at least `threshold`, each charged in full to every
 /// peer the rank was blocked on when the stretch began (any of them may be the one holding it
@@ -30,12 +91,19 @@ pub(crate) struct StallLog {
     pub stalled: Duration,
     /// (peer, its stall share per mille) from the headers of this call.
     pub peer_shares: Vec<(usize, u16)>,
+    /// Where the live view reads whom this rank waits on.
+    pub board: Option<Arc<WaitBoard>>,
 }
 
 impl StallLog {
     /// Forgets the last call.
     pub fn begin_call(&mut self) {
-        self.idle_since = None;
+        // A stretch left open by a call that failed while it waited.
+        if self.idle_since.take().is_some()
+            && let Some(board) = &self.board
+        {
+            board.clear();
+        }
         self.stalls.clear();
         self.stalled = Duration::ZERO;
         self.peer_shares.clear();
@@ -57,6 +125,9 @@ impl StallLog {
             if (dir == Direction::Recv || !receiving) && !self.blocked_on.contains(&peer) {
                 self.blocked_on.push(peer);
             }
+        }
+        if let Some(board) = &self.board {
+            board.set(&self.blocked_on, now);
         }
     }
 
@@ -94,6 +165,9 @@ impl StallLog {
         let Some(t0) = self.idle_since.take() else {
             return;
         };
+        if let Some(board) = &self.board {
+            board.clear();
+        }
         let waited = now.saturating_duration_since(t0).saturating_sub(self.lost);
         if waited < self.threshold || self.blocked_on.is_empty() {
             return;

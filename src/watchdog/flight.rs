@@ -293,6 +293,20 @@ impl Recorder {
         }
     }
 
+    /// The host call in progress, if any (not a device call's entry), and how long it has
+    /// run.
+    pub fn current_call(&self) -> Option<(Header, std::time::Duration)> {
+        let n = self.recorded.load(Ordering::Acquire);
+        let s = (n > 0).then(|| self.entry(n - 1).read())?;
+        if s.number != n || s.end != 0 {
+            return None;
+        }
+        let header = s.header()?;
+        let micros = self.clock.epoch_micros();
+        let ran = micros(self.clock.stamp()).saturating_sub(micros(s.start));
+        Some((header, std::time::Duration::from_micros(ran)))
+    }
+
     /// The records, oldest first (an entry overwritten while they are read is left out).
     pub fn records(&self) -> Vec<FlightRecord> {
         let n = self.recorded.load(Ordering::Acquire);

@@ -43,6 +43,8 @@ pub(crate) struct Health {
     own_share: AtomicU16,
     /// Wakes the watchdog thread so that it announces a fault at once.
     pub(super) waker: Mutex<Option<UnixDatagram>>,
+    /// Whom the call in progress is blocked on, written by the executor's waits.
+    pub waits: std::sync::Arc<crate::executor::WaitBoard>,
 }
 
 impl Health {
@@ -104,6 +106,11 @@ impl Health {
     /// What this rank is doing now.
     pub fn progress(&self) -> Progress {
         self.recorder.progress()
+    }
+
+    /// The host call in progress and how long it has run, if any.
+    pub fn current_call(&self) -> Option<(crate::wire::Header, std::time::Duration)> {
+        self.recorder.current_call()
     }
 
     /// The flight recorder's records, oldest first.

@@ -12,6 +12,7 @@ mod census;
 mod header;
 mod peer;
 mod progress;
+mod status;
 
 pub(crate) use auth::{
     ROOT_GONE, Retry, Secret, accept_loop, connect_authenticated, deepen_backlog,
@@ -26,6 +27,7 @@ pub(crate) use header::{
 pub use peer::PeerInfo;
 pub(crate) use peer::process_nonce;
 pub use progress::Progress;
+pub use status::{CallStatus, Located, RankStatus, SilentRank, StatusPart};
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -83,6 +85,13 @@ pub(crate) enum Msg {
     Status(Progress),
     /// A rank's answer to `ConnectKind::Census`.
     Census(Census),
+    /// client → a job's bootstrap root, after init: who are these ranks and where do they
+    /// listen (`collbench status`)? Answered with `Located`.
+    Locate { ranks: Vec<usize> },
+    /// The root's answer to `Locate`: the job's size and the ranks asked for.
+    Located { nranks: usize, ranks: Vec<Located> },
+    /// A rank's answer to `ConnectKind::JobStatus`: its subtree's view.
+    StatusPart(StatusPart),
 }
 
 /// What a new connection to a listener is for.
@@ -111,6 +120,9 @@ pub(crate) enum ConnectKind {
         whole_job: bool,
         within_ms: u64,
     },
+    /// What is every rank of your subtree doing (`collbench status`)? Answered with
+    /// `Msg::StatusPart` within `within_ms`.
+    JobStatus { within_ms: u64 },
     /// A survivor joins shrink `key` of `expected` ranks, sent to the lowest survivor's
     /// listener; answered with `Msg::Table` (every survivor's `info`) or `Msg::Fail`.
     Shrink {
@@ -138,6 +150,8 @@ pub(crate) enum Route {
     Status,
     /// [`ConnectKind::Census`]: the diagnosis.
     Census,
+    /// [`ConnectKind::JobStatus`]: the live view.
+    JobStatus,
     /// [`ConnectKind::Shrink`]: the communicator's membership.
     Shrink,
 }
@@ -153,6 +167,7 @@ impl ConnectKind {
             ConnectKind::Tree => Route::Tree,
             ConnectKind::Status => Route::Status,
             ConnectKind::Census { .. } => Route::Census,
+            ConnectKind::JobStatus { .. } => Route::JobStatus,
             ConnectKind::Shrink { .. } => Route::Shrink,
         }
     }
@@ -169,6 +184,7 @@ impl Route {
             Route::Tree => "bootstrap tree edge",
             Route::Status => "status query",
             Route::Census => "census",
+            Route::JobStatus => "status view",
             Route::Shrink => "shrink",
         }
     }

@@ -558,22 +558,70 @@ pub unsafe extern "C" fn strataCommGetStragglers(
         let text = serde_json::to_string(&c.stragglers())
             .map_err(|e| fail(NcclResult::InternalError, e))?;
         // SAFETY: per the contract.
-        unsafe { put(length, text.len(), "length")? };
-        if json.is_null() {
-            return Err(invalid("json is NULL"));
-        }
-        if capacity <= text.len() {
+        unsafe { put_json(&text, json, capacity, length, "the straggler list") }
+    })
+}
+
+/// Writes `text` with a NUL into `json` of `capacity` bytes and its length into `*length`
+/// (always); a buffer too small is `ncclInvalidArgument`, naming `what` and the bytes needed.
+///
+/// # Safety
+/// `json` must be NULL or writable for `capacity` bytes; `length` NULL or writable.
+unsafe fn put_json(
+    text: &str,
+    json: *mut c_char,
+    capacity: usize,
+    length: *mut usize,
+    what: &str,
+) -> std::result::Result<NcclResult, NcclResult> {
+    // SAFETY: per the contract.
+    unsafe { put(length, text.len(), "length")? };
+    if json.is_null() {
+        return Err(invalid("json is NULL"));
+    }
+    if capacity <= text.len() {
+        return Err(invalid(format!(
+            "{what} needs {} bytes with its NUL; the buffer has {capacity}",
+            text.len() + 1
+        )));
+    }
+    // SAFETY: `json` is writable for `capacity` > text.len() bytes, per the contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), json.cast::<u8>(), text.len());
+        *json.add(text.len()) = 0;
+    }
+    Ok(NcclResult::Success)
+}
+
+/// `strataCommGetStatus` (strata's own, not NCCL's): the live view of the communicator
+/// (`Communicator::status`): every rank's call, how long it has been in it, whom it waits
+/// on, stragglers, faults, silent ranks and who holds the job up, gathered from the ranks
+/// within `within_s` seconds, as a JSON object written as `strataCommGetStragglers` writes
+/// its list. A buffer too small gets `*length` and `ncclInvalidArgument`; ask again with
+/// more (the view is gathered anew).
+///
+/// # Safety
+/// `json` must be NULL or writable for `capacity` bytes; `length` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn strataCommGetStatus(
+    comm: NcclComm,
+    within_s: f64,
+    json: *mut c_char,
+    capacity: usize,
+    length: *mut usize,
+) -> NcclResult {
+    guarded(|| {
+        if !(within_s > 0.0 && within_s <= 30.0) {
             return Err(invalid(format!(
-                "the straggler list needs {} bytes with its NUL; the buffer has {capacity}",
-                text.len() + 1
+                "within_s must be above 0 and at most 30 seconds, got {within_s}"
             )));
         }
-        // SAFETY: `json` is writable for `capacity` > text.len() bytes, per the contract.
-        unsafe {
-            std::ptr::copy_nonoverlapping(text.as_ptr(), json.cast::<u8>(), text.len());
-            *json.add(text.len()) = 0;
-        }
-        Ok(NcclResult::Success)
+        let h = comm_of(comm)?;
+        let c = h.wait_ready(init_limit()).map_err(|e| report(&e))?;
+        let text = serde_json::to_string(&c.status(Duration::from_secs_f64(within_s)))
+            .map_err(|e| fail(NcclResult::InternalError, e))?;
+        // SAFETY: per the contract.
+        unsafe { put_json(&text, json, capacity, length, "the status view") }
     })
 }
 

@@ -3,16 +3,23 @@
 use super::*;
 use std::os::unix::process::CommandExt;
 
+/// The id of the job this launcher starts. With STRATA_ROOT (or MASTER_ADDR) set, its root
+/// is there and stays open for `collbench status` while the job runs; else on a free port,
+/// closed after init. `None` (said why) when it cannot be served.
+fn job_id() -> Option<(UniqueId, Option<strata::bootstrap::JobRoot>)> {
+    let served = UniqueId::serve_from_env().and_then(|served| match served {
+        Some((id, root)) => Ok((id, Some(root))),
+        None => UniqueId::new().map(|id| (id, None)),
+    });
+    served.map_err(|e| eprintln!("collbench: {e}")).ok()
+}
+
 /// Runs `--threads` ranks as threads of this process, each with its own communicator (the
 /// in-process transport joins them; on device buffers they share this host's GPUs); fails if
 /// any rank fails.
 pub(super) fn threads_main(args: &Args) -> ExitCode {
-    let id = match UniqueId::new() {
-        Ok(id) => id,
-        Err(e) => {
-            eprintln!("collbench: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some((id, _job_root)) = job_id() else {
+        return ExitCode::FAILURE;
     };
     let n = args.threads;
     let ok = std::thread::scope(|s| {
@@ -47,12 +54,8 @@ pub(super) fn spawn_main(args: &Args) -> ExitCode {
         // SAFETY: single-threaded at this point; children inherit it.
         unsafe { std::env::set_var("STRATA_SOCKET_IFNAME", "=lo") };
     }
-    let id = match UniqueId::new() {
-        Ok(id) => id,
-        Err(e) => {
-            eprintln!("collbench: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some((id, _job_root)) = job_id() else {
+        return ExitCode::FAILURE;
     };
     let exe = match std::env::current_exe() {
         Ok(p) => p,

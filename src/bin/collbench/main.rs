@@ -147,6 +147,10 @@ enum Subcommand {
     /// memory and internal rate, and each host's network rate in ceil(log2 hosts) rounds of
     /// pairwise exchanges, against the median; names what is out of line and exits 3 then.
     Health(HealthArgs),
+    /// The live view of a running job, asked of its own ranks from any host without stopping
+    /// it: each rank's call and how long it has been in it, whom it waits on, stragglers,
+    /// faults, and who holds the job up. Exits 3 when someone does.
+    Status(StatusArgs),
 }
 
 mod bench;
@@ -156,6 +160,7 @@ mod launch;
 mod memory;
 mod plot;
 mod simulate;
+mod status;
 mod tools;
 
 use bench::*;
@@ -163,6 +168,7 @@ use health::*;
 use launch::*;
 use plot::*;
 use simulate::*;
+use status::*;
 use tools::*;
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -228,6 +234,7 @@ fn main() -> ExitCode {
         Some(Subcommand::Explain(e)) => return explain_main(e),
         Some(Subcommand::Simulate(s)) => return simulate_main(s),
         Some(Subcommand::Plot(p)) => return plot_main(p),
+        Some(Subcommand::Status(s)) => return status_main(s),
         Some(Subcommand::Health(_)) | None => {}
     }
     if let Ok(id_hex) = std::env::var(ENV_ID) {
