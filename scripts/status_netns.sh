@@ -130,7 +130,7 @@ for c in v["holding_up"]:
     done
     kill -CONT "$victim" 2>/dev/null || true
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    { wait; } 2>/dev/null || true
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     if [ -z "$named" ]; then
         echo "trial $t: no view named anyone within 2.5 s of the stop" >&2
         exit 1

@@ -53,9 +53,10 @@ const PYTORCH_IMPORTS: [&str; 34] = [
 
 /// strata's own functions, declared in its nccl.h under their own prefix (no NCCL program
 /// calls them, so they cannot clash).
-const STRATA_EXTENSIONS: [&str; 4] = [
+const STRATA_EXTENSIONS: [&str; 5] = [
     "strataCommSetTimeout",
     "strataCommGetStragglers",
+    "strataCommGetStatus",
     "strataRecvAny",
     "strataCommSubgroup",
 ];
