@@ -184,6 +184,45 @@ fn assert_all_right(what: &str, out: &Output) {
 }
 
 #[test]
+fn collbench_status_asks_a_running_step_from_a_step_of_its_own() {
+    let name = "collbench_status_asks_a_running_step_from_a_step_of_its_own";
+    let cluster = match Cluster::start() {
+        Ok(c) => c,
+        Err(why) => return common::skip(name, &why),
+    };
+    // Step 0 runs a long sweep; step 1 (overlapping) asks it, with no variable set by hand.
+    let script = cluster.dir.join("status.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nsrun -n 2 {bin} -b 8 -e 8 -n 100000000 -w 1 \
+             >/dev/null 2>&1 &\npid=$!\n\
+             for i in $(seq 1 100); do\n\
+             srun --overlap -n 1 {bin} status --json --within 3 --step 0 > status.json 2>status.err && break\n\
+             sleep 0.2\ndone\nkill $pid\nwait\ncat status.json status.err\n",
+            bin = collbench().display()
+        ),
+    )
+    .unwrap();
+    let out = cluster.run(
+        Command::new("salloc")
+            .args(["-n", "2", "-O", "sh"])
+            .arg(&script)
+            .current_dir(&cluster.dir),
+    );
+    let text = text(&out);
+    let json = text.find('{').map(|i| &text[i..]).unwrap_or_default();
+    let view: serde_json::Value = serde_json::Deserializer::from_str(json)
+        .into_iter()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("no view:\n{text}"));
+    assert_eq!(view["nranks"], 2, "{text}");
+    assert_eq!(view["ranks"].as_array().unwrap().len(), 2, "{text}");
+    assert!(view["job"].as_str().unwrap().ends_with(".0"), "{text}");
+}
+
+#[test]
 fn collbench_joins_under_srun_salloc_and_sbatch_with_no_rendezvous_variable() {
     let name = "collbench_joins_under_srun_salloc_and_sbatch_with_no_rendezvous_variable";
     let cluster = match Cluster::start() {

@@ -177,7 +177,10 @@ impl Communicator {
     /// `STRATA_PORT` (default `MASTER_PORT + 1`, since torchrun's store owns `MASTER_PORT`),
     /// else, in a Slurm step, the step's first node ([`crate::launcher::slurm_root_with`]).
     /// The job secret is `STRATA_SECRET` (32 hex digits) when set, otherwise derived from the
-    /// launcher's job identifiers and the root address.
+    /// launcher's job identifiers and the root address. Rank 0 keeps the root's port open
+    /// while the communicator lives, for `collbench status` ([`Communicator::job_status`]);
+    /// more communicators of the same job come from [`Communicator::split`] or
+    /// [`Communicator::subgroup`], or from another `from_env` once this one is dropped.
     pub fn from_env() -> Result<Self> {
         let info = crate::launcher::detect()?.ok_or_else(|| {
             Error::InvalidArgument("no launcher variables found (RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_*, PMI_*)".into())

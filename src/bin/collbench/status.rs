@@ -13,6 +13,11 @@ pub(super) struct StatusArgs {
     /// derive it.
     #[arg(long)]
     root: Option<String>,
+    /// Under Slurm, from a step of its own (`srun --overlap --jobid J collbench status`): the
+    /// id of the job's step to ask, whose root and secret derive from it (its first node is
+    /// taken as the job's first node).
+    #[arg(long)]
+    step: Option<String>,
     /// How long the job's ranks have to answer, seconds; those that do not are named silent.
     #[arg(long, default_value_t = 1.0)]
     within: f64,
@@ -33,6 +38,18 @@ pub(super) fn status_main(a: &StatusArgs) -> ExitCode {
     if !(a.within > 0.0 && a.within.is_finite()) {
         eprintln!("collbench status: --within must be a positive number of seconds");
         return ExitCode::FAILURE;
+    }
+    if let Some(step) = &a.step {
+        let Ok(nodes) = std::env::var("SLURM_JOB_NODELIST") else {
+            eprintln!("collbench status: --step is for a Slurm job (SLURM_JOB_NODELIST is unset)");
+            return ExitCode::FAILURE;
+        };
+        // SAFETY: single-threaded at this point; only this process reads them.
+        unsafe {
+            std::env::set_var("SLURM_STEP_ID", step);
+            std::env::set_var("SLURM_STEP_NODELIST", nodes);
+            std::env::remove_var("SLURM_STEP_RESV_PORTS");
+        }
     }
     let mut views = 0usize;
     loop {
