@@ -25,7 +25,7 @@ use crate::{scale, sim};
 const PRICE_ELEM_BYTES: usize = 4;
 
 /// The pipeline chunk schedules are priced with (the runtime's default `STRATA_CHUNK_SIZE`).
-const CHUNK_BYTES: usize = 512 << 10;
+pub const CHUNK_BYTES: usize = 512 << 10;
 
 /// Up to this many ranks prices come from the full flow-level simulation; above it from fast
 /// pricing ([`crate::scale`]), which is checked against it.

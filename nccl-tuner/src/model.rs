@@ -1,0 +1,415 @@
+//! What the plugin knows of one NCCL communicator: strata's price of each NCCL algorithm it
+//! models, at every power of two of bytes, computed once at `init`; and how a call's cost
+//! table is rewritten from them (a lookup and a few multiplications per call).
+//!
+//! NCCL's algorithms map onto strata's schedules of the same shape: `RING` is strata's ring in
+//! topology order (a pipelined chain for broadcast), `TREE` the double binary tree (all-reduce),
+//! `PAT` a log-step exchange (Bruck all-gather, recursive-halving reduce-scatter). CollNet and
+//! NVLS need switch hardware the model does not describe; their entries keep NCCL's own figures.
+//! Within one algorithm NCCL knows its kernels better than strata does, so the ratio between its
+//! protocols (LL, LL128, Simple) is kept and only the algorithm's level is replaced by strata's
+//! price: NCCL, taking the minimum, then ranks the algorithms as strata's model does.
+
+use strata_algorithms::schedule::Collective;
+use strata_algorithms::tuner::{CHUNK_BYTES, RUNTIME_PRICING_MAX_RANKS, Tuner};
+use strata_algorithms::{Algorithm, Hierarchy};
+use strata_topology::Tier;
+use strata_topology::fabric::Fabric;
+
+/// NCCL's algorithm indices in the cost table (`NCCL_ALGO_*`).
+pub mod algo {
+    /// `NCCL_ALGO_TREE`.
+    pub const TREE: usize = 0;
+    /// `NCCL_ALGO_RING`.
+    pub const RING: usize = 1;
+    /// `NCCL_ALGO_COLLNET_DIRECT`.
+    pub const COLLNET_DIRECT: usize = 2;
+    /// `NCCL_ALGO_COLLNET_CHAIN`.
+    pub const COLLNET_CHAIN: usize = 3;
+    /// `NCCL_ALGO_NVLS`.
+    pub const NVLS: usize = 4;
+    /// `NCCL_ALGO_NVLS_TREE`.
+    pub const NVLS_TREE: usize = 5;
+    /// `NCCL_ALGO_PAT`.
+    pub const PAT: usize = 6;
+    /// `NCCL_NUM_ALGORITHMS`.
+    pub const COUNT: usize = 7;
+    /// Names as NCCL prints them.
+    pub const NAMES: [&str; COUNT] = [
+        "Tree",
+        "Ring",
+        "CollNetDirect",
+        "CollNetChain",
+        "NVLS",
+        "NVLSTree",
+        "PAT",
+    ];
+}
+
+/// `NCCL_NUM_PROTOCOLS` (LL, LL128, Simple).
+pub const PROTOCOLS: usize = 3;
+
+/// NCCL's collective codes (`ncclFunc_t`).
+pub mod func {
+    /// `ncclFuncBroadcast`.
+    pub const BROADCAST: i32 = 0;
+    /// `ncclFuncReduce`.
+    pub const REDUCE: i32 = 1;
+    /// `ncclFuncAllGather`.
+    pub const ALL_GATHER: i32 = 2;
+    /// `ncclFuncReduceScatter`.
+    pub const REDUCE_SCATTER: i32 = 3;
+    /// `ncclFuncAllReduce`.
+    pub const ALL_REDUCE: i32 = 4;
+}
+
+/// Prices are kept for 2^0 .. 2^MAX_LOG2 bytes per rank (256 MiB); larger calls extend the
+/// last two powers of two, as every schedule is a pipeline of chunks by then (the full
+/// simulation of a tree at 1 GiB costs 40 ms on 8 ranks).
+const MAX_LOG2: usize = 28;
+
+/// Above [`DENSE_MAX_RANKS`] ranks only these powers of two are priced, and the others are
+/// interpolated between them (log-log).
+const SPARSE_GRID: [usize; 11] = [0, 4, 8, 12, 16, 19, 20, 22, 24, 26, 28];
+
+/// Up to this many ranks every power of two is priced.
+const DENSE_MAX_RANKS: usize = 16;
+
+/// A price whose work (ranks × pipeline chunks) exceeds this is extrapolated from the smaller
+/// sizes instead: it keeps `init` of a 1,024-rank communicator under a second (8 ranks are
+/// priced at every size).
+const WORK_BOUND: usize = 1 << 15;
+
+/// Above this many ranks the plugin leaves NCCL's tuning alone: pricing every NCCL algorithm
+/// would take seconds per communicator (strata's own runtime prices only the cheap ones there).
+pub const MAX_RANKS: usize = RUNTIME_PRICING_MAX_RANKS;
+
+/// The most channels the plugin asks for; above it NCCL's own count stands.
+pub const MAX_CHANNELS: usize = 32;
+
+/// Which strata schedule prices NCCL's `algo` for the collective `func`, and the collective.
+pub fn strata_algorithm(func: i32, nccl_algo: usize) -> Option<(Collective, Algorithm)> {
+    use Algorithm as A;
+    match (func, nccl_algo) {
+        (func::ALL_REDUCE, algo::RING) => Some((Collective::AllReduce, A::Ring)),
+        (func::ALL_REDUCE, algo::TREE) => Some((Collective::AllReduce, A::Tree)),
+        (func::ALL_GATHER, algo::RING) => Some((Collective::AllGather, A::Ring)),
+        (func::ALL_GATHER, algo::PAT) => Some((Collective::AllGather, A::Bruck)),
+        (func::REDUCE_SCATTER, algo::RING) => Some((Collective::ReduceScatter, A::Ring)),
+        (func::REDUCE_SCATTER, algo::PAT) => Some((Collective::ReduceScatter, A::RecursiveHalving)),
+        (func::BROADCAST, algo::RING) => Some((Collective::Broadcast, A::Chain)),
+        _ => None,
+    }
+}
+
+/// The collectives priced, with NCCL's code.
+const FUNCS: [i32; 4] = [
+    func::ALL_REDUCE,
+    func::ALL_GATHER,
+    func::REDUCE_SCATTER,
+    func::BROADCAST,
+];
+
+/// Strata's bytes per rank for NCCL's `nBytes` of `func` (NCCL passes the larger of the send
+/// and receive buffers: the whole gathered or scattered vector for all-gather and
+/// reduce-scatter, where strata counts one rank's block).
+pub fn bytes_per_rank(func: i32, n_bytes: usize, n_ranks: usize) -> usize {
+    match func {
+        func::ALL_GATHER | func::REDUCE_SCATTER => n_bytes.div_ceil(n_ranks.max(1)),
+        _ => n_bytes,
+    }
+}
+
+/// Where the communicator's ranks sit: `n_ranks` ranks spread over `hosts` (host indices of
+/// `fabric`, one per NCCL node, in node order), a contiguous block of ranks per node.
+pub fn hierarchy(fabric: &Fabric, n_ranks: usize, hosts: &[usize]) -> Hierarchy {
+    let per_host = fabric.gpus_per_host.max(1);
+    let nodes = hosts.len().max(1);
+    let devices: Vec<usize> = (0..n_ranks)
+        .map(|r| {
+            let node = r * nodes / n_ranks.max(1);
+            let first = (node * n_ranks).div_ceil(nodes);
+            hosts.get(node).copied().unwrap_or(0) * per_host + (r - first) % per_host
+        })
+        .collect();
+    Hierarchy::on_fabric(fabric, &devices)
+}
+
+/// The prices of one communicator.
+#[derive(Clone, Debug)]
+pub struct Model {
+    n_ranks: usize,
+    n_nodes: usize,
+    /// `prices[f][k][a]`: strata's seconds for collective `FUNCS[f]` at 2^k bytes per rank on
+    /// NCCL algorithm `a`; NaN where strata has no schedule for it.
+    prices: Vec<Vec<[f64; algo::COUNT]>>,
+    /// Bytes at which one message across the communicator's outermost tier costs as much in
+    /// bandwidth as in latency (α/β): below it, a message is latency-bound.
+    half_bandwidth_bytes: f64,
+    /// The fabric, in words, for the log.
+    pub described: String,
+    /// Prices of the grid taken from smaller sizes rather than priced (work bound).
+    pub extrapolated: usize,
+}
+
+impl Model {
+    /// Prices every NCCL algorithm strata models for a communicator of `n_ranks` ranks on the
+    /// fabric's `hosts` (one per NCCL node).
+    pub fn build(fabric: &Fabric, n_ranks: usize, hosts: &[usize]) -> Model {
+        let h = hierarchy(fabric, n_ranks, hosts);
+        let outer = (0..h.depth())
+            .map(|l| h.level_tier(l))
+            .max()
+            .unwrap_or(Tier::Host)
+            .max(h.inner_tier());
+        let described = format!("{} ({})", h.describe(), fabric.source);
+        let tuner = Tuner::new(h, fabric.tiers, true);
+        let link = fabric.tiers.link(outer);
+        let half_bandwidth_bytes = link.latency_us * 1e-6 * link.effective_gbps() * 1e9;
+        let dense = n_ranks <= DENSE_MAX_RANKS;
+        let grid: Vec<usize> = if dense {
+            (0..=MAX_LOG2).collect()
+        } else {
+            SPARSE_GRID.to_vec()
+        };
+        let mut extrapolated = 0;
+        let mut prices = vec![vec![[f64::NAN; algo::COUNT]; MAX_LOG2 + 1]; FUNCS.len()];
+        for (f, &func) in FUNCS.iter().enumerate() {
+            for a in 0..algo::COUNT {
+                let Some((c, alg)) = strata_algorithm(func, a) else {
+                    continue;
+                };
+                let points: Vec<(usize, f64)> = grid
+                    .iter()
+                    .filter(|&&k| work(n_ranks, alg, k) <= WORK_BOUND)
+                    .filter_map(|&k| Some((k, tuner.price(c, alg, 1usize << k).seconds.ok()?)))
+                    .collect();
+                if points.len() < 2 {
+                    continue;
+                }
+                extrapolated += grid
+                    .iter()
+                    .filter(|k| !points.iter().any(|p| p.0 == **k))
+                    .count();
+                for (k, row) in prices[f].iter_mut().enumerate() {
+                    row[a] = log_log(&points, k as f64);
+                }
+            }
+        }
+        Model {
+            n_ranks,
+            n_nodes: hosts.len(),
+            prices,
+            half_bandwidth_bytes,
+            described,
+            extrapolated,
+        }
+    }
+
+    /// Strata's price in seconds of NCCL algorithm `a` for `n_bytes` of `func` as NCCL counts
+    /// them, or `None` where strata does not model it.
+    pub fn seconds(&self, func: i32, a: usize, n_bytes: usize) -> Option<f64> {
+        let f = FUNCS.iter().position(|&x| x == func)?;
+        let b = bytes_per_rank(func, n_bytes, self.n_ranks).max(1);
+        let table = &self.prices[f];
+        // Between the powers of two around b (log-log), extended from the last two above
+        // 2^MAX_LOG2.
+        let x = (b as f64).log2();
+        let lo = (x.floor() as usize).min(MAX_LOG2 - 1);
+        let points = [(lo, table[lo][a]), (lo + 1, table[lo + 1][a])];
+        if !points.iter().all(|p| p.1.is_finite()) {
+            return None;
+        }
+        Some(log_log(&points, x))
+    }
+
+    /// Rewrites NCCL's cost table (`table[a * protocols + p]`, µs, negative = not allowed) for
+    /// a call, and returns the channel count to ask for (0: NCCL's own).
+    pub fn fill(&self, func: i32, n_bytes: usize, table: &mut [f32], protocols: usize) -> i32 {
+        let algos = table.len() / protocols.max(1);
+        for a in 0..algos.min(algo::COUNT) {
+            let Some(seconds) = self.seconds(func, a, n_bytes) else {
+                continue;
+            };
+            let row = &mut table[a * protocols..(a + 1) * protocols];
+            let best = row
+                .iter()
+                .copied()
+                .filter(|&c| c >= 0.0)
+                .fold(f32::INFINITY, f32::min);
+            if !(best.is_finite() && best > 0.0) {
+                continue; // NCCL does not allow this algorithm here
+            }
+            let scale = (seconds * 1e6) as f32 / best;
+            for c in row.iter_mut().filter(|c| **c >= 0.0) {
+                *c *= scale;
+            }
+        }
+        self.channels(func, n_bytes)
+    }
+
+    /// Channels for a call: across nodes, as many as keep each channel's share of one step's
+    /// message at or above the half-bandwidth size of the outermost tier, since a channel
+    /// below it adds a latency and no bandwidth. 0 (NCCL's own count) within one node, where
+    /// channels are bounded by SMs the model does not price, and where that many channels
+    /// reach [`MAX_CHANNELS`].
+    pub fn channels(&self, func: i32, n_bytes: usize) -> i32 {
+        if self.n_nodes <= 1 || self.half_bandwidth_bytes <= 0.0 {
+            return 0;
+        }
+        // One step of a ring carries a rank's block; a broadcast or reduce pipeline carries
+        // the whole message through every link.
+        let step = match func {
+            func::BROADCAST | func::REDUCE => n_bytes,
+            _ => n_bytes / self.n_ranks.max(1),
+        };
+        let c = (step as f64 / self.half_bandwidth_bytes).floor() as usize;
+        if c >= MAX_CHANNELS {
+            0
+        } else {
+            c.max(1) as i32
+        }
+    }
+
+    /// Ranks and nodes priced.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n_ranks, self.n_nodes)
+    }
+}
+
+/// Work of pricing `alg` at 2^k bytes per rank: ranks × chunks for the pipelines the
+/// simulation walks chunk by chunk, ranks for the others.
+fn work(n_ranks: usize, alg: Algorithm, k: usize) -> usize {
+    let chunks = match alg {
+        Algorithm::Tree | Algorithm::Chain => ((1usize << k) / CHUNK_BYTES).max(1),
+        _ => 1,
+    };
+    n_ranks.saturating_mul(chunks)
+}
+
+/// The price at log2 bytes `x` from priced points `(log2 bytes, seconds)` sorted by size: a
+/// power law between the two around `x`; below the first, through the first two; above the
+/// last, affine in bytes through the last two (pipelines of chunks grow linearly).
+fn log_log(points: &[(usize, f64)], x: f64) -> f64 {
+    let n = points.len();
+    let ((k0, t0), (k1, t1)) = (points[n - 2], points[n - 1]);
+    if x > k1 as f64 {
+        let (b0, b1) = (2f64.powi(k0 as i32), 2f64.powi(k1 as i32));
+        return t1 + (t1 - t0) / (b1 - b0) * (2f64.powf(x) - b1);
+    }
+    let i = points
+        .iter()
+        .position(|p| p.0 as f64 >= x)
+        .unwrap_or(n)
+        .clamp(1, n - 1);
+    let ((k0, t0), (k1, t1)) = (points[i - 1], points[i]);
+    if t0 <= 0.0 || t1 <= 0.0 {
+        return t0 + (t1 - t0) * (x - k0 as f64) / (k1 as f64 - k0 as f64);
+    }
+    let slope = (t1.ln() - t0.ln()) / (k1 as f64 - k0 as f64);
+    (t0.ln() + slope * (x - k0 as f64)).exp()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_topology::fabric::parse_file;
+
+    fn emulated() -> Fabric {
+        let text = include_str!("../../examples/topology/emulated-fat-tree.toml");
+        parse_file(text, "emulated-fat-tree.toml").unwrap()
+    }
+
+    #[test]
+    fn nodes_get_contiguous_blocks_of_ranks() {
+        let fab = parse_file(
+            "gpus_per_host = 4\n[fat_tree]\nhosts_per_leaf = 2\nleaves_per_pod = 2\npods = 1\n",
+            "t.toml",
+        )
+        .unwrap();
+        let h = hierarchy(&fab, 8, &[0, 2]);
+        // Ranks 0-3 on host 0 and 4-7 on host 2 (another leaf): 0-1 share a host, 3-4 cross
+        // the pod tier.
+        assert_eq!(h.tier(0, 1), Tier::Host);
+        assert_eq!(h.tier(3, 4), Tier::Pod);
+        assert_eq!(h.tier(4, 7), Tier::Host);
+    }
+
+    #[test]
+    fn prices_follow_strata_and_keep_protocol_ratios() {
+        let fab = emulated();
+        let m = Model::build(&fab, 8, &(0..8).collect::<Vec<_>>());
+        let tuner = Tuner::new(
+            hierarchy(&fab, 8, &(0..8).collect::<Vec<_>>()),
+            fab.tiers,
+            true,
+        );
+        for k in [3usize, 12, 20, 26] {
+            let bytes = 1usize << k;
+            let ring = tuner
+                .price(Collective::AllReduce, Algorithm::Ring, bytes)
+                .seconds
+                .unwrap();
+            let tree = tuner
+                .price(Collective::AllReduce, Algorithm::Tree, bytes)
+                .seconds
+                .unwrap();
+            // NCCL's table: tree and ring allowed with all protocols, NVLS not.
+            let mut table = vec![-1.0f32; algo::COUNT * PROTOCOLS];
+            table[..3].copy_from_slice(&[10.0, 20.0, 40.0]);
+            table[3..6].copy_from_slice(&[5.0, 6.0, 7.0]);
+            m.fill(func::ALL_REDUCE, bytes, &mut table, PROTOCOLS);
+            let us = |s: f64| (s * 1e6) as f32;
+            assert!((table[0] - us(tree)).abs() <= us(tree) * 1e-5, "{table:?}");
+            assert!((table[2] / table[0] - 4.0).abs() < 1e-4);
+            assert!((table[3] - us(ring)).abs() <= us(ring) * 1e-5);
+            assert!((table[5] / table[3] - 1.4).abs() < 1e-4);
+            assert!(
+                table[6..].iter().all(|&c| c == -1.0),
+                "not allowed stays so"
+            );
+        }
+    }
+
+    #[test]
+    fn bytes_between_powers_of_two_are_interpolated() {
+        let fab = emulated();
+        let m = Model::build(&fab, 8, &(0..8).collect::<Vec<_>>());
+        let a = m.seconds(func::ALL_REDUCE, algo::RING, 1 << 20).unwrap();
+        let b = m.seconds(func::ALL_REDUCE, algo::RING, 1 << 21).unwrap();
+        let mid = m.seconds(func::ALL_REDUCE, algo::RING, 3 << 19).unwrap();
+        assert!(a < mid && mid < b, "{a} {mid} {b}");
+        // A power law between the two: the geometric mean at 2^20.5.
+        let geo = m.seconds(
+            func::ALL_REDUCE,
+            algo::RING,
+            (1u64 << 20) as usize * 1414 / 1000,
+        );
+        assert!((geo.unwrap() / (a * b).sqrt() - 1.0).abs() < 1e-3);
+        // All-gather: NCCL's n_bytes is the whole output, strata's is one rank's block.
+        let ag = m.seconds(func::ALL_GATHER, algo::RING, 8 << 20).unwrap();
+        let ag_block = m.prices[1][20][algo::RING];
+        assert_eq!(ag, ag_block);
+        assert!(m.seconds(func::REDUCE, algo::RING, 1 << 20).is_none());
+        assert!(m.seconds(func::ALL_REDUCE, algo::NVLS, 1 << 20).is_none());
+    }
+
+    #[test]
+    fn channels_grow_with_size_across_nodes_only() {
+        let fab = emulated();
+        let m = Model::build(&fab, 8, &(0..8).collect::<Vec<_>>());
+        assert_eq!(m.channels(func::ALL_REDUCE, 8), 1);
+        let mut last = 1;
+        for k in 10..40 {
+            let c = m.channels(func::ALL_REDUCE, 1 << k);
+            if c == 0 {
+                break; // NCCL's own count from here on
+            }
+            assert!(c >= last, "{c} channels at 2^{k} after {last}");
+            last = c;
+        }
+        assert_eq!(m.channels(func::ALL_REDUCE, 1 << 39), 0);
+        let one = Model::build(&fab, 1, &[0]);
+        assert_eq!(one.channels(func::ALL_REDUCE, 1 << 20), 0);
+    }
+}
