@@ -16,6 +16,9 @@
 #   threads  benches/gpu_bench.c, 2 ranks as threads of one process (ncclCommInitAll {0, 0}),
 #            all-reduce, all-gather, reduce-scatter 8 B to 1 GiB, NVIDIA's NCCL then strata
 #            (LD_PRELOAD), 3 interleaved rounds
+#   tuner    NVIDIA's NCCL with strata's tuner plugin (NCCL_TUNER_PLUGIN=libnccl-tuner-strata.so,
+#            STRATA_TOPO_FILE=examples/topology/meta-24k-h100.toml): its log shows the plugin
+#            loaded and priced, and the threads sweep to 1 MiB runs on its choices
 #   mps      the same as 2 processes under a private CUDA MPS daemon (without MPS: processes
 #            time-sliced, sizes to 1 MiB, to state that cost); collbench's check under MPS
 #            tells whether CUDA IPC and stream memory operations work between MPS clients
@@ -31,7 +34,7 @@ out="${OUT:-/tmp/gpu-lent}"
 mkdir -p "$out"
 export STRATA_SOCKET_IFNAME="=lo"
 export NCCL_MULTI_RANK_GPU_ENABLE=1 # NVIDIA's NCCL: two ranks on one GPU; strata ignores it
-steps=" ${STEPS:-env copy threads mps ddp owed check} "
+steps=" ${STEPS:-env copy threads tuner mps ddp owed check} "
 max=${MAX_BYTES:-$((1 << 30))} # the largest size of the threads and mps sweeps
 want() { [[ "$steps" == *" $1 "* ]]; }
 failed=""
@@ -106,6 +109,19 @@ if want threads; then
       TAIL=2 step "threads_${lib}_r$round" 100 env "$(lib_env $lib)" "$harness" threads 2 8 "$max"
     done
   done
+fi
+
+# NVIDIA's NCCL steered by strata's tuner plugin: loaded by name, priced at init, runs.
+if want tuner; then
+  if [ -n "$nvlib" ] && [ -f "$bin/libnccl-tuner-strata.so" ]; then
+    TAIL=4 step tuner 100 env NCCL_TUNER_PLUGIN="$bin/libnccl-tuner-strata.so" \
+      STRATA_TOPO_FILE="$PWD/examples/topology/meta-24k-h100.toml" NCCL_DEBUG=INFO \
+      NCCL_DEBUG_SUBSYS=INIT,TUNING "$harness" threads 2 8 $((1 << 20))
+    grep -h "strata tuner:\|TUNER/Plugin\|tuner plugin" "$out/tuner.log" | sort | uniq -c | head -5
+    grep -q "strata tuner: 2 ranks on 1 nodes" "$out/tuner.log" || failed="$failed tuner_not_loaded"
+  else
+    echo "== tuner: skipped (needs NVIDIA's NCCL wheel and $bin/libnccl-tuner-strata.so)"
+  fi
 fi
 
 procs() { # procs NAME LIB MAX LIMIT: gpu_bench as 2 processes
