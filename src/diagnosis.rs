@@ -104,15 +104,88 @@ pub(crate) fn fraction_of(until: Instant, share: f64) -> Instant {
 /// A census being taken or taken: the first asker fills it while the others wait on its lock.
 type CensusSlot = Arc<Mutex<Option<Census>>>;
 
+/// The ranks of one communicator as one of them reaches them: what the timeout census and the
+/// live view ([`crate::status`]) both ask down the rank tree with.
+pub(crate) struct Directory {
+    /// The communicator's id.
+    pub comm: String,
+    /// This rank.
+    pub rank: usize,
+    /// Every rank's listener, host and process.
+    pub peers: Vec<PeerInfo>,
+    /// The job's secret, proven on every connection.
+    pub secret: Secret,
+    /// This rank's progress, waits and faults.
+    pub health: Arc<Health>,
+    /// How long a connection's handshake may take.
+    pub handshake_timeout: Duration,
+}
+
+/// A question asked down the rank tree of fan-out
+/// [`TREE_FANOUT`](crate::bootstrap::TREE_FANOUT): every node answers for its subtree, asking
+/// its children in parallel; a node that does not answer is named, and its children are asked
+/// in its place. The timeout census and the live view are two such questions.
+pub(crate) trait TreeQuestion: Sync {
+    /// A subtree's answer; answers of disjoint subtrees merge.
+    type Answer: Default + Send;
+    /// Ranks in the communicator.
+    fn nranks(&self) -> usize;
+    /// The asker's own rank, which it answers for itself (none for a client outside the job).
+    fn me(&self) -> Option<usize>;
+    /// The asker's own answer, without its children's.
+    fn own(&self) -> Self::Answer;
+    /// Asks `node` for its subtree's answer by `until`; the reason as a phrase if it cannot.
+    fn ask(&self, node: usize, until: Instant) -> std::result::Result<Self::Answer, String>;
+    /// The answer that names `node`, which did not answer, with `reason`.
+    fn silent(&self, node: usize, reason: String) -> Self::Answer;
+    /// The answer for `ranks` ranks left unasked when time ran out.
+    fn unasked(&self, ranks: usize) -> Self::Answer;
+    /// Adds a disjoint subtree's answer to `into`.
+    fn merge(&self, into: &mut Self::Answer, part: Self::Answer);
+    /// Tidies the asker's own subtree answer once its children's are in.
+    fn finish(&self, _answer: &mut Self::Answer) {}
+}
+
+/// Rank `node`'s subtree: answered by the asker itself when it is `node`, else asked of
+/// `node` with half the time left; if `node` does not answer, it is named and its children are
+/// asked in its place with the rest.
+pub(crate) fn sweep<Q: TreeQuestion>(q: &Q, node: usize, until: Instant) -> Q::Answer {
+    if q.me() == Some(node) {
+        let mut answer = q.own();
+        sweep_children(q, node, until, &mut answer);
+        q.finish(&mut answer);
+        return answer;
+    }
+    match q.ask(node, fraction_of(until, 0.5)) {
+        Ok(a) => a,
+        Err(_) if Instant::now() >= until => q.unasked(subtree_size(node, q.nranks())),
+        Err(reason) => {
+            let mut answer = q.silent(node, reason);
+            sweep_children(q, node, until, &mut answer);
+            answer
+        }
+    }
+}
+
+/// Adds the subtrees of `node`'s children, asked in parallel, to `answer`.
+fn sweep_children<Q: TreeQuestion>(q: &Q, node: usize, until: Instant, answer: &mut Q::Answer) {
+    let parts: Vec<Q::Answer> = std::thread::scope(|s| {
+        let hs: Vec<_> = tree_children(node, q.nranks())
+            .map(|c| s.spawn(move || sweep(q, c, until)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    for part in parts {
+        q.merge(answer, part);
+    }
+}
+
 /// One rank's side of the diagnosis: answers its listener's census questions and takes the
 /// census when its own call times out.
 pub(crate) struct Diagnoser {
-    comm: String,
-    rank: usize,
-    peers: Vec<PeerInfo>,
-    secret: Secret,
-    health: Arc<Health>,
-    handshake_timeout: Duration,
+    dir: Arc<Directory>,
     /// Censuses taken, by (call, whole job or this rank's subtree); the first asker takes
     /// it, the others wait for it.
     taken: Mutex<HashMap<(u64, bool), CensusSlot>>,
@@ -121,21 +194,9 @@ pub(crate) struct Diagnoser {
 }
 
 impl Diagnoser {
-    pub(crate) fn new(
-        comm: String,
-        rank: usize,
-        peers: Vec<PeerInfo>,
-        secret: Secret,
-        health: Arc<Health>,
-        handshake_timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(dir: Arc<Directory>) -> Self {
         Self {
-            comm,
-            rank,
-            peers,
-            secret,
-            health,
-            handshake_timeout,
+            dir,
             taken: Mutex::new(HashMap::new()),
             asked: AtomicUsize::new(0),
         }
@@ -170,61 +231,18 @@ impl Diagnoser {
     }
 
     fn take(&self, seq: u64, whole_job: bool, until: Instant) -> Census {
+        let question = CensusQuestion { d: self, seq };
         if !whole_job {
-            return self.subtree(seq, until);
+            return sweep(&question, self.dir.rank, until);
         }
-        match bootstrap::tree_parent(self.rank) {
-            None => self.subtree(seq, until),
+        match bootstrap::tree_parent(self.dir.rank) {
+            None => sweep(&question, self.dir.rank, until),
             // Three quarters of the time for the parent (its own parent gets three quarters
             // of that, and so on up: the root keeps a quarter of the whole at depth 5); if it
             // does not answer, the rest for taking the census from here.
             Some(parent) => self
                 .ask(parent, seq, true, fraction_of(until, 0.75))
-                .unwrap_or_else(|_| self.sweep(0, seq, until)),
-        }
-    }
-
-    /// This rank and its subtree: its own state, and its children's subtrees in parallel.
-    fn subtree(&self, seq: u64, until: Instant) -> Census {
-        let mut census = classify(self.rank, &self.health.progress(), seq);
-        self.sweep_children(self.rank, seq, until, &mut census);
-        census.sort();
-        census
-    }
-
-    /// Adds the subtrees of `node`'s children, swept in parallel, to `census`.
-    fn sweep_children(&self, node: usize, seq: u64, until: Instant, census: &mut Census) {
-        let parts: Vec<Census> = std::thread::scope(|s| {
-            let hs: Vec<_> = tree_children(node, self.peers.len())
-                .map(|c| s.spawn(move || self.sweep(c, seq, until)))
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap_or_default())
-                .collect()
-        });
-        for part in parts {
-            census.merge(part);
-        }
-    }
-
-    /// Rank `node`'s subtree: asked of `node`, or, if it does not answer, `node` named and
-    /// its children asked in its place.
-    fn sweep(&self, node: usize, seq: u64, until: Instant) -> Census {
-        if node == self.rank {
-            return self.subtree(seq, until);
-        }
-        // Half the time for `node`; if it does not answer, the rest for asking its children.
-        match self.ask(node, seq, false, fraction_of(until, 0.5)) {
-            Ok(c) => c,
-            Err(_) if Instant::now() >= until => Census {
-                unasked: subtree_size(node, self.peers.len()),
-                ..Census::default()
-            },
-            Err(reason) => {
-                let mut census = Census::lagging(node, reason);
-                self.sweep_children(node, seq, until, &mut census);
-                census
-            }
+                .unwrap_or_else(|_| sweep(&question, 0, until)),
         }
     }
 
@@ -245,15 +263,15 @@ impl Diagnoser {
             whole_job,
             within_ms: left.as_millis().min(u128::from(u64::MAX)) as u64,
         };
-        let info = &self.peers[peer];
+        let dir = &*self.dir;
         self.asked.fetch_add(1, Ordering::Relaxed);
         let mut s = open_request(
-            &self.comm,
-            self.rank,
-            info,
-            &self.secret,
+            &dir.comm,
+            dir.rank,
+            &dir.peers[peer],
+            &dir.secret,
             until,
-            self.handshake_timeout.min(left),
+            dir.handshake_timeout.min(left),
             kind,
         )
         .map_err(|e| format!("does not answer ({e})"))?;
@@ -269,6 +287,51 @@ impl Diagnoser {
             Ok(other) => Err(format!("answered a census with {other:?}")),
             Err(e) => Err(format!("does not answer ({e})")),
         }
+    }
+}
+
+/// The census of call `seq`, asked down the tree from a diagnoser.
+struct CensusQuestion<'a> {
+    d: &'a Diagnoser,
+    seq: u64,
+}
+
+impl TreeQuestion for CensusQuestion<'_> {
+    type Answer = Census;
+
+    fn nranks(&self) -> usize {
+        self.d.dir.peers.len()
+    }
+
+    fn me(&self) -> Option<usize> {
+        Some(self.d.dir.rank)
+    }
+
+    fn own(&self) -> Census {
+        classify(self.d.dir.rank, &self.d.dir.health.progress(), self.seq)
+    }
+
+    fn ask(&self, node: usize, until: Instant) -> std::result::Result<Census, String> {
+        self.d.ask(node, self.seq, false, until)
+    }
+
+    fn silent(&self, node: usize, reason: String) -> Census {
+        Census::lagging(node, reason)
+    }
+
+    fn unasked(&self, ranks: usize) -> Census {
+        Census {
+            unasked: ranks,
+            ..Census::default()
+        }
+    }
+
+    fn merge(&self, into: &mut Census, part: Census) {
+        into.merge(part);
+    }
+
+    fn finish(&self, answer: &mut Census) {
+        answer.sort();
     }
 }
 

@@ -288,23 +288,18 @@ impl Communicator {
         };
         let health = listener.health();
         state.exec.stalls.board = Some(health.waits.clone());
-        let diagnoser = Arc::new(crate::diagnosis::Diagnoser::new(
-            comm_id.clone(),
+        // The ranks as the timeout census and the live view reach them down the rank tree.
+        let directory = Arc::new(crate::diagnosis::Directory {
+            comm: comm_id.clone(),
             rank,
-            peers.clone(),
+            peers: peers.clone(),
             secret,
-            health.clone(),
-            cfg.handshake_timeout,
-        ));
+            health: health.clone(),
+            handshake_timeout: cfg.handshake_timeout,
+        });
+        let diagnoser = Arc::new(crate::diagnosis::Diagnoser::new(directory.clone()));
         listener.set_diagnoser(diagnoser.clone());
-        let status = Arc::new(crate::status::StatusSource::new(
-            comm_id.clone(),
-            rank,
-            peers.clone(),
-            secret,
-            health.clone(),
-            cfg.handshake_timeout,
-        ));
+        let status = Arc::new(crate::status::StatusSource::new(directory));
         listener.set_status_source(status.clone());
         let timeout_ms = cfg.timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         let watchdog = Watchdog::start(WatchdogSetup {

@@ -1,13 +1,12 @@
 //! A status client outside the job: it learns where ranks listen from the job's bootstrap
 //! root, then sweeps the rank tree from the top as a rank would.
 
-use super::{Asker, JobStatus, MOST_TIME, ask_at, sweep};
+use super::{JobStatus, MOST_TIME, ask_at, silent_part, unasked_part};
 use crate::bootstrap::tree_children;
 use crate::diagnosis::fraction_of;
+use crate::diagnosis::{TreeQuestion, sweep};
 use crate::error::{Error, Result};
-use crate::wire::{
-    self, Located, Msg, RankStatus, Retry, Secret, StatusPart, connect_authenticated,
-};
+use crate::wire::{self, Located, Msg, Retry, Secret, StatusPart, connect_authenticated};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -63,7 +62,9 @@ impl Client {
     }
 }
 
-impl Asker for Client {
+impl TreeQuestion for Client {
+    type Answer = StatusPart;
+
     fn nranks(&self) -> usize {
         self.nranks
     }
@@ -72,8 +73,8 @@ impl Asker for Client {
         None
     }
 
-    fn own(&self) -> RankStatus {
-        RankStatus::default()
+    fn own(&self) -> StatusPart {
+        StatusPart::default()
     }
 
     fn ask(&self, node: usize, until: Instant) -> std::result::Result<StatusPart, String> {
@@ -104,9 +105,19 @@ impl Asker for Client {
         )
     }
 
-    fn who(&self, node: usize) -> (String, u32) {
-        self.located(node)
-            .map_or((String::new(), 0), |l| (l.host, l.pid))
+    fn silent(&self, node: usize, reason: String) -> StatusPart {
+        let who = self
+            .located(node)
+            .map_or((String::new(), 0), |l| (l.host, l.pid));
+        silent_part(node, who, reason)
+    }
+
+    fn unasked(&self, ranks: usize) -> StatusPart {
+        unasked_part(ranks)
+    }
+
+    fn merge(&self, into: &mut StatusPart, part: StatusPart) {
+        into.merge(part);
     }
 }
 

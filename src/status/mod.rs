@@ -19,13 +19,11 @@ mod view;
 pub(crate) use client::ask_job;
 pub use view::{Culprit, JobStatus};
 
-use crate::bootstrap::tree_children;
-use crate::diagnosis::{fraction_of, subtree_size};
+use crate::diagnosis::{Directory, TreeQuestion, sweep};
 use crate::error::Error;
-use crate::watchdog::Health;
 use crate::wire::{
-    self, CallStatus, ConnectKind, Handler, Incoming, Msg, PeerInfo, RankStatus, Retry, Secret,
-    SilentRank, StatusPart, connect_authenticated,
+    self, CallStatus, ConnectKind, Handler, Incoming, Msg, RankStatus, Retry, Secret, SilentRank,
+    StatusPart, connect_authenticated,
 };
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -59,12 +57,7 @@ pub(crate) fn job_id_from_env() -> Option<String> {
 
 /// One rank's side of the live view: its own answer, and the subtree questions it asks.
 pub(crate) struct StatusSource {
-    comm: String,
-    rank: usize,
-    peers: Vec<PeerInfo>,
-    secret: Secret,
-    health: Arc<Health>,
-    handshake_timeout: Duration,
+    dir: Arc<Directory>,
     job: Option<String>,
 }
 
@@ -88,36 +81,25 @@ pub(crate) fn status_handler(source: StatusCell) -> Handler {
             ));
         };
         let until = Instant::now() + Duration::from_millis(within_ms).min(MOST_TIME);
-        let part = sweep(&**source, source.rank, until);
+        let part = sweep(&**source, source.dir.rank, until);
         wire::send_msg(&mut stream, &Msg::StatusPart(part))
     })
 }
 
 impl StatusSource {
-    pub(crate) fn new(
-        comm: String,
-        rank: usize,
-        peers: Vec<PeerInfo>,
-        secret: Secret,
-        health: Arc<Health>,
-        handshake_timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(dir: Arc<Directory>) -> Self {
         Self {
-            comm,
-            rank,
-            peers,
-            secret,
-            health,
-            handshake_timeout,
+            dir,
             job: job_id_from_env(),
         }
     }
 
     /// What this rank says about itself now.
-    fn own(&self) -> RankStatus {
-        let me = &self.peers[self.rank];
-        let progress = self.health.progress();
-        let call = self.health.current_call().map(|(h, ran)| CallStatus {
+    fn own_status(&self) -> RankStatus {
+        let dir = &*self.dir;
+        let me = &dir.peers[dir.rank];
+        let progress = dir.health.progress();
+        let call = dir.health.current_call().map(|(h, ran)| CallStatus {
             collective: h.collective.to_string(),
             seq: h.call_seq(),
             count: h.count,
@@ -126,12 +108,12 @@ impl StatusSource {
             for_s: ran.as_secs_f64(),
         });
         let (waiting_on, waiting_for) = if call.is_some() {
-            self.health.waits.read()
+            dir.health.waits.read()
         } else {
             (Vec::new(), Duration::ZERO)
         };
         RankStatus {
-            rank: self.rank,
+            rank: dir.rank,
             host: me.host.hostname.clone(),
             pid: me.pid,
             started: progress.started,
@@ -139,9 +121,9 @@ impl StatusSource {
             call,
             waiting_on,
             waiting_for_s: waiting_for.as_secs_f64(),
-            stragglers: self.health.stragglers().iter().map(|s| s.rank).collect(),
-            stall_share: self.health.own_stall_share(),
-            fault: self.health.fault().map(|e| e.to_string()),
+            stragglers: dir.health.stragglers().iter().map(|s| s.rank).collect(),
+            stall_share: dir.health.own_stall_share(),
+            fault: dir.health.fault().map(|e| e.to_string()),
             job: self.job.clone(),
         }
     }
@@ -153,8 +135,8 @@ impl StatusSource {
         let until = started + within.min(MOST_TIME);
         let part = sweep(self, 0, until);
         JobStatus::from_part(
-            self.comm.clone(),
-            self.peers.len(),
+            self.dir.comm.clone(),
+            self.dir.peers.len(),
             root,
             part,
             started.elapsed(),
@@ -162,47 +144,68 @@ impl StatusSource {
     }
 }
 
-/// How a sweep reaches the ranks of one communicator.
-trait Asker: Sync {
-    /// The communicator's size.
-    fn nranks(&self) -> usize;
-    /// The asker's own rank, whose answer it gives itself (none for a client outside).
-    fn me(&self) -> Option<usize>;
-    /// The asker's own answer.
-    fn own(&self) -> RankStatus;
-    /// Asks `node` for its subtree's part by `until`; the reason as a phrase if it cannot.
-    fn ask(&self, node: usize, until: Instant) -> std::result::Result<StatusPart, String>;
-    /// `node`'s host and process id, where the asker knows them.
-    fn who(&self, node: usize) -> (String, u32);
+/// The part that names `node`, on `host` as process `pid`, silent for `reason`.
+fn silent_part(node: usize, (host, pid): (String, u32), reason: String) -> StatusPart {
+    StatusPart {
+        silent: vec![SilentRank {
+            rank: node,
+            host,
+            pid,
+            reason,
+        }],
+        ..StatusPart::default()
+    }
 }
 
-impl Asker for StatusSource {
+/// The part for `ranks` ranks left unasked.
+fn unasked_part(ranks: usize) -> StatusPart {
+    StatusPart {
+        unasked: ranks,
+        ..StatusPart::default()
+    }
+}
+
+impl TreeQuestion for StatusSource {
+    type Answer = StatusPart;
+
     fn nranks(&self) -> usize {
-        self.peers.len()
+        self.dir.peers.len()
     }
 
     fn me(&self) -> Option<usize> {
-        Some(self.rank)
+        Some(self.dir.rank)
     }
 
-    fn own(&self) -> RankStatus {
-        StatusSource::own(self)
+    fn own(&self) -> StatusPart {
+        StatusPart {
+            ranks: vec![self.own_status()],
+            ..StatusPart::default()
+        }
     }
 
     fn ask(&self, node: usize, until: Instant) -> std::result::Result<StatusPart, String> {
+        let dir = &*self.dir;
         ask_at(
-            &self.comm,
-            &self.peers[node].listen,
+            &dir.comm,
+            &dir.peers[node].listen,
             node,
-            &self.secret,
-            self.handshake_timeout,
+            &dir.secret,
+            dir.handshake_timeout,
             until,
         )
     }
 
-    fn who(&self, node: usize) -> (String, u32) {
-        let p = &self.peers[node];
-        (p.host.hostname.clone(), p.pid)
+    fn silent(&self, node: usize, reason: String) -> StatusPart {
+        let p = &self.dir.peers[node];
+        silent_part(node, (p.host.hostname.clone(), p.pid), reason)
+    }
+
+    fn unasked(&self, ranks: usize) -> StatusPart {
+        unasked_part(ranks)
+    }
+
+    fn merge(&self, into: &mut StatusPart, part: StatusPart) {
+        into.merge(part);
     }
 }
 
@@ -264,55 +267,5 @@ fn silence(e: &Error, left: Duration) -> String {
         )
     } else {
         text
-    }
-}
-
-/// Rank `node`'s subtree: answered by the asker itself when it is `node`, else asked of
-/// `node`; if `node` does not answer, it is named and its children are asked in its place.
-fn sweep(a: &dyn Asker, node: usize, until: Instant) -> StatusPart {
-    if a.me() == Some(node) {
-        let mut part = StatusPart {
-            ranks: vec![a.own()],
-            ..StatusPart::default()
-        };
-        sweep_children(a, node, until, &mut part);
-        return part;
-    }
-    // Half the time for `node`; if it does not answer, the rest for asking its children.
-    match a.ask(node, fraction_of(until, 0.5)) {
-        Ok(p) => p,
-        Err(_) if Instant::now() >= until => StatusPart {
-            unasked: subtree_size(node, a.nranks()),
-            ..StatusPart::default()
-        },
-        Err(reason) => {
-            let (host, pid) = a.who(node);
-            let mut part = StatusPart {
-                silent: vec![SilentRank {
-                    rank: node,
-                    host,
-                    pid,
-                    reason,
-                }],
-                ..StatusPart::default()
-            };
-            sweep_children(a, node, until, &mut part);
-            part
-        }
-    }
-}
-
-/// Adds the subtrees of `node`'s children, asked in parallel, to `part`.
-fn sweep_children(a: &dyn Asker, node: usize, until: Instant, part: &mut StatusPart) {
-    let parts: Vec<StatusPart> = std::thread::scope(|s| {
-        let hs: Vec<_> = tree_children(node, a.nranks())
-            .map(|c| s.spawn(move || sweep(a, c, until)))
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_default())
-            .collect()
-    });
-    for p in parts {
-        part.merge(p);
     }
 }
