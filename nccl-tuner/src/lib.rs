@@ -152,9 +152,8 @@ unsafe impl Sync for TunerV3 {}
 
 const NAME: *const c_char = c"strata".as_ptr();
 
-/// The plugin as NCCL 2.32.6 and later load it.
-#[unsafe(no_mangle)]
-pub static ncclTunerPlugin_v7: TunerV6 = TunerV6 {
+/// The v6 and v7 tables (one layout: v7 only widened the constants, which are not touched).
+const TUNER_V6: TunerV6 = TunerV6 {
     name: NAME,
     init: init_v5,
     get_coll_info,
@@ -162,15 +161,13 @@ pub static ncclTunerPlugin_v7: TunerV6 = TunerV6 {
     get_chunk_size: None,
 };
 
+/// The plugin as NCCL 2.32.6 and later load it.
+#[unsafe(no_mangle)]
+pub static ncclTunerPlugin_v7: TunerV6 = TUNER_V6;
+
 /// The plugin as NCCL 2.30 loads it.
 #[unsafe(no_mangle)]
-pub static ncclTunerPlugin_v6: TunerV6 = TunerV6 {
-    name: NAME,
-    init: init_v5,
-    get_coll_info,
-    finalize,
-    get_chunk_size: None,
-};
+pub static ncclTunerPlugin_v6: TunerV6 = TUNER_V6;
 
 /// The plugin for NCCL versions whose newest tuner interface is v5.
 #[unsafe(no_mangle)]
