@@ -143,6 +143,8 @@ pub struct Model {
     /// `prices[f][k][a]`: strata's seconds for collective `FUNCS[f]` at 2^k bytes per rank on
     /// NCCL algorithm `a`; NaN where strata has no schedule for it.
     prices: Vec<Vec<[f64; algo::COUNT]>>,
+    /// Their natural logarithms, for the per-call interpolation.
+    ln_prices: Vec<Vec<[f64; algo::COUNT]>>,
     /// Bytes at which one message across the communicator's outermost tier costs as much in
     /// bandwidth as in latency (α/β): below it, a message is latency-bound.
     half_bandwidth_bytes: f64,
@@ -196,10 +198,15 @@ impl Model {
                 }
             }
         }
+        let ln_prices = prices
+            .iter()
+            .map(|rows| rows.iter().map(|row| row.map(f64::ln)).collect())
+            .collect();
         Model {
             n_ranks,
             n_nodes: hosts.len(),
             prices,
+            ln_prices,
             half_bandwidth_bytes,
             described,
             extrapolated,
@@ -210,25 +217,43 @@ impl Model {
     /// them, or `None` where strata does not model it.
     pub fn seconds(&self, func: i32, a: usize, n_bytes: usize) -> Option<f64> {
         let f = FUNCS.iter().position(|&x| x == func)?;
-        let b = bytes_per_rank(func, n_bytes, self.n_ranks).max(1);
-        let table = &self.prices[f];
-        // Between the powers of two around b (log-log), extended from the last two above
-        // 2^MAX_LOG2.
-        let x = (b as f64).log2();
+        self.at(f, a, self.log2_bytes(func, n_bytes))
+    }
+
+    /// log2 of strata's bytes per rank for NCCL's `n_bytes` of `func`.
+    fn log2_bytes(&self, func: i32, n_bytes: usize) -> f64 {
+        (bytes_per_rank(func, n_bytes, self.n_ranks).max(1) as f64).log2()
+    }
+
+    /// The price of NCCL algorithm `a` for `FUNCS[f]` at 2^x bytes per rank: a power law
+    /// between the powers of two around it (one `exp` of the stored logarithms), affine in
+    /// bytes above 2^MAX_LOG2.
+    fn at(&self, f: usize, a: usize, x: f64) -> Option<f64> {
         let lo = (x.floor() as usize).min(MAX_LOG2 - 1);
-        let points = [(lo, table[lo][a]), (lo + 1, table[lo + 1][a])];
-        if !points.iter().all(|p| p.1.is_finite()) {
+        let (t0, t1) = (self.prices[f][lo][a], self.prices[f][lo + 1][a]);
+        if !(t0.is_finite() && t1.is_finite()) {
             return None;
         }
-        Some(log_log(&points, x))
+        let (l0, l1) = (self.ln_prices[f][lo][a], self.ln_prices[f][lo + 1][a]);
+        if x > MAX_LOG2 as f64 || !(l0.is_finite() && l1.is_finite()) {
+            return Some(log_log(&[(lo, t0), (lo + 1, t1)], x));
+        }
+        Some((l0 + (l1 - l0) * (x - lo as f64)).exp())
     }
 
     /// Rewrites NCCL's cost table (`table[a * protocols + p]`, µs, negative = not allowed) for
     /// a call, and returns the channel count to ask for (0: NCCL's own).
     pub fn fill(&self, func: i32, n_bytes: usize, table: &mut [f32], protocols: usize) -> i32 {
         let algos = table.len() / protocols.max(1);
+        let Some(f) = FUNCS.iter().position(|&x| x == func) else {
+            return self.channels(func, n_bytes);
+        };
+        let x = self.log2_bytes(func, n_bytes);
         for a in 0..algos.min(algo::COUNT) {
-            let Some(seconds) = self.seconds(func, a, n_bytes) else {
+            if strata_algorithm(func, a).is_none() {
+                continue;
+            }
+            let Some(seconds) = self.at(f, a, x) else {
                 continue;
             };
             let row = &mut table[a * protocols..(a + 1) * protocols];

@@ -9,15 +9,19 @@
  * stand-in for NCCL's own model (latency + bytes / bandwidth per protocol).
  *
  * usage: load_tuner NRANKS NNODES [VERSION]   (VERSION: 3..7; default: the newest found)
+ *        LOAD_TUNER_BENCH=N load_tuner ...       also times N all-reduce calls of getCollInfo
+ *                                                 over sizes 8 B-1 GiB ("bench NS per call")
  * prints: "symbol ncclTunerPlugin_vN", the plugin's log lines ("log LEVEL text"), "init RC",
  *         "constants unchanged|CHANGED", then per call
  *         "call FUNC NBYTES RC CHANNELS c00 c01 .. c62", and "null RC" for a NULL table.
  */
+#define _POSIX_C_SOURCE 199309L
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tuner.h"
 #include "tuner_v4.h"
@@ -170,6 +174,24 @@ int main(int argc, char** argv) {
         for (int p = 0; p < NCCL_NUM_PROTOCOLS; p++) printf(" %.9g", table[a][p]);
       printf("\n");
     }
+  }
+  const char* bench = getenv("LOAD_TUNER_BENCH");
+  if (bench) {
+    long n = atol(bench);
+    float table[NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; i < n; i++) {
+      size_t bytes = (size_t)8 << (i % 28);
+      for (int a = 0; a < NCCL_NUM_ALGORITHMS; a++)
+        for (int p = 0; p < NCCL_NUM_PROTOCOLS; p++)
+          table[a][p] = allowed(ncclFuncAllReduce, a) ? nccl_estimate(a, p, bytes) : NCCL_ALGO_PROTO_IGNORE;
+      int ch = 0;
+      coll_info(ctx, ncclFuncAllReduce, bytes, 1, (float**)table, NCCL_NUM_ALGORITHMS, NCCL_NUM_PROTOCOLS, 0, &ch);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ns = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / (double)(n > 0 ? n : 1);
+    printf("bench %.1f ns per call (table filled by the harness included)\n", ns);
   }
   int channels = 0;
   printf("null %d\n", (int)coll_info(ctx, ncclFuncAllReduce, 8, 1, NULL, NCCL_NUM_ALGORITHMS,
