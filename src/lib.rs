@@ -37,7 +37,7 @@ mod wire;
 
 pub use bootstrap::{PeerInfo, UNIQUE_ID_BYTES, UniqueId};
 pub use comm::device::{DeviceTransfer, DeviceWork, GpuPath, KernelChoice, KernelTiming, Staged};
-pub use comm::{CallSpec, Communicator, LayoutComms, Transfer};
+pub use comm::{CallSpec, Communicator, LayoutComms, Transfer, tuner_trial_calls};
 pub use config::{Config, RankOrder, TransportPolicy};
 pub use dtype::{DataType, Element, F8E4M3, F8E5M2, ReduceOp, Scalar};
 pub use error::{Error, Result};

@@ -235,7 +235,12 @@ fn a_repeated_call_follows_a_new_algorithm_choice() {
     use Algorithm::{OneShot, RecursiveDoubling, Ring};
     const REPEATS: usize = 3;
     let (n, count) = (4, 100);
-    let comms = init_threads(n, TransportPolicy::Auto);
+    // Without near-tie trials: the choice under test is the explicit one and the model's.
+    let comms = init_threads_configured(loopback_id(), n, |_| {
+        let mut c = cfg(TransportPolicy::Auto);
+        c.tuner_trials = false;
+        c
+    });
     let tuned = comms[0].algorithm_for(Collective::AllReduce, count * 4);
     let choices = [
         None,

@@ -589,3 +589,98 @@ fn sent_ahead_schedules_are_exact() {
         }
     }
 }
+
+/// Where the model prices two algorithms alike (rd and one_shot for 8 bytes on 2 ranks: the
+/// same single exchange), the first calls of the size class alternate them, the ranks agree
+/// on the faster with one all-reduce of two doubles, and from then on every rank runs the
+/// same one, which `algorithm_for` reports. An explicit choice and `tuner_trials = false`
+/// run no trial.
+#[test]
+fn a_near_tie_is_timed_in_the_first_calls_and_every_rank_keeps_the_same_winner() {
+    let bytes = 8;
+    let trial_calls = strata::tuner_trial_calls(bytes);
+    let run = |comms: &[Communicator], calls: usize| -> Vec<Vec<String>> {
+        on_all(comms, |c| {
+            let before = c.flight_records().len();
+            for i in 0..calls {
+                let send = [c.rank() as f32 + i as f32, 1.0];
+                let mut recv = [0f32; 2];
+                c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+                let want = (0..c.size()).map(|r| r as f32 + i as f32).sum::<f32>();
+                assert_eq!(recv, [want, c.size() as f32], "call {i}");
+            }
+            c.flight_records()[before..]
+                .iter()
+                .map(|r| r.op.clone())
+                .collect()
+        })
+    };
+    let comms = init_threads(2, TransportPolicy::Auto);
+    let e = comms[0].explain(Collective::AllReduce, bytes);
+    let priced = |i: usize| *e.ranked[i].seconds.as_ref().unwrap();
+    assert!(
+        priced(1) <= priced(0) * (1.0 + strata::algorithms::tuner::NEAR_TIE),
+        "the premise: a near tie at 8 B on 2 ranks\n{}",
+        e.render()
+    );
+    let rivals = [e.ranked[0].algorithm, e.ranked[1].algorithm];
+    let ops = run(&comms, trial_calls + 3);
+    assert_eq!(
+        ops[0].len(),
+        trial_calls + 4,
+        "the calls and one agreement: {:?}",
+        ops[0]
+    );
+    let ran = |op: &str| {
+        op.rsplit("; ")
+            .next()
+            .unwrap()
+            .trim_end_matches(')')
+            .to_string()
+    };
+    for (i, op) in ops[0][..trial_calls].iter().enumerate() {
+        assert_eq!(ran(op), rivals[i % 2].name(), "call {i}: {op}");
+    }
+    let agreement = &ops[0][trial_calls];
+    assert!(
+        agreement.contains("double")
+            && agreement.contains("2 elements")
+            && agreement.ends_with("; rd)"),
+        "{agreement}"
+    );
+    let winner = comms[0].algorithm_for(Collective::AllReduce, bytes);
+    assert!(rivals.contains(&winner));
+    for c in &comms {
+        assert_eq!(c.algorithm_for(Collective::AllReduce, bytes), winner);
+    }
+    for (r, rank_ops) in ops.iter().enumerate() {
+        assert_eq!(rank_ops, &ops[0], "rank {r} ran what rank 0 ran");
+        for op in &rank_ops[trial_calls + 1..] {
+            assert_eq!(ran(op), winner.name(), "{op}");
+        }
+    }
+
+    // An explicit choice: no trial.
+    let comms = init_threads(2, TransportPolicy::Auto);
+    on_all(&comms, |c| {
+        c.set_algorithm(Collective::AllReduce, Some(strata::Algorithm::Ring))
+            .unwrap()
+    });
+    let ops = run(&comms, trial_calls + 2);
+    assert_eq!(ops[0].len(), trial_calls + 2);
+    assert!(ops[0].iter().all(|op| ran(op) == "ring"), "{:?}", ops[0]);
+
+    // Trials off: the model's choice throughout.
+    let comms = init_threads_configured(loopback_id(), 2, |_| {
+        let mut c = cfg(TransportPolicy::Auto);
+        c.tuner_trials = false;
+        c
+    });
+    let ops = run(&comms, trial_calls + 2);
+    assert_eq!(ops[0].len(), trial_calls + 2);
+    assert!(
+        ops[0].iter().all(|op| ran(op) == rivals[0].name()),
+        "{:?}",
+        ops[0]
+    );
+}

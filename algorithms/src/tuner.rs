@@ -120,6 +120,9 @@ impl Explanation {
     }
 }
 
+/// A size class's choice, and its rival where the model cannot tell the two apart.
+type ChoiceAndRival = (Algorithm, Option<Algorithm>);
+
 /// Prices and chooses algorithms for one communicator; see the module documentation.
 #[derive(Debug)]
 pub struct Tuner {
@@ -130,8 +133,14 @@ pub struct Tuner {
     /// (bytes a host's ranks keep in flight, ranks on this host) when the runtime runs the
     /// ring all-reduce slice by slice ([`crate::builders::ring_slice_bytes`]).
     ring_pipeline: Option<(usize, usize)>,
-    cache: Mutex<HashMap<(Collective, u32), Algorithm>>,
+    /// Per size class: the choice, and a rival priced within [`NEAR_TIE`] of it.
+    cache: Mutex<HashMap<(Collective, u32), ChoiceAndRival>>,
 }
+
+/// How close two predicted times are for the model not to tell them apart: the accuracy its
+/// predictions are held to (±25% of measured times). The runtime times such a pair in the
+/// first calls of the size class and keeps the faster, every rank agreeing.
+pub const NEAR_TIE: f64 = 0.25;
 
 /// How far above the cheapest predicted time a ring all-reduce that runs sliced may be priced
 /// and still be chosen: the model prices links, not the memory traffic slicing saves.
@@ -188,19 +197,40 @@ impl Tuner {
     /// The algorithm for `collective` at `bytes` per rank: a rule's, else the cheapest of its
     /// size class (cached).
     pub fn choose(&self, collective: Collective, bytes: usize) -> Algorithm {
+        self.choose_with_rival(collective, bytes).0
+    }
+
+    /// [`Tuner::choose`], and the runner-up where the model cannot tell the two apart: priced
+    /// within [`NEAR_TIE`] of the choice. A rule's choice, a sliced ring's and a lone
+    /// candidate have no rival.
+    pub fn choose_with_rival(
+        &self,
+        collective: Collective,
+        bytes: usize,
+    ) -> (Algorithm, Option<Algorithm>) {
         if let Some(r) = self.rule_for(collective, bytes) {
-            return r.algorithm;
+            return (r.algorithm, None);
         }
         let choices = algorithms_for(collective);
         if choices.len() == 1 || self.hierarchy.len() <= 1 {
-            return choices[0];
+            return (choices[0], None);
         }
         let class = size_class(bytes);
         let key = (collective, class);
         if let Some(a) = self.cache.lock().ok().and_then(|c| c.get(&key).copied()) {
             return a;
         }
-        let chosen = self.decide(collective, class_bytes(class), false).chosen;
+        let e = self.decide(collective, class_bytes(class), false);
+        let rival = match (e.ranked.first(), e.ranked.get(1)) {
+            (Some(best), Some(next)) if best.algorithm == e.chosen => {
+                match (&best.seconds, &next.seconds) {
+                    (Ok(t), Ok(u)) if *u <= *t * (1.0 + NEAR_TIE) => Some(next.algorithm),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let chosen = (e.chosen, rival);
         if let Ok(mut c) = self.cache.lock() {
             c.insert(key, chosen);
         }

@@ -51,9 +51,14 @@ impl Communicator {
         // after it, rather than shared by reference counting: a repeated call then does no
         // atomic read-modify-write for it, and moves one pointer each way.
         let call = match st.last_call.take() {
-            Some(last) if last.spec == spec && last.forced == forced => last,
-            _ => self.derive_call(st, spec, forced)?,
+            Some(last) if last.spec == spec && last.forced == forced && st.open_trials == 0 => last,
+            _ => self.derive_call(st, spec, forced, true)?,
         };
+        // A call of a size class whose two rivals are being timed ([`trial`]).
+        let timed = (st.open_trials > 0 && !st.agreeing && forced == 0)
+            .then(|| trial::key(spec.collective, spec.count * es))
+            .filter(|k| st.trials.get(k).is_some_and(|t| t.decided.is_none()))
+            .map(|k| (k, Instant::now()));
         st.seq += 1;
         let local = Header {
             seq: st.seq,
@@ -158,7 +163,7 @@ impl Communicator {
         let r = self.conclude(st, &local, result);
         if r.is_ok() {
             let (took, stalled) = self.note_stalls(st, &local, began);
-            if let Some(m) = &inner.metrics {
+            if let Some(m) = inner.metrics.as_ref().filter(|_| !st.agreeing) {
                 m.record(
                     spec.collective,
                     input_bytes.max(output_bytes),
@@ -169,7 +174,20 @@ impl Communicator {
         } else if let Some(m) = &inner.metrics {
             m.fault();
         }
+        let agree = match timed {
+            Some((k, t0)) if r.is_ok() => st
+                .trials
+                .get_mut(&k)
+                .is_some_and(|t| t.record(t0.elapsed().as_secs_f64()))
+                .then_some(k),
+            _ => None,
+        };
         st.last_call = Some(call);
+        drop(guard);
+        if let Some(k) = agree {
+            r?;
+            return self.agree_on_trial(k);
+        }
         r
     }
 
@@ -255,10 +273,16 @@ impl Communicator {
 
     /// What a call of `spec` is made of besides its sequence number: the algorithm (chosen
     /// under the explicit choice `forced`), the schedule, and the header.
-    fn derive_call(&self, st: &mut State, spec: CallSpec, forced: u8) -> Result<Box<LastCall>> {
+    fn derive_call(
+        &self,
+        st: &mut State,
+        spec: CallSpec,
+        forced: u8,
+        trial: bool,
+    ) -> Result<Box<LastCall>> {
         let inner = &*self.inner;
         let (p, rank, es) = (inner.size, inner.rank, spec.dtype.size());
-        let algorithm = self.chosen_algorithm(st, spec.collective, spec.count * es);
+        let algorithm = self.chosen_algorithm(st, spec.collective, spec.count * es, trial);
         // The slice of a ring all-reduce (0 for anything else); it travels in the header.
         let ring_slice = if spec.collective == Collective::AllReduce
             && algorithm.normalized() == Algorithm::Ring
@@ -327,7 +351,7 @@ impl Communicator {
     pub(super) fn plan_device_call(&self, spec: CallSpec) -> Result<(Algorithm, Arc<CachedPlan>)> {
         let mut st = self.lock_state()?;
         let forced = self.forced_word(spec.collective);
-        let call = self.derive_call(&mut st, spec, forced)?;
+        let call = self.derive_call(&mut st, spec, forced, false)?;
         Ok((call.header.algorithm, call.cached.clone()))
     }
 
@@ -349,7 +373,7 @@ impl Communicator {
     ) -> Result<(Algorithm, Arc<CachedPlan>, u64, [u8; HEADER_BYTES])> {
         let mut st = self.lock_state()?;
         let forced = self.forced_word(spec.collective);
-        let call = self.derive_call(&mut st, spec, forced)?;
+        let call = self.derive_call(&mut st, spec, forced, false)?;
         let (algorithm, cached, mut header) =
             (call.header.algorithm, call.cached.clone(), call.header);
         st.device_seq += 1;
@@ -359,15 +383,39 @@ impl Communicator {
         Ok((algorithm, cached, record, encoded))
     }
 
-    /// [`Communicator::algorithm_for`], remembering the tuner's last answer.
-    fn chosen_algorithm(&self, st: &mut State, collective: Collective, bytes: usize) -> Algorithm {
+    /// [`Communicator::algorithm_for`], remembering the tuner's last answer. A host call
+    /// (`trial`) of a size class whose best two algorithms the model prices alike runs the
+    /// one its trial says ([`trial`]); the call by which the ranks agree on a trial's outcome
+    /// runs recursive doubling.
+    fn chosen_algorithm(
+        &self,
+        st: &mut State,
+        collective: Collective,
+        bytes: usize,
+        trial: bool,
+    ) -> Algorithm {
         if let Some(a) = self.forced_algorithm(collective) {
             return a;
+        }
+        if trial && st.agreeing {
+            return Algorithm::RecursiveDoubling;
+        }
+        if !st.trials.is_empty()
+            && let Some(t) = st.trials.get(&trial::key(collective, bytes))
+            && (trial || t.decided.is_some())
+        {
+            return t.current();
         }
         match st.last_choice {
             Some((c, b, a)) if c == collective && b == bytes => a,
             _ => {
-                let a = self.inner.tuner.choose(collective, bytes);
+                let (a, rival) = self.inner.tuner.choose_with_rival(collective, bytes);
+                if let Some(r) = rival.filter(|_| trial && self.inner.cfg.tuner_trials) {
+                    let key = trial::key(collective, bytes);
+                    st.trials.insert(key, trial::Trial::new([a, r], key));
+                    st.open_trials += 1;
+                    return a;
+                }
                 st.last_choice = Some((collective, bytes, a));
                 a
             }

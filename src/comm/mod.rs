@@ -97,6 +97,12 @@ struct State {
     last_choice: Option<(Collective, usize, Algorithm)>,
     /// Calls the small all-reduce path ran.
     small_calls: u64,
+    /// Near-tie trials by (collective, size class) ([`trial`]).
+    trials: HashMap<trial::TrialKey, trial::Trial>,
+    /// Trials still timing: while any is, a call's derivation is not reused.
+    open_trials: usize,
+    /// Set while the ranks agree on a trial's outcome: that call takes part in no trial.
+    agreeing: bool,
     exec: executor::ExecBuffers,
     splits: u64,
     /// The peer the last receive from any source took its message from.
@@ -303,6 +309,8 @@ mod listening;
 mod membership;
 mod p2p;
 mod shrink;
+mod trial;
+pub use trial::tuner_trial_calls;
 
 impl Communicator {
     /// This rank.
@@ -407,9 +415,11 @@ impl Communicator {
 
     /// The algorithm used for `collective` on `bytes` per rank: the chosen one (see
     /// [`Communicator::set_algorithm`] and `STRATA_ALGO`), else a tuning-file rule's, else the
-    /// tuner's cheapest for the size class ([`Communicator::explain`] says why).
+    /// faster of two the model priced alike once host calls of the size class timed both,
+    /// else the tuner's cheapest for the size class ([`Communicator::explain`] says why).
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
         self.forced_algorithm(collective)
+            .or_else(|| self.trial_decision(collective, bytes))
             .unwrap_or_else(|| self.inner.tuner.choose(collective, bytes))
     }
 
@@ -432,6 +442,24 @@ impl Communicator {
     /// [`Communicator::algorithm_for`].
     pub fn explain(&self, collective: Collective, bytes: usize) -> Explanation {
         let mut e = self.inner.tuner.explain(collective, bytes);
+        if let Some(won) = self.trial_decision(collective, bytes) {
+            e.notes.push(format!(
+                "host calls of this size class timed the two priced alike and kept {won}"
+            ));
+        } else if let (Some(rival), true, None) = (
+            self.inner.tuner.choose_with_rival(collective, bytes).1,
+            self.inner.cfg.tuner_trials,
+            self.forced_algorithm(collective),
+        ) {
+            e.notes.push(format!(
+                "{} and {rival} are priced within {:.0}%: the first {} host calls of this size \
+                 class time both and keep the faster, every rank agreeing \
+                 (STRATA_TUNER_TRIALS=0 keeps the model's choice)",
+                e.chosen,
+                strata_algorithms::tuner::NEAR_TIE * 100.0,
+                trial::tuner_trial_calls(bytes)
+            ));
+        }
         if let Some(choice) = self.kernel_choice() {
             e.notes.push(choice.describe());
             let es = 4;

@@ -73,6 +73,11 @@ pub struct Config {
     /// off by default: on this project's 2-core machine it measured no faster at 2 ranks and
     /// slower with more ranks than cores; see the README).
     pub send_ahead: bool,
+    /// Whether the first calls of a size class time the two algorithms the model prices
+    /// within [`NEAR_TIE`](strata_algorithms::tuner::NEAR_TIE) of each other and keep the
+    /// faster, every rank agreeing (`STRATA_TUNER_TRIALS`, default 1; 0 keeps the model's
+    /// choice).
+    pub tuner_trials: bool,
     /// Whether flat schedules run in topology order (`STRATA_RANK_ORDER=topology`, the
     /// default) or in the launcher's order (`launcher`: a topology-blind baseline).
     pub rank_order: RankOrder,
@@ -186,6 +191,7 @@ impl Config {
             chunk_bytes: parse_env::<usize>("STRATA_CHUNK_SIZE", 512 << 10)?.max(64),
             ring_pipeline_bytes: parse_env("STRATA_RING_PIPELINE", RING_PIPELINE_BYTES)?,
             send_ahead: parse_env::<u8>("STRATA_SEND_AHEAD", 0)? == 1,
+            tuner_trials: parse_env::<u8>("STRATA_TUNER_TRIALS", 1)? == 1,
             rank_order: match env("STRATA_RANK_ORDER").map(|s| s.to_ascii_lowercase()) {
                 None => RankOrder::Topology,
                 Some(s) if s == "topology" => RankOrder::Topology,

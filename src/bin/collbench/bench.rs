@@ -455,11 +455,6 @@ pub(super) fn bench_row(
     };
     let mut send = vec![0u8; in_bytes.max(count * es)];
     let mut recv = vec![0u8; out_bytes.max(in_bytes).max(count * es)];
-    let algorithm = if collective == Collective::Send {
-        Algorithm::Direct
-    } else {
-        comm.algorithm_for(collective, count * es)
-    };
     // On device buffers a small call may run as one kernel instead of the algorithm's program.
     let kernel = (args.device == "cuda")
         .then(|| comm.device_kernel_for(&spec))
@@ -491,7 +486,13 @@ pub(super) fn bench_row(
                 comm.call_bytes(spec, Some(&send[..in_bytes]), &mut recv[..out_bytes])
             }
         };
-        for _ in 0..args.warmup {
+        // Past a near-tie trial of the size class too, so that the timed calls run its winner.
+        let warmup = if args.warmup == 0 {
+            0
+        } else {
+            args.warmup.max(strata::tuner_trial_calls(count * es))
+        };
+        for _ in 0..warmup {
             once(&mut send, &mut recv).map_err(|e| e.to_string())?;
         }
         comm.barrier().map_err(|e| e.to_string())?;
@@ -508,6 +509,12 @@ pub(super) fn bench_row(
         }
         results[k] = aggregate(comm, collective, size, local_us, wrong)?;
     }
+    // What ran, once any near-tie trial of the size class settled.
+    let algorithm = if collective == Collective::Send {
+        Algorithm::Direct
+    } else {
+        comm.algorithm_for(collective, count * es)
+    };
     Ok(Row {
         collective: collective.to_string(),
         dtype: dtype.name().into(),

@@ -1,0 +1,208 @@
+//! Near-tie trials: where the model prices two algorithms for a size class within
+//! [`NEAR_TIE`](strata_algorithms::tuner::NEAR_TIE) of each other, it cannot tell which is
+//! faster here, so the first calls of that class on host buffers alternate the two. Each rank
+//! times its own calls; after a warm-up call of each and a few timed calls of each (more for
+//! small messages, [`rounds`]), the ranks add up their medians with one all-reduce of two
+//! numbers, and every rank keeps the same one (the faster in total, the model's choice on a
+//! tie). Medians, because a call of a few microseconds on a shared machine is sometimes
+//! preempted for a millisecond. Every rank makes the same
+//! calls in the same order, so every rank runs the same algorithm in every call, trial or not.
+//! `STRATA_ALGO`, `set_algorithm` and tuning-file rules skip trials; `STRATA_TUNER_TRIALS=0`
+//! turns them off.
+
+use super::*;
+use strata_algorithms::tuner::size_class;
+
+/// Timed calls of each rival for a size class of `class_bytes`, after one warm-up call of each
+/// (which opens its connections): 1 MiB's worth, between 4 and 32 calls. The count depends on
+/// the class alone, so every rank makes the same.
+fn rounds(class_bytes: usize) -> u32 {
+    ((1usize << 20) / class_bytes.max(1)).clamp(4, 32) as u32
+}
+
+/// Calls of a size class (holding `bytes` per rank) that a near-tie trial takes before its
+/// winner runs; the ranks agree within the last of them.
+pub fn tuner_trial_calls(bytes: usize) -> usize {
+    let class = strata_algorithms::tuner::class_bytes(size_class(bytes));
+    2 * (1 + rounds(class) as usize)
+}
+
+/// A size class's trial: the two rivals, the calls made, this rank's times in each.
+#[derive(Clone, Debug)]
+pub(super) struct Trial {
+    /// The model's choice, then its rival.
+    pub rivals: [Algorithm; 2],
+    /// Timed calls of each.
+    pub rounds: u32,
+    /// Calls of the class made so far.
+    pub calls: u32,
+    /// This rank's seconds in each timed call of each rival.
+    pub times: [Vec<f64>; 2],
+    /// The algorithm kept, once the ranks agreed.
+    pub decided: Option<Algorithm>,
+}
+
+/// A trial's key: the collective and the size class of its bytes per rank.
+pub(super) type TrialKey = (Collective, u32);
+
+/// The key of a call of `collective` on `bytes` per rank.
+pub(super) fn key(collective: Collective, bytes: usize) -> TrialKey {
+    (collective, size_class(bytes))
+}
+
+impl Trial {
+    /// A trial of `rivals` for the size class of `key`, no call made yet.
+    pub fn new(rivals: [Algorithm; 2], key: TrialKey) -> Self {
+        Self {
+            rivals,
+            rounds: rounds(strata_algorithms::tuner::class_bytes(key.1)),
+            calls: 0,
+            times: [Vec::new(), Vec::new()],
+            decided: None,
+        }
+    }
+
+    /// What the next call of the class runs.
+    pub fn current(&self) -> Algorithm {
+        self.decided
+            .unwrap_or(self.rivals[(self.calls % 2) as usize])
+    }
+
+    /// Counts a call that took `seconds` on this rank; true once every call of the trial is
+    /// made and the ranks must agree.
+    pub fn record(&mut self, seconds: f64) -> bool {
+        if self.decided.is_some() {
+            return false;
+        }
+        if self.calls >= 2 {
+            self.times[(self.calls % 2) as usize].push(seconds);
+        }
+        self.calls += 1;
+        self.calls == 2 * (1 + self.rounds)
+    }
+
+    /// This rank's median time of each rival.
+    pub fn medians(&self) -> [f64; 2] {
+        self.times.clone().map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            match t.len() {
+                0 => 0.0,
+                n if n % 2 == 1 => t[n / 2],
+                n => (t[n / 2 - 1] + t[n / 2]) / 2.0,
+            }
+        })
+    }
+
+    /// The algorithm kept from the times summed over every rank.
+    pub fn winner(&self, summed: [f64; 2]) -> Algorithm {
+        if summed[1] < summed[0] {
+            self.rivals[1]
+        } else {
+            self.rivals[0]
+        }
+    }
+}
+
+impl Communicator {
+    /// Ends the trial of `key`: every rank adds its times up with the others' (one all-reduce
+    /// of two numbers, run by recursive doubling outside any trial) and keeps the winner.
+    pub(super) fn agree_on_trial(&self, key: TrialKey) -> Result<()> {
+        let mut summed = {
+            let mut st = self.lock_state()?;
+            st.agreeing = true;
+            match st.trials.get(&key) {
+                Some(t) => t.medians(),
+                None => return Ok(()),
+            }
+        };
+        let spec = CallSpec {
+            collective: Collective::AllReduce,
+            dtype: DataType::Float64,
+            count: 2,
+            op: ReduceOp::Sum,
+            root: 0,
+        };
+        let ptr = summed.as_mut_ptr().cast::<u8>();
+        // SAFETY: `summed` is 16 bytes, read and written in place for the whole call.
+        let r = unsafe { self.run(spec, ptr, 16, ptr, 16) };
+        let mut st = self.lock_state()?;
+        st.agreeing = false;
+        r?;
+        let Some(t) = st.trials.get_mut(&key) else {
+            return Ok(());
+        };
+        let winner = t.winner(summed);
+        t.decided = Some(winner);
+        let (rivals, rounds) = (t.rivals, t.rounds);
+        st.open_trials = st.open_trials.saturating_sub(1);
+        // The last call ran one of the rivals; the next derives the winner.
+        st.last_call = None;
+        st.last_choice = None;
+        if self.inner.rank == 0 {
+            tracing::info!(
+                "{} of the {} B size class: {} and {} priced alike by the model; timed over {} \
+                 calls of each, their medians summed over the ranks are {:.2} us and {:.2} us; \
+                 keeping {winner}",
+                key.0,
+                strata_algorithms::tuner::class_bytes(key.1),
+                rivals[0],
+                rivals[1],
+                rounds,
+                summed[0] * 1e6,
+                summed[1] * 1e6
+            );
+        }
+        Ok(())
+    }
+
+    /// The algorithm a trial settled on for `collective` at `bytes`, if one did.
+    pub(super) fn trial_decision(&self, collective: Collective, bytes: usize) -> Option<Algorithm> {
+        let st = self.inner.state.lock().ok()?;
+        st.trials.get(&key(collective, bytes))?.decided
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trial_alternates_skips_the_warm_up_and_keeps_the_faster_median() {
+        let (a, b) = (Algorithm::RecursiveDoubling, Algorithm::OneShot);
+        let key = (Collective::AllReduce, size_class(1 << 20));
+        let mut t = Trial::new([a, b], key);
+        assert_eq!(t.rounds, 4);
+        assert_eq!(tuner_trial_calls(1 << 20), 10);
+        assert_eq!(tuner_trial_calls(8), 66, "8 B: 32 timed calls of each");
+        let mut ran = Vec::new();
+        let mut done = false;
+        while !done {
+            ran.push(t.current());
+            // The rival is 1 ms faster per call; the warm-ups are slow, and one timed call of
+            // the rival is preempted for 50 ms, which the median ignores.
+            let secs = match t.calls {
+                0 | 1 => 1.0,
+                3 => 0.050,
+                _ if t.current() == a => 0.003,
+                _ => 0.002,
+            };
+            done = t.record(secs);
+        }
+        assert_eq!(ran.len(), 10);
+        assert!(ran.chunks(2).all(|c| c == [a, b]));
+        let m = t.medians();
+        assert!(
+            (m[0] - 0.003).abs() < 1e-12 && (m[1] - 0.002).abs() < 1e-12,
+            "{m:?}"
+        );
+        assert_eq!(t.winner([0.006, 0.004]), b);
+        assert_eq!(
+            t.winner([0.004, 0.004]),
+            a,
+            "a tie keeps the model's choice"
+        );
+        t.decided = Some(b);
+        assert_eq!(t.current(), b);
+        assert!(!t.record(1.0), "a decided trial counts no more calls");
+    }
+}
