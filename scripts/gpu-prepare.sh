@@ -4,7 +4,9 @@
 # libstrata_ffi.so, the tuner plugin for NVIDIA's NCCL and the GPU fault tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --bin collbench -p strata -p strata-ffi -p strata-nccl-tuner >&2
+cargo build --release --bin collbench -p strata -p strata-ffi >&2
+# The plugin's cdylib (a --bin build leaves library targets of other packages out).
+cargo build --release -p strata-nccl-tuner >&2
 cargo test --release --no-run --test gpu_faults >&2
 mkdir -p .gpu
 strip -o .gpu/collbench target/release/collbench
