@@ -51,14 +51,13 @@ impl Communicator {
         // after it, rather than shared by reference counting: a repeated call then does no
         // atomic read-modify-write for it, and moves one pointer each way.
         let call = match st.last_call.take() {
-            Some(last) if last.spec == spec && last.forced == forced && st.open_trials == 0 => last,
+            Some(last) if last.spec == spec && last.forced == forced && !last.in_trial => last,
             _ => self.derive_call(st, spec, forced, true)?,
         };
         // A call of a size class whose two rivals are being timed ([`trial`]).
-        let timed = (st.open_trials > 0 && !st.agreeing && forced == 0)
-            .then(|| trial::key(spec.collective, spec.count * es))
-            .filter(|k| st.trials.get(k).is_some_and(|t| t.decided.is_none()))
-            .map(|k| (k, Instant::now()));
+        let timed = call
+            .in_trial
+            .then(|| (trial::key(spec.collective, spec.count * es), Instant::now()));
         st.seq += 1;
         let local = Header {
             seq: st.seq,
@@ -282,7 +281,8 @@ impl Communicator {
     ) -> Result<Box<LastCall>> {
         let inner = &*self.inner;
         let (p, rank, es) = (inner.size, inner.rank, spec.dtype.size());
-        let algorithm = self.chosen_algorithm(st, spec.collective, spec.count * es, trial);
+        let (algorithm, in_trial) =
+            self.chosen_algorithm(st, spec.collective, spec.count * es, trial);
         // The slice of a ring all-reduce (0 for anything else); it travels in the header.
         let ring_slice = if spec.collective == Collective::AllReduce
             && algorithm.normalized() == Algorithm::Ring
@@ -342,6 +342,7 @@ impl Communicator {
             header,
             encoded: header.encode(),
             cached,
+            in_trial,
         }))
     }
 
@@ -383,41 +384,43 @@ impl Communicator {
         Ok((algorithm, cached, record, encoded))
     }
 
-    /// [`Communicator::algorithm_for`], remembering the tuner's last answer. A host call
-    /// (`trial`) of a size class whose best two algorithms the model prices alike runs the
-    /// one its trial says ([`trial`]); the call by which the ranks agree on a trial's outcome
-    /// runs recursive doubling.
+    /// [`Communicator::algorithm_for`], remembering the tuner's last answer, and whether a
+    /// near-tie trial still timing chose it. A host call (`trial`) of a size class whose best
+    /// two algorithms the model prices alike runs the one its trial says ([`trial`]); the
+    /// call by which the ranks agree on a trial's outcome runs recursive doubling.
     fn chosen_algorithm(
         &self,
         st: &mut State,
         collective: Collective,
         bytes: usize,
         trial: bool,
-    ) -> Algorithm {
+    ) -> (Algorithm, bool) {
         if let Some(a) = self.forced_algorithm(collective) {
-            return a;
+            return (a, false);
         }
         if trial && st.agreeing {
-            return Algorithm::RecursiveDoubling;
+            return (Algorithm::RecursiveDoubling, false);
         }
         if !st.trials.is_empty()
             && let Some(t) = st.trials.get(&trial::key(collective, bytes))
-            && (trial || t.decided.is_some())
         {
-            return t.current();
+            match t.decided {
+                Some(a) => return (a, false),
+                None if trial => return (t.current(), true),
+                None => {}
+            }
         }
         match st.last_choice {
-            Some((c, b, a)) if c == collective && b == bytes => a,
+            Some((c, b, a)) if c == collective && b == bytes => (a, false),
             _ => {
                 let (a, rival) = self.inner.tuner.choose_with_rival(collective, bytes);
                 if let Some(r) = rival.filter(|_| trial && self.inner.cfg.tuner_trials) {
                     let key = trial::key(collective, bytes);
                     st.trials.insert(key, trial::Trial::new([a, r], key));
-                    st.open_trials += 1;
-                    return a;
+                    return (a, true);
                 }
                 st.last_choice = Some((collective, bytes, a));
-                a
+                (a, false)
             }
         }
     }

@@ -282,7 +282,6 @@ impl Communicator {
             last_choice: None,
             small_calls: 0,
             trials: HashMap::new(),
-            open_trials: 0,
             agreeing: false,
             exec: executor::ExecBuffers::with_stall_threshold(cfg.straggler_threshold),
             splits: 0,

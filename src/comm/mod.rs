@@ -99,8 +99,6 @@ struct State {
     small_calls: u64,
     /// Near-tie trials by (collective, size class) ([`trial`]).
     trials: HashMap<trial::TrialKey, trial::Trial>,
-    /// Trials still timing: while any is, a call's derivation is not reused.
-    open_trials: usize,
     /// Set while the ranks agree on a trial's outcome: that call takes part in no trial.
     agreeing: bool,
     exec: executor::ExecBuffers,
@@ -130,6 +128,9 @@ struct LastCall {
     header: Header,
     encoded: [u8; HEADER_BYTES],
     cached: Arc<CachedPlan>,
+    /// Whether a near-tie trial of its size class chose its algorithm ([`trial`]): such a
+    /// call is derived afresh every time, and timed.
+    in_trial: bool,
 }
 
 /// A small all-reduce path and its peers.

@@ -134,7 +134,6 @@ impl Communicator {
         let winner = t.winner(summed);
         t.decided = Some(winner);
         let (rivals, rounds) = (t.rivals, t.rounds);
-        st.open_trials = st.open_trials.saturating_sub(1);
         // The last call ran one of the rivals; the next derives the winner.
         st.last_call = None;
         st.last_choice = None;
