@@ -134,9 +134,6 @@ impl Communicator {
         let winner = t.winner(summed);
         t.decided = Some(winner);
         let (rivals, rounds) = (t.rivals, t.rounds);
-        // The last call ran one of the rivals; the next derives the winner.
-        st.last_call = None;
-        st.last_choice = None;
         if self.inner.rank == 0 {
             tracing::info!(
                 "{} of the {} B size class: {} and {} priced alike by the model; timed over {} \
