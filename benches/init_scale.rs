@@ -172,6 +172,11 @@ fn table_codec(n: usize) -> (f64, f64, usize) {
         listen: "198.18.100.200:45678".parse().expect("address"),
         place: Default::default(),
         transports: Default::default(),
+        probe: strata::HostProbe {
+            cores: 192,
+            copy_mbps: 12_345,
+            reduce_mbps: 6_789,
+        },
     };
     let table: Vec<strata::PeerInfo> = (0..n)
         .map(|rank| strata::PeerInfo {

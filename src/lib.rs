@@ -44,6 +44,7 @@ pub use error::{Error, Result};
 pub use strata_algorithms::{Algorithm, Collective};
 pub use transport::rdma;
 pub use watchdog::{FlightRecord, Progress, Straggler};
+pub use wire::HostProbe;
 
 /// Host and fabric topology: discovery, NCCL XML, Slurm and strata topology files, tiers.
 pub use strata_topology as topology;

@@ -75,6 +75,13 @@ pub trait Network {
         true
     }
 
+    /// Seconds per byte a rank's local copies take (`r`'s own memory). The default: copies
+    /// are free.
+    fn copy_beta(&self, r: usize) -> f64 {
+        let _ = r;
+        0.0
+    }
+
     /// Whether schedules on this network are timed by flows sharing links over time
     /// (`fluid`) instead of step by step with sharers counted per step index. The default
     /// (step by step) is what the closed-form costs describe.
@@ -129,6 +136,10 @@ impl Network for FabricModel<'_> {
 
     fn crosses_hosts(&self, from: usize, to: usize) -> bool {
         self.hierarchy.tier(from, to) > Tier::Host
+    }
+
+    fn copy_beta(&self, _: usize) -> f64 {
+        self.costs.copy_gbps.map_or(0.0, |g| 1.0 / (g * 1e9))
     }
 
     fn flow_level(&self) -> bool {

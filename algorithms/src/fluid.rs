@@ -294,13 +294,16 @@ impl Engine<'_> {
                 self.ranks[r].finished = true;
                 return;
             };
-            // Local reductions run when the step starts, after the rank's earlier
-            // reductions and before its transfers.
+            // Local reductions and copies run when the step starts, after the rank's
+            // earlier ones and before its transfers.
             let reduced = step.elems_reduced_locally();
+            let copied = step.elems_copied_locally();
             let st = &mut self.ranks[r];
-            if reduced > 0 {
+            if reduced > 0 || copied > 0 {
                 let gamma = self.net.link(r, r).gamma;
-                at = at.max(st.reduce_free) + reduced as f64 * self.elem_bytes * gamma;
+                let delta = self.net.copy_beta(r);
+                at = at.max(st.reduce_free)
+                    + (reduced as f64 * gamma + copied as f64 * delta) * self.elem_bytes;
                 st.reduce_free = at;
             }
             st.entered = at;

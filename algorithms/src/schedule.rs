@@ -128,6 +128,18 @@ pub struct Step {
 }
 
 impl Step {
+    /// Elements this step copies locally ([`Op::Copy`] between different regions), which
+    /// the timing engines charge at the step's start.
+    pub fn elems_copied_locally(&self) -> usize {
+        self.ops
+            .iter()
+            .map(|op| match op {
+                Op::Copy { src, dst } if src != dst => dst.len,
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Elements this step reduces locally ([`Op::Reduce`]), which the timing engines charge
     /// at the step's start.
     pub fn elems_reduced_locally(&self) -> usize {

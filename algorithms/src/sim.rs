@@ -156,11 +156,16 @@ impl Engine<'_> {
                 self.ranks[r].finished = true;
                 return;
             };
-            // Local reductions run when the step starts, one after another, before its
-            // transfers; copies are free.
+            // Local reductions and copies run when the step starts, one after another,
+            // before its transfers.
             let reducing = match (self.net, step.elems_reduced_locally()) {
                 (Some((net, elem_bytes)), elems) if elems > 0 => {
                     elems as f64 * elem_bytes * net.link(r, r).gamma
+                }
+                _ => 0.0,
+            } + match (self.net, step.elems_copied_locally()) {
+                (Some((net, elem_bytes)), elems) if elems > 0 => {
+                    elems as f64 * elem_bytes * net.copy_beta(r)
                 }
                 _ => 0.0,
             };

@@ -184,6 +184,20 @@ impl Tuner {
         t
     }
 
+    /// A tuner for the same communicator priced with `costs` instead (same rules and ring
+    /// slicing, an empty cache): what a cost profile would choose and predict.
+    pub fn with_costs(&self, costs: TierCosts) -> Self {
+        let mut t =
+            Self::new(self.hierarchy.clone(), costs, self.ordered).with_rules(self.rules.clone());
+        t.ring_pipeline = self.ring_pipeline;
+        t
+    }
+
+    /// The tier costs it prices with.
+    pub fn costs(&self) -> TierCosts {
+        self.costs
+    }
+
     /// The hierarchy it prices on.
     pub fn hierarchy(&self) -> &Hierarchy {
         &self.hierarchy
@@ -306,8 +320,18 @@ impl Tuner {
     }
 
     /// Prices `algorithm` for `collective` at `bytes` per rank on this fabric: by the full
-    /// simulation up to [`FULL_SIMULATION_MAX_RANKS`], else by fast pricing.
+    /// simulation up to [`FULL_SIMULATION_MAX_RANKS`], else by fast pricing; the tiers'
+    /// `call_us` is added to every price.
     pub fn price(&self, collective: Collective, algorithm: Algorithm, bytes: usize) -> Priced {
+        let mut priced = self.price_messages(collective, algorithm, bytes);
+        if let Ok(s) = priced.seconds.as_mut() {
+            *s += self.costs.call_us * 1e-6;
+        }
+        priced
+    }
+
+    /// [`Tuner::price`] without the cost of the call itself.
+    fn price_messages(&self, collective: Collective, algorithm: Algorithm, bytes: usize) -> Priced {
         let p = self.hierarchy.len();
         let count = bytes.div_ceil(PRICE_ELEM_BYTES);
         let chunk = CHUNK_BYTES / PRICE_ELEM_BYTES;

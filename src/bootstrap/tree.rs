@@ -453,6 +453,7 @@ pub fn directory_registration_time(nranks: usize, threads: usize) -> Result<Dura
                             listen,
                             place: Default::default(),
                             transports: Default::default(),
+                            probe: Default::default(),
                         };
                         let deadline = Instant::now() + Duration::from_secs(30);
                         let mut c = connect_authenticated(
@@ -884,6 +885,7 @@ mod tests {
                 listen: SocketAddr::from(([127, 0, 0, 1], 9000 + rank as u16)),
                 place: Default::default(),
                 transports: Default::default(),
+                probe: Default::default(),
             };
             let hello = Msg::Hello {
                 rank,
@@ -937,6 +939,7 @@ mod tests {
             listen: gone,
             place: Default::default(),
             transports: Default::default(),
+            probe: Default::default(),
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut s = connect_authenticated(

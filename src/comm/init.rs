@@ -159,6 +159,7 @@ impl Communicator {
             listen,
             place,
             transports: crate::transport::publish_all(&cfg)?,
+            probe: probe::measure(cfg.cost_profile.is_none()),
         };
         let peers = bootstrap::rendezvous(
             id,
@@ -240,6 +241,7 @@ impl Communicator {
         costs: TierCosts,
     ) -> Result<Self> {
         let size = peers.len();
+        let costs = probe::priced_costs(costs, &peers, cfg.cost_profile.as_deref());
         let tiers = TierMatrix::new(
             &peers
                 .iter()

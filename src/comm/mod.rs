@@ -309,6 +309,7 @@ mod init;
 mod listening;
 mod membership;
 mod p2p;
+pub(crate) mod probe;
 mod shrink;
 mod trial;
 pub use trial::tuner_trial_calls;
@@ -483,6 +484,19 @@ impl Communicator {
         bytes: usize,
     ) -> std::result::Result<f64, String> {
         self.inner.tuner.price(collective, algorithm, bytes).seconds
+    }
+
+    /// The cost model this communicator chooses with: its costs
+    /// ([`strata_algorithms::tuner::Tuner::costs`]), and a model of the same ranks with other
+    /// costs ([`strata_algorithms::tuner::Tuner::with_costs`]), as `collbench calibrate` fits.
+    pub fn cost_model(&self) -> &Tuner {
+        &self.inner.tuner
+    }
+
+    /// The most ranks per core of any of its hosts, as init measured them (0: unknown): above
+    /// 1, ranks share cores and a cost profile's shared-core figures price them.
+    pub fn ranks_per_core(&self) -> f64 {
+        probe::ranks_per_core(&self.inner.peers)
     }
 
     /// The hierarchy this communicator's schedules follow (topology order, levels, rails).

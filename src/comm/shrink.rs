@@ -59,7 +59,7 @@ impl Shrinks {
                 ));
             }
             let deadline = Instant::now() + shrinks.init_timeout;
-            let reply = match shrinks.join(&key, expected, info, deadline) {
+            let reply = match shrinks.join(&key, expected, *info, deadline) {
                 Ok(peers) => Msg::Table { peers },
                 Err(e) => Msg::Fail {
                     reason: e.to_string(),
@@ -144,7 +144,7 @@ pub(super) fn request(
     let kind = ConnectKind::Shrink {
         key: key.to_string(),
         expected,
-        info,
+        info: Box::new(info),
     };
     let mut s = open_request(
         comm,

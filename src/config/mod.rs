@@ -83,6 +83,9 @@ pub struct Config {
     pub rank_order: RankOrder,
     /// Rules that override the tuner for size ranges (`STRATA_TUNING_FILE`, JSON).
     pub tuning_rules: Vec<strata_algorithms::tuner::Rule>,
+    /// Tier figures measured on this machine by `collbench calibrate` (`STRATA_COST_PROFILE`),
+    /// priced with instead of the topology file's or init's.
+    pub cost_profile: Option<std::sync::Arc<strata_topology::CostProfile>>,
     /// How long an accepted connection may take to authenticate (`STRATA_HANDSHAKE_TIMEOUT`, s).
     pub handshake_timeout: Duration,
     /// Address to listen on (from `STRATA_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME`, else the first
@@ -205,6 +208,13 @@ impl Config {
             tuning_rules: match env("STRATA_TUNING_FILE") {
                 None => Vec::new(),
                 Some(path) => crate::tuning::load_rules(std::path::Path::new(&path))?,
+            },
+            cost_profile: match env("STRATA_COST_PROFILE") {
+                None => None,
+                Some(path) => Some(std::sync::Arc::new(
+                    strata_topology::profile::load_profile(std::path::Path::new(&path))
+                        .map_err(|e| Error::InvalidArgument(format!("STRATA_COST_PROFILE {e}")))?,
+                )),
             },
             handshake_timeout: secs("STRATA_HANDSHAKE_TIMEOUT", 5.0)?,
             listen_ip,

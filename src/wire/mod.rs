@@ -24,8 +24,8 @@ pub(crate) use census::MAX_NAMED;
 pub(crate) use header::{
     HEADER_BYTES, Header, STALL_BYTES, same_call_bytes, set_stall_share, stall_share_of,
 };
-pub use peer::PeerInfo;
 pub(crate) use peer::process_nonce;
+pub use peer::{HostProbe, PeerInfo};
 pub use progress::Progress;
 pub use status::{CallStatus, Located, RankStatus, SilentRank, StatusPart};
 
@@ -128,7 +128,7 @@ pub(crate) enum ConnectKind {
     Shrink {
         key: String,
         expected: usize,
-        info: PeerInfo,
+        info: Box<PeerInfo>,
     },
 }
 

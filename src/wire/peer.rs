@@ -25,6 +25,21 @@ pub struct PeerInfo {
     /// RDMA providers it can use, for example); a transport with nothing to say is absent.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub transports: BTreeMap<String, serde_json::Value>,
+    /// What init measured of its host, from which every rank prices alike.
+    #[serde(default)]
+    pub probe: HostProbe,
+}
+
+/// What a rank measured of its host at init (`crate::comm::probe`): every rank takes the
+/// same figures from the list of all of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostProbe {
+    /// Cores online on its host (0: unknown).
+    pub cores: u32,
+    /// Its memcpy rate, MB/s copied (0: not measured).
+    pub copy_mbps: u32,
+    /// Its rate of summing f32, MB/s of input combined (0: not measured).
+    pub reduce_mbps: u32,
 }
 
 impl PeerInfo {

@@ -60,6 +60,15 @@ pub struct TierCosts {
     /// How fast one rank applies a reduction, GB/s of input combined (the cost model's γ).
     #[serde(default = "default_reduce")]
     pub reduce_gbps: f64,
+    /// What every call costs besides its messages, µs: entering and leaving the library
+    /// (0 unless a cost profile or the file says otherwise). It moves every algorithm's price
+    /// alike, so it changes predictions, never a choice.
+    #[serde(default)]
+    pub call_us: f64,
+    /// How fast one rank copies inside its own memory, GB/s: what a schedule's local copies
+    /// (staging, gathering into place) cost. Absent: they are free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_gbps: Option<f64>,
 }
 
 fn default_reduce() -> f64 {
@@ -93,11 +102,70 @@ impl Default for TierCosts {
             pod: default_net(),
             aggregation: default_net(),
             reduce_gbps: default_reduce(),
+            call_us: 0.0,
+            copy_gbps: None,
+        }
+    }
+}
+
+impl TierLink {
+    /// Why this link's figures cannot be used, naming it `tiers.<name>`, if they cannot.
+    pub fn check(&self, name: &str) -> Result<(), String> {
+        let ok = self.bandwidth_gbps.is_finite()
+            && self.bandwidth_gbps > 0.0
+            && self.latency_us.is_finite()
+            && self.latency_us >= 0.0
+            && self.oversubscription.is_finite()
+            && self.oversubscription >= 1.0
+            && self.shared_efficiency > 0.0
+            && self.shared_efficiency <= 1.0;
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "tiers.{name}: expected bandwidth_gbps > 0, latency_us ≥ 0, oversubscription ≥ 1 \
+                 and 0 < shared_efficiency ≤ 1"
+            ))
         }
     }
 }
 
 impl TierCosts {
+    /// Why these figures cannot be used (the first bad one), if they cannot.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, t) in [
+            ("host", self.host),
+            ("leaf", self.leaf),
+            ("pod", self.pod),
+            ("aggregation", self.aggregation),
+        ]
+        .into_iter()
+        .chain(self.nvlink.map(|t| ("nvlink", t)))
+        {
+            t.check(name)?;
+        }
+        if !(self.reduce_gbps.is_finite() && self.reduce_gbps > 0.0) {
+            return Err(format!(
+                "tiers.reduce_gbps is {}; expected a positive number",
+                self.reduce_gbps
+            ));
+        }
+        if let Some(c) = self.copy_gbps
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(format!(
+                "tiers.copy_gbps is {c}; expected a positive number"
+            ));
+        }
+        if !(self.call_us.is_finite() && self.call_us >= 0.0) {
+            return Err(format!(
+                "tiers.call_us is {}; expected a number ≥ 0",
+                self.call_us
+            ));
+        }
+        Ok(())
+    }
+
     /// The link of `tier` (`SameDevice` and a missing NVLink tier read as the host tier).
     pub fn link(&self, tier: Tier) -> TierLink {
         match tier {
@@ -324,36 +392,7 @@ pub fn parse_file(text: &str, file: &str) -> Result<Fabric, TopoError> {
             spec.gpus_per_host
         )));
     }
-    for (name, t) in [
-        ("host", spec.tiers.host),
-        ("leaf", spec.tiers.leaf),
-        ("pod", spec.tiers.pod),
-        ("aggregation", spec.tiers.aggregation),
-    ]
-    .into_iter()
-    .chain(spec.tiers.nvlink.map(|t| ("nvlink", t)))
-    {
-        let ok = t.bandwidth_gbps.is_finite()
-            && t.bandwidth_gbps > 0.0
-            && t.latency_us.is_finite()
-            && t.latency_us >= 0.0
-            && t.oversubscription.is_finite()
-            && t.oversubscription >= 1.0
-            && t.shared_efficiency > 0.0
-            && t.shared_efficiency <= 1.0;
-        if !ok {
-            return Err(bad(format!(
-                "tiers.{name}: expected bandwidth_gbps > 0, latency_us ≥ 0, oversubscription ≥ 1 \
-                 and 0 < shared_efficiency ≤ 1"
-            )));
-        }
-    }
-    if !(spec.tiers.reduce_gbps.is_finite() && spec.tiers.reduce_gbps > 0.0) {
-        return Err(bad(format!(
-            "tiers.reduce_gbps is {}; expected a positive number",
-            spec.tiers.reduce_gbps
-        )));
-    }
+    spec.tiers.check().map_err(bad)?;
     let layout = match (spec.fat_tree, spec.leaves) {
         (Some(f), None) => {
             let hosts = f

@@ -16,6 +16,7 @@ pub mod hostlist;
 pub mod hwloc;
 pub mod nccl_xml;
 pub mod nvml;
+pub mod profile;
 pub mod report;
 pub mod sysfs;
 pub mod tiers;
@@ -23,6 +24,7 @@ pub mod tiers;
 pub use error::TopoError;
 pub use fabric::{Fabric, Place, TierCosts, TierLink};
 pub use host::{GpuInfo, HostTopology, LinkLayer, NicInfo, PciDistance};
+pub use profile::CostProfile;
 pub use tiers::{RankPlace, TierMatrix};
 
 use serde::{Deserialize, Serialize};

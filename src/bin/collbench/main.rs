@@ -116,8 +116,12 @@ impl Args {
     /// they came before it (the later one wins when both are given).
     fn from_command_line() -> Self {
         let mut args = Args::parse();
-        if let Some(Subcommand::Health(h)) = &args.command {
-            let launch = h.launch.clone();
+        let launch = match &args.command {
+            Some(Subcommand::Health(h)) => Some(h.launch.clone()),
+            Some(Subcommand::Calibrate(c)) => Some(c.launch.clone()),
+            _ => None,
+        };
+        if let Some(launch) = launch {
             args.np = launch.np.unwrap_or(args.np);
             args.timeout = launch.timeout.or(args.timeout);
             args.bind_to = launch.bind_to.unwrap_or(args.bind_to);
@@ -151,10 +155,17 @@ enum Subcommand {
     /// it: each rank's call and how long it has been in it, whom it waits on, stragglers,
     /// faults, and who holds the job up. Exits 3 when someone does.
     Status(StatusArgs),
+    /// Fit the cost model to this machine (with --np or under a launcher): time every
+    /// algorithm of all-reduce, all-gather and reduce-scatter from 8 B to 64 MiB, print each
+    /// one's measured time beside the model's prediction before and after, and write the
+    /// figures of every tier the job spans as a cost profile (STRATA_COST_PROFILE).
+    Calibrate(CalibrateArgs),
 }
 
 mod bench;
+mod calibrate;
 mod device;
+mod fit;
 mod health;
 mod launch;
 mod memory;
@@ -164,6 +175,7 @@ mod status;
 mod tools;
 
 use bench::*;
+use calibrate::*;
 use health::*;
 use launch::*;
 use plot::*;
@@ -235,7 +247,7 @@ fn main() -> ExitCode {
         Some(Subcommand::Simulate(s)) => return simulate_main(s),
         Some(Subcommand::Plot(p)) => return plot_main(p),
         Some(Subcommand::Status(s)) => return status_main(s),
-        Some(Subcommand::Health(_)) | None => {}
+        Some(Subcommand::Health(_) | Subcommand::Calibrate(_)) | None => {}
     }
     if let Ok(id_hex) = std::env::var(ENV_ID) {
         return child_main(&args, &id_hex);
@@ -273,6 +285,7 @@ fn main() -> ExitCode {
 fn rank_main(args: &Args, comm: &Communicator) -> ExitCode {
     match &args.command {
         Some(Subcommand::Health(h)) => health_main(h, comm),
+        Some(Subcommand::Calibrate(c)) => calibrate_main(c, comm),
         _ => bench_main(args, comm),
     }
 }

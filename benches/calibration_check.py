@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""How well a calibrated cost model predicts, and how close auto comes to the best algorithm.
+
+For each rank count: `collbench calibrate` writes a profile; then ROUNDS interleaved rounds
+of collbench `--algo all` and `--algo auto` per collective run with STRATA_COST_PROFILE set.
+Per (collective, algorithm, size) the median measured time is set beside collbench's own
+`predicted` column, and per size auto's median beside the best fixed algorithm's median.
+
+    NPS="2 3 4" ROUNDS=3 MAX=64M python3 benches/calibration_check.py
+
+Figures from a 2-core VM are noisy, above all with more ranks than cores: quote the
+medians and the command, never one run.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+
+COLLBENCH = os.environ.get("COLLBENCH", "target/release/collbench")
+NPS = [int(x) for x in os.environ.get("NPS", "2 3 4").split()]
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
+MAX = os.environ.get("MAX", "64M")
+OPS = os.environ.get("OPS", "all_reduce all_gather reduce_scatter").split()
+CAL_ROUNDS = os.environ.get("CAL_ROUNDS", "5")
+
+
+def run(args, env=None):
+    e = dict(os.environ)
+    e.setdefault("STRATA_SOCKET_IFNAME", "=lo")
+    e.update(env or {})
+    r = subprocess.run([COLLBENCH] + args, env=e, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"collbench {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def rows(np_, op, algo, profile, tmp):
+    out = os.path.join(tmp, "r.json")
+    run(
+        ["--np", str(np_), "--op", op, "--algo", algo, "-b", "8", "-e", MAX, "-f", "8",
+         "--no-in-place", "-c", "0", "-n", "10", "-J", out],
+        {"STRATA_COST_PROFILE": profile},
+    )
+    with open(out) as f:
+        return json.load(f)["rows"]
+
+
+def check(np_, tmp):
+    profile = os.path.join(tmp, f"profile-{np_}.toml")
+    cal = run(["calibrate", "--np", str(np_), "-e", MAX, "--rounds", CAL_ROUNDS,
+               "--profile", profile])
+    summary = [l for l in cal.splitlines() if l.startswith("# within")]
+    measured = defaultdict(list)   # (op, algo, size) -> [us]
+    predicted = {}
+    auto = defaultdict(list)       # (op, size) -> [us]
+    for _ in range(ROUNDS):
+        for op in OPS:
+            for r in rows(np_, op, "all", profile, tmp):
+                k = (op, r["algorithm"], r["size_bytes"])
+                measured[k].append(r["out_of_place"]["time_us"])
+                if r.get("predicted_us") is not None:
+                    predicted[k] = r["predicted_us"]
+            for r in rows(np_, op, "auto", profile, tmp):
+                auto[(op, r["size_bytes"])].append(r["out_of_place"]["time_us"])
+    within = [abs(predicted[k] / statistics.median(v) - 1) <= 0.25
+              for k, v in measured.items() if k in predicted]
+    print(f"## {np_} ranks: calibrate's own {summary[0][2:] if summary else '?'}")
+    print(f"   collbench's predicted column within ±25% of the median measured time: "
+          f"{sum(within)}/{len(within)} ({100 * sum(within) / max(len(within), 1):.0f}%)")
+    worst = []
+    for (op, size), times in sorted(auto.items()):
+        best = min(statistics.median(v) for (o, a, s), v in measured.items()
+                   if o == op and s == size)
+        a = statistics.median(times)
+        ratio = a / best
+        ok = ratio <= 1.10 or (size < 4096 and a - best <= 1.0)
+        worst.append((ratio, op, size, a, best, ok))
+    bad = [w for w in worst if not w[5]]
+    print(f"   auto within 1.10x of the best fixed algorithm (or 1 us below 4 KiB): "
+          f"{len(worst) - len(bad)}/{len(worst)} sizes")
+    for ratio, op, size, a, best, _ in sorted(bad, reverse=True):
+        print(f"     {op} {size} B: auto {a:.2f} us, best {best:.2f} us ({ratio:.2f}x)")
+    for (op, algo, size), v in sorted(measured.items()):
+        p = predicted.get((op, algo, size))
+        if p is not None and abs(p / statistics.median(v) - 1) > 0.25:
+            print(f"     off: {op} {algo} {size} B predicted {p:.2f} us, "
+                  f"measured {statistics.median(v):.2f} us")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        for np_ in NPS:
+            check(np_, tmp)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,432 @@
+//! `collbench calibrate`: times every algorithm of all-reduce, all-gather and reduce-scatter
+//! from 8 B up on this job's ranks (interleaved rounds, medians, the slowest rank counting),
+//! fits the cost model's figures for every tier the job spans to those times ([`super::fit`]),
+//! prints each point's measured time beside what the model predicted before and after, and
+//! writes the figures as a cost profile (`STRATA_COST_PROFILE`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use serde::Serialize;
+use strata::algorithms::tuner::human_bytes;
+use strata::topology::profile::{CostProfile, Measured, SharedCore, TierPatch, load_profile};
+use strata::topology::{Tier, TierCosts};
+use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp};
+
+use super::fit::{self, Point};
+use super::{LaunchArgs, parse_algos, parse_size, shape};
+
+/// Options of `collbench calibrate`.
+#[derive(clap::Args, Debug, Clone)]
+pub(super) struct CalibrateArgs {
+    #[command(flatten)]
+    pub(super) launch: LaunchArgs,
+    /// The cost profile written. An existing one is updated: figures measured with more ranks
+    /// than cores on a host go to its `shared_core` part, the others to its `tiers`.
+    #[arg(long, default_value = "strata-profile.toml")]
+    profile: PathBuf,
+    /// Collectives timed, comma-separated.
+    #[arg(long = "ops", default_value = "all_reduce,all_gather,reduce_scatter")]
+    ops: String,
+    /// Smallest size in bytes (as collbench's -b).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    min_bytes: usize,
+    /// Largest size in bytes (as collbench's -e); always timed.
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_size)]
+    max_bytes: usize,
+    /// Multiply the size by this factor between points.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 8)]
+    step_factor: usize,
+    /// Rounds over every point, interleaved; each point's median counts.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Print the comparison but write no profile.
+    #[arg(long = "no-write")]
+    no_write: bool,
+    /// Also write every point as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// One timed point as the JSON file holds it.
+#[derive(Serialize)]
+struct JsonPoint {
+    collective: String,
+    algorithm: String,
+    size_bytes: usize,
+    bytes_per_rank: usize,
+    measured_us: f64,
+    before_us: Option<f64>,
+    after_us: Option<f64>,
+}
+
+/// What to time: a collective, an algorithm, a collbench size.
+struct Plan {
+    collective: Collective,
+    algorithm: strata::Algorithm,
+    size: usize,
+    count: usize,
+    in_bytes: usize,
+    out_bytes: usize,
+    iters: usize,
+}
+
+/// Calls per round: about 1 MiB moved, between 2 and 200.
+fn iters_for(size: usize) -> usize {
+    ((1usize << 20) / size.max(1)).clamp(2, 200)
+}
+
+/// The collbench sizes: `min`, `min·f`, ... below `max`, then `max`.
+fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut s = min.max(1);
+    while s < max {
+        out.push(s);
+        s = s.saturating_mul(factor.max(2));
+    }
+    out.push(max.max(min.max(1)));
+    out
+}
+
+pub(super) fn calibrate_main(a: &CalibrateArgs, comm: &Communicator) -> ExitCode {
+    match run(a, comm) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("collbench calibrate: rank {}: {e}", comm.rank());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(a: &CalibrateArgs, comm: &Communicator) -> Result<(), String> {
+    let (n, rank) = (comm.size(), comm.rank());
+    if n < 2 {
+        return Err("calibration needs two ranks or more (--np 2, or a launcher)".into());
+    }
+    // An existing profile must be readable before anything is timed: it is updated, never
+    // silently replaced.
+    let existing = if rank == 0 && !a.no_write && a.profile.exists() {
+        Some(load_profile(&a.profile).map_err(|e| format!("cannot update it: {e}"))?)
+    } else {
+        None
+    };
+    let es = DataType::Float32.size();
+    let mut plans = Vec::new();
+    for op in a.ops.split(',') {
+        let c = Collective::parse(op.trim()).ok_or_else(|| format!("unknown collective '{op}'"))?;
+        if !matches!(
+            c,
+            Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter
+        ) {
+            return Err(format!(
+                "calibrate times all_reduce, all_gather and reduce_scatter, not {c}"
+            ));
+        }
+        for algorithm in parse_algos("all", c, n)?.into_iter().flatten() {
+            for size in sizes(a.min_bytes.max(es * n), a.max_bytes, a.step_factor) {
+                let (count, in_bytes, out_bytes) = shape(c, size, es, n, rank, 0);
+                plans.push(Plan {
+                    collective: c,
+                    algorithm,
+                    size,
+                    count,
+                    in_bytes,
+                    out_bytes,
+                    iters: iters_for(size),
+                });
+            }
+        }
+    }
+    let rounds = a.rounds.max(1);
+    if rank == 0 {
+        println!(
+            "# collbench calibrate: {n} ranks, {} points, {rounds} interleaved rounds",
+            plans.len()
+        );
+    }
+    let started = Instant::now();
+    let times = time_plans(comm, &plans, rounds)?;
+    for c in Collective::ALL {
+        comm.set_algorithm(c, None).map_err(|e| e.to_string())?;
+    }
+    if rank != 0 {
+        return Ok(());
+    }
+    let points: Vec<Point> = plans
+        .iter()
+        .zip(&times)
+        .map(|(p, &seconds)| Point {
+            collective: p.collective,
+            algorithm: p.algorithm,
+            bytes: p.count * es,
+            seconds,
+        })
+        .collect();
+    let measured_s = started.elapsed().as_secs_f64();
+    let model = comm.cost_model();
+    let before_costs = model.costs();
+    let tiers = spanned_tiers(comm);
+    let figures = fit::figures_for(&tiers);
+    let fit_started = Instant::now();
+    let after_costs = fit::fit(model, before_costs, &figures, &points);
+    let fit_s = fit_started.elapsed().as_secs_f64();
+    let before = fit::predict(model, before_costs, &points);
+    let after = fit::predict(model, after_costs, &points);
+    print_table(&plans, &points, &before, &after);
+    let (b_in, b_med) = accuracy(&points, &before);
+    let (a_in, a_med) = accuracy(&points, &after);
+    let rpc = comm.ranks_per_core();
+    println!(
+        "# within ±25% of the measured time: {:.0}% of points before, {:.0}% after; median \
+         |predicted/measured - 1|: {:.0}% before, {:.0}% after",
+        100.0 * b_in,
+        100.0 * a_in,
+        100.0 * b_med,
+        100.0 * a_med
+    );
+    print_figures(&tiers, &after_costs);
+    println!(
+        "# timed in {measured_s:.1} s, fitted in {fit_s:.1} s; {rpc:.2} ranks per core on the \
+         fullest host"
+    );
+    if let Some(path) = &a.json {
+        let rows: Vec<JsonPoint> = plans
+            .iter()
+            .zip(&points)
+            .zip(before.iter().zip(&after))
+            .map(|((p, pt), (b, f))| JsonPoint {
+                collective: p.collective.to_string(),
+                algorithm: p.algorithm.name(),
+                size_bytes: p.size,
+                bytes_per_rank: pt.bytes,
+                measured_us: pt.seconds * 1e6,
+                before_us: b.map(|s| s * 1e6),
+                after_us: f.map(|s| s * 1e6),
+            })
+            .collect();
+        let text = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if a.no_write {
+        return Ok(());
+    }
+    let cores = comm
+        .peers()
+        .iter()
+        .map(|p| p.probe.cores as usize)
+        .max()
+        .unwrap_or(0);
+    let measured = Measured {
+        ranks: n,
+        hosts: comm.tiers().hosts(),
+        cores,
+        points: points.len(),
+        within_25_percent: a_in,
+        median_error: a_med,
+    };
+    let patch = patch_of(&tiers, &after_costs);
+    let mut profile = existing.unwrap_or_default();
+    let part = if rpc > 1.0 {
+        profile.shared_core = Some(SharedCore {
+            ranks_per_core: rpc,
+            tiers: patch,
+            measured,
+        });
+        "shared_core"
+    } else {
+        profile.tiers = patch;
+        profile.measured = Some(measured);
+        "tiers"
+    };
+    write_profile(&a.profile, &profile)?;
+    println!(
+        "# wrote its {part} part to {} (STRATA_COST_PROFILE={} prices with it)",
+        a.profile.display(),
+        a.profile.display()
+    );
+    Ok(())
+}
+
+/// Every plan's median seconds over `rounds` interleaved rounds, the slowest rank's time
+/// counting in each round.
+fn time_plans(comm: &Communicator, plans: &[Plan], rounds: usize) -> Result<Vec<f64>, String> {
+    let err = |e: strata::Error| e.to_string();
+    let in_max = plans.iter().map(|p| p.in_bytes).max().unwrap_or(0);
+    let out_max = plans.iter().map(|p| p.out_bytes).max().unwrap_or(0);
+    let mut send = vec![1u8; in_max];
+    let mut recv = vec![1u8; out_max];
+    let mut local = vec![0f64; plans.len() * rounds];
+    for round in 0..rounds {
+        for (i, p) in plans.iter().enumerate() {
+            comm.set_algorithm(p.collective, Some(p.algorithm))
+                .map_err(err)?;
+            let spec = CallSpec {
+                collective: p.collective,
+                dtype: DataType::Float32,
+                count: p.count,
+                op: ReduceOp::Sum,
+                root: 0,
+            };
+            let mut once =
+                || comm.call_bytes(spec, Some(&send[..p.in_bytes]), &mut recv[..p.out_bytes]);
+            once().map_err(err)?;
+            comm.barrier().map_err(err)?;
+            let t0 = Instant::now();
+            for _ in 0..p.iters {
+                once().map_err(err)?;
+            }
+            local[i * rounds + round] = t0.elapsed().as_secs_f64() / p.iters as f64;
+        }
+    }
+    send.clear();
+    let mut slowest = vec![0f64; local.len()];
+    comm.all_reduce(&local, &mut slowest, ReduceOp::Max)
+        .map_err(err)?;
+    Ok(slowest
+        .chunks(rounds)
+        .map(|r| {
+            let mut r = r.to_vec();
+            r.sort_by(f64::total_cmp);
+            let m = r.len();
+            if m % 2 == 1 {
+                r[m / 2]
+            } else {
+                (r[m / 2 - 1] + r[m / 2]) / 2.0
+            }
+        })
+        .collect())
+}
+
+/// The tiers between rank 0 and the others, narrowest first.
+fn spanned_tiers(comm: &Communicator) -> Vec<Tier> {
+    let mut out: Vec<Tier> = Vec::new();
+    for (t, _) in comm.tiers().census(0) {
+        let t = if t == Tier::SameDevice { Tier::Host } else { t };
+        if !out.contains(&t) {
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// The fitted figures of `tiers`, γ and the call, as a profile part.
+fn patch_of(tiers: &[Tier], c: &TierCosts) -> TierPatch {
+    let mut p = TierPatch {
+        reduce_gbps: Some(c.reduce_gbps),
+        call_us: Some(c.call_us),
+        copy_gbps: c.copy_gbps,
+        ..TierPatch::default()
+    };
+    for &t in tiers {
+        let l = Some(c.link(t));
+        match t {
+            Tier::SameDevice | Tier::Host => p.host = l,
+            Tier::NvLink => p.nvlink = l,
+            Tier::Leaf => p.leaf = l,
+            Tier::Pod => p.pod = l,
+            Tier::Aggregation => p.aggregation = l,
+        }
+    }
+    p
+}
+
+/// Writes the profile through a file beside it, so a reader never sees half of one.
+fn write_profile(path: &std::path::Path, profile: &CostProfile) -> Result<(), String> {
+    let comment = "strata cost profile, written by collbench calibrate; \
+                   STRATA_COST_PROFILE=<this file> prices with it\n\
+                   latency_us: α, bandwidth_gbps: 1/β, reduce_gbps: 1/γ, call_us: every call";
+    let tmp = path.with_extension("toml.partial");
+    std::fs::write(&tmp, profile.to_toml(comment))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The fraction of points predicted within ±25%, and the median relative error.
+fn accuracy(points: &[Point], predicted: &[Option<f64>]) -> (f64, f64) {
+    let mut errs: Vec<f64> = points
+        .iter()
+        .zip(predicted)
+        .filter_map(|(p, t)| Some((t.as_ref()? / p.seconds - 1.0).abs()))
+        .collect();
+    if errs.is_empty() {
+        return (0.0, f64::NAN);
+    }
+    errs.sort_by(f64::total_cmp);
+    let within = errs.iter().filter(|e| **e <= 0.25).count() as f64 / errs.len() as f64;
+    (within, errs[errs.len() / 2])
+}
+
+fn print_table(plans: &[Plan], points: &[Point], before: &[Option<f64>], after: &[Option<f64>]) {
+    println!(
+        "# {:<15} {:<15} {:>9} {:>11} {:>11} {:>6} {:>11} {:>6}",
+        "collective", "algorithm", "size", "measured", "before", "ratio", "after", "ratio"
+    );
+    println!(
+        "# {:<15} {:<15} {:>9} {:>11} {:>11} {:>6} {:>11} {:>6}",
+        "", "", "", "(us)", "(us)", "", "(us)", ""
+    );
+    for ((p, pt), (b, f)) in plans.iter().zip(points).zip(before.iter().zip(after)) {
+        let cell = |t: &Option<f64>| {
+            t.map_or(format!("{:>11} {:>6}", "-", "-"), |s| {
+                format!("{:>11.2} {:>6.2}", s * 1e6, s / pt.seconds)
+            })
+        };
+        println!(
+            "  {:<15} {:<15} {:>9} {:>11.2} {} {}",
+            p.collective.to_string(),
+            p.algorithm.name(),
+            human_bytes(p.size),
+            pt.seconds * 1e6,
+            cell(b),
+            cell(f)
+        );
+    }
+}
+
+/// The profile's name of the figures `tier` prices with.
+fn tier_key(tier: Tier) -> &'static str {
+    match tier {
+        Tier::SameDevice | Tier::Host => "host",
+        Tier::NvLink => "nvlink",
+        Tier::Leaf => "leaf",
+        Tier::Pod => "pod",
+        Tier::Aggregation => "aggregation",
+    }
+}
+
+fn print_figures(tiers: &[Tier], c: &TierCosts) {
+    for &t in tiers {
+        let l = c.link(t);
+        println!(
+            "# tiers.{}: α {:.3e} s per message, β {:.3e} s per byte ({:.2} GB/s)",
+            tier_key(t),
+            l.latency_us * 1e-6,
+            1.0 / (l.bandwidth_gbps * 1e9),
+            l.bandwidth_gbps
+        );
+    }
+    let copy = c.copy_gbps.unwrap_or(f64::INFINITY);
+    println!(
+        "# reduction: γ {:.3e} s per byte ({:.2} GB/s); local copies {:.3e} s per byte \
+         ({copy:.2} GB/s); each call {:.3e} s",
+        1.0 / (c.reduce_gbps * 1e9),
+        c.reduce_gbps,
+        1.0 / (copy * 1e9),
+        c.call_us * 1e-6
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_end_at_the_largest() {
+        assert_eq!(sizes(8, 4096, 8), vec![8, 64, 512, 4096]);
+        assert_eq!(sizes(8, 5000, 8), vec![8, 64, 512, 4096, 5000]);
+        assert_eq!(sizes(64, 64, 8), vec![64]);
+        assert_eq!(iters_for(8), 200);
+        assert_eq!(iters_for(64 << 20), 2);
+    }
+}

@@ -1,0 +1,357 @@
+//! Fitting the cost model's figures to measured times, for `collbench calibrate`.
+//!
+//! The unknowns are α and β of every tier the job spans, γ and the cost of a call. A price
+//! is homogeneous of degree one in them and piecewise linear (a maximum over paths of sums of
+//! α, bytes·β and bytes·γ), so near any figures it is the linear form its partial derivatives
+//! give. Each Gauss-Newton step takes those derivatives by finite differences through the real
+//! pricing, solves the least squares of the relative errors (predicted / measured - 1) for the
+//! figures with every figure kept positive, and keeps the step only where the real error
+//! falls (halving it otherwise).
+
+use strata::Collective;
+use strata::algorithms::Algorithm;
+use strata::algorithms::tuner::Tuner;
+use strata::topology::{Tier, TierCosts, TierLink};
+
+/// One figure the fit chooses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Figure {
+    /// Seconds per message of a tier.
+    Alpha(Tier),
+    /// Seconds per byte of a tier.
+    Beta(Tier),
+    /// Seconds per reduced byte.
+    Gamma,
+    /// Seconds per byte copied locally.
+    Copy,
+    /// Seconds per call.
+    Call,
+}
+
+/// A timed point: what ran and its median time.
+#[derive(Clone, Debug)]
+pub(super) struct Point {
+    pub(super) collective: Collective,
+    pub(super) algorithm: Algorithm,
+    /// Bytes per rank, as the tuner prices.
+    pub(super) bytes: usize,
+    /// Measured seconds.
+    pub(super) seconds: f64,
+}
+
+/// Fewest rounds of Gauss-Newton steps.
+const STEPS: usize = 8;
+/// Each figure stays at least this fraction of where the fit started.
+const FLOOR: f64 = 1e-3;
+
+/// The tier whose link `tier` prices with.
+fn link_mut(c: &mut TierCosts, tier: Tier) -> &mut TierLink {
+    match tier {
+        Tier::SameDevice | Tier::Host => &mut c.host,
+        Tier::NvLink => {
+            let host = c.host;
+            c.nvlink.get_or_insert(host)
+        }
+        Tier::Leaf => &mut c.leaf,
+        Tier::Pod => &mut c.pod,
+        Tier::Aggregation => &mut c.aggregation,
+    }
+}
+
+/// The figures `figures` of `costs`, in seconds.
+pub(super) fn read(costs: &TierCosts, figures: &[Figure]) -> Vec<f64> {
+    figures
+        .iter()
+        .map(|f| match *f {
+            Figure::Alpha(t) => costs.link(t).latency_us * 1e-6,
+            Figure::Beta(t) => 1.0 / (costs.link(t).bandwidth_gbps * 1e9),
+            Figure::Gamma => 1.0 / (costs.reduce_gbps * 1e9),
+            Figure::Copy => costs.copy_gbps.map_or(0.0, |g| 1.0 / (g * 1e9)),
+            Figure::Call => costs.call_us * 1e-6,
+        })
+        .collect()
+}
+
+/// `base` with `figures` set to `values` (seconds).
+pub(super) fn write(base: TierCosts, figures: &[Figure], values: &[f64]) -> TierCosts {
+    let mut c = base;
+    for (f, &v) in figures.iter().zip(values) {
+        match *f {
+            Figure::Alpha(t) => link_mut(&mut c, t).latency_us = v * 1e6,
+            Figure::Beta(t) => link_mut(&mut c, t).bandwidth_gbps = 1.0 / (v * 1e9),
+            Figure::Gamma => c.reduce_gbps = 1.0 / (v * 1e9),
+            Figure::Copy => c.copy_gbps = Some(1.0 / (v * 1e9)),
+            Figure::Call => c.call_us = v * 1e6,
+        }
+    }
+    c
+}
+
+/// The figures of a job over `tiers`: α and β of each, γ, local copies and the call.
+pub(super) fn figures_for(tiers: &[Tier]) -> Vec<Figure> {
+    let mut out = Vec::new();
+    for &t in tiers {
+        out.push(Figure::Alpha(t));
+        out.push(Figure::Beta(t));
+    }
+    out.push(Figure::Gamma);
+    out.push(Figure::Copy);
+    out.push(Figure::Call);
+    out
+}
+
+/// Every point's predicted seconds with `costs` (`None` where the model cannot price it).
+pub(super) fn predict(model: &Tuner, costs: TierCosts, points: &[Point]) -> Vec<Option<f64>> {
+    let m = model.with_costs(costs);
+    points
+        .iter()
+        .map(|p| m.price(p.collective, p.algorithm, p.bytes).seconds.ok())
+        .collect()
+}
+
+/// The sum of squared relative errors of `predicted` against the points.
+fn error(points: &[Point], predicted: &[Option<f64>]) -> f64 {
+    points
+        .iter()
+        .zip(predicted)
+        .filter_map(|(p, t)| Some((t.as_ref()? / p.seconds - 1.0).powi(2)))
+        .sum()
+}
+
+/// Solves `a x = b` (n × n, row-major) by Gaussian elimination with partial pivoting.
+fn solve(mut a: Vec<f64>, mut b: Vec<f64>, n: usize) -> Option<Vec<f64>> {
+    for col in 0..n {
+        let pivot =
+            (col..n).max_by(|&i, &j| a[i * n + col].abs().total_cmp(&a[j * n + col].abs()))?;
+        if a[pivot * n + col].abs() < 1e-300 {
+            return None;
+        }
+        for k in 0..n {
+            a.swap(col * n + k, pivot * n + k);
+        }
+        b.swap(col, pivot);
+        for row in col + 1..n {
+            let f = a[row * n + col] / a[col * n + col];
+            for k in col..n {
+                a[row * n + k] -= f * a[col * n + k];
+            }
+            b[row] -= f * b[col];
+        }
+    }
+    let mut x = vec![0.0; n];
+    for row in (0..n).rev() {
+        let s: f64 = (row + 1..n).map(|k| a[row * n + k] * x[k]).sum();
+        x[row] = (b[row] - s) / a[row * n + row];
+    }
+    x.iter().all(|v| v.is_finite()).then_some(x)
+}
+
+/// Least squares of `rows · u ≈ 1` for multipliers `u ≥ floor`, by fixing at the floor what
+/// falls below it and solving again for the rest.
+fn multipliers(rows: &[Vec<f64>], n: usize, floor: f64) -> Option<Vec<f64>> {
+    let mut fixed = vec![false; n];
+    loop {
+        let free: Vec<usize> = (0..n).filter(|&k| !fixed[k]).collect();
+        let m = free.len();
+        let mut a = vec![0.0; m * m];
+        let mut b = vec![0.0; m];
+        for r in rows {
+            let rest: f64 = (0..n).filter(|&k| fixed[k]).map(|k| r[k] * floor).sum();
+            for (i, &ki) in free.iter().enumerate() {
+                b[i] += r[ki] * (1.0 - rest);
+                for (j, &kj) in free.iter().enumerate() {
+                    a[i * m + j] += r[ki] * r[kj];
+                }
+            }
+        }
+        // A little ridge toward where it started, for figures the points hardly see.
+        let trace: f64 = (0..m).map(|i| a[i * m + i]).sum::<f64>().max(1e-300);
+        for i in 0..m {
+            a[i * m + i] += 1e-9 * trace;
+            b[i] += 1e-9 * trace;
+        }
+        let x = solve(a, b, m)?;
+        let mut u = vec![floor; n];
+        let mut clamped = false;
+        for (i, &k) in free.iter().enumerate() {
+            if x[i] < floor {
+                fixed[k] = true;
+                clamped = true;
+            } else {
+                u[k] = x[i];
+            }
+        }
+        if !clamped || free.is_empty() {
+            return Some(u);
+        }
+    }
+}
+
+/// The fitted costs: `base` with `figures` chosen to minimise the relative errors of the
+/// predictions at `points`.
+pub(super) fn fit(
+    model: &Tuner,
+    base: TierCosts,
+    figures: &[Figure],
+    points: &[Point],
+) -> TierCosts {
+    // A figure at zero (a call cost never measured, copies never priced) starts from a
+    // small value.
+    let start: Vec<f64> = read(&base, figures)
+        .into_iter()
+        .zip(figures)
+        .map(|(v, f)| match f {
+            Figure::Alpha(_) | Figure::Call => v.max(1e-7),
+            Figure::Copy => v.max(1e-11),
+            _ => v,
+        })
+        .collect();
+    let floors: Vec<f64> = start.iter().map(|v| v * FLOOR).collect();
+    let mut theta = start;
+    let mut now = predict(model, write(base, figures, &theta), points);
+    let mut err = error(points, &now);
+    for _ in 0..STEPS {
+        // Each point's derivative in each figure, scaled by the figure and the measured time.
+        let mut rows: Vec<Vec<f64>> = points.iter().map(|_| vec![0.0; figures.len()]).collect();
+        for k in 0..figures.len() {
+            let mut nudged = theta.clone();
+            nudged[k] *= 1.01;
+            let moved = predict(model, write(base, figures, &nudged), points);
+            for (i, p) in points.iter().enumerate() {
+                if let (Some(a), Some(b)) = (now[i], moved[i]) {
+                    rows[i][k] = (b - a) / (0.01 * theta[k]) * theta[k] / p.seconds;
+                }
+            }
+        }
+        rows.retain(|r| r.iter().any(|v| *v != 0.0));
+        let floor_u = floors
+            .iter()
+            .zip(&theta)
+            .map(|(f, t)| f / t)
+            .fold(0.0, f64::max);
+        let Some(u) = multipliers(&rows, figures.len(), floor_u) else {
+            break;
+        };
+        // Keep the step where the real error falls; halve it (geometrically) otherwise.
+        let mut improved = false;
+        for half in 0..4 {
+            let e = 0.5f64.powi(half);
+            let cand: Vec<f64> = theta
+                .iter()
+                .zip(&u)
+                .zip(&floors)
+                .map(|((t, m), f)| (t * m.powf(e)).max(*f))
+                .collect();
+            let pred = predict(model, write(base, figures, &cand), points);
+            let ce = error(points, &pred);
+            if ce < err {
+                theta = cand;
+                now = pred;
+                err = ce;
+                improved = true;
+                break;
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    write(base, figures, &theta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata::algorithms::Hierarchy;
+    use strata::algorithms::algorithms_for;
+
+    /// `p` ranks on one host.
+    fn model(p: usize) -> Tuner {
+        let host = strata::topology::HostIdentity::detect();
+        let ranks: Vec<_> = (0..p).map(|_| (host.clone(), Default::default())).collect();
+        let tiers = strata::topology::TierMatrix::new(&ranks, TierCosts::default());
+        Tuner::new(Hierarchy::from_tiers(&tiers), TierCosts::default(), true)
+    }
+
+    fn points(model: &Tuner, truth: TierCosts) -> Vec<Point> {
+        let sizes = [8usize, 512, 32 << 10, 2 << 20];
+        let m = model.with_costs(truth);
+        let mut out = Vec::new();
+        for c in [Collective::AllReduce, Collective::AllGather] {
+            for &a in algorithms_for(c) {
+                for &bytes in &sizes {
+                    if let Ok(s) = m.price(c, a, bytes).seconds {
+                        out.push(Point {
+                            collective: c,
+                            algorithm: a,
+                            bytes,
+                            seconds: s,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Times priced with known figures are fitted back to those figures, from defaults
+    /// several times off.
+    #[test]
+    fn recovers_the_figures_that_made_the_times() {
+        let m = model(4);
+        let mut truth = TierCosts::default();
+        truth.host.latency_us = 2.5;
+        truth.host.bandwidth_gbps = 3.0;
+        truth.reduce_gbps = 1.5;
+        truth.call_us = 0.8;
+        truth.copy_gbps = Some(2.0);
+        let pts = points(&m, truth);
+        let figures = figures_for(&[Tier::Host]);
+        let fitted = fit(&m, TierCosts::default(), &figures, &pts);
+        let worst = pts
+            .iter()
+            .zip(predict(&m, fitted, &pts))
+            .map(|(p, t)| (t.unwrap() / p.seconds - 1.0).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 0.02, "worst relative error {worst}: {fitted:?}");
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 0.05;
+        assert!(close(fitted.host.latency_us, 2.5), "{fitted:?}");
+        assert!(close(fitted.host.bandwidth_gbps, 3.0), "{fitted:?}");
+        assert!(close(fitted.reduce_gbps, 1.5), "{fitted:?}");
+        let before = pts
+            .iter()
+            .zip(predict(&m, TierCosts::default(), &pts))
+            .map(|(p, t)| (t.unwrap() / p.seconds - 1.0).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            before > 0.5,
+            "the defaults were off to start with: {before}"
+        );
+    }
+
+    #[test]
+    fn figures_read_and_write_in_seconds() {
+        let figures = figures_for(&[Tier::Host, Tier::Leaf]);
+        let c = write(
+            TierCosts::default(),
+            &figures,
+            &[1e-6, 1e-9, 5e-6, 1e-10, 2e-10, 4e-10, 3e-7],
+        );
+        assert!((c.copy_gbps.unwrap() - 2.5).abs() < 1e-9);
+        assert_eq!(c.host.latency_us, 1.0);
+        assert!((c.host.bandwidth_gbps - 1.0).abs() < 1e-9);
+        assert!((c.leaf.bandwidth_gbps - 10.0).abs() < 1e-9);
+        assert!((c.reduce_gbps - 5.0).abs() < 1e-9);
+        assert!((c.call_us - 0.3).abs() < 1e-9);
+        let back = read(&c, &figures);
+        assert!((back[3] - 1e-10).abs() < 1e-22);
+    }
+
+    #[test]
+    fn least_squares_keep_every_multiplier_above_the_floor() {
+        // u0 alone explains the rows; u1 would go negative without the floor.
+        let rows = vec![vec![1.0, -0.5], vec![2.0, 0.0], vec![0.5, 0.1]];
+        let u = multipliers(&rows, 2, 0.01).unwrap();
+        assert!(u[1] >= 0.01 && u[0] > 0.0, "{u:?}");
+    }
+}

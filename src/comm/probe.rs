@@ -1,0 +1,230 @@
+//! What init measures of its host, and the tier costs every rank prices with.
+//!
+//! Each rank counts its host's online cores and, unless a cost profile prices this
+//! communicator, times a memcpy and an f32 sum of [`PROBE_BYTES`] (about a millisecond in
+//! all). It publishes the figures at rendezvous, so every rank sees every rank's and derives
+//! the same costs: the medians over the ranks become the local copy rate, half of it the host
+//! tier's bandwidth (a message through shared memory is copied twice) and the reduction rate
+//! (where the topology file left them at their defaults), and the fullest host's
+//! ranks per core choose between a profile's one-per-core and shared-core figures.
+
+use std::time::Instant;
+
+use strata_topology::{CostProfile, TierCosts};
+
+use crate::dtype::{DataType, ReduceOp};
+use crate::wire::{HostProbe, PeerInfo};
+
+/// Bytes copied and summed by the timing probe.
+pub(crate) const PROBE_BYTES: usize = 1 << 20;
+
+/// Timed repetitions of each; the fastest counts.
+const REPEATS: usize = 3;
+
+/// Cores online on this host, 0 when unknown.
+pub(crate) fn cores_online() -> u32 {
+    // SAFETY: sysconf reads a system constant and has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    u32::try_from(n).unwrap_or(0)
+}
+
+/// This host's cores and, when `time_rates`, its memcpy and f32 sum rates.
+pub(crate) fn measure(time_rates: bool) -> HostProbe {
+    let mut probe = HostProbe {
+        cores: cores_online(),
+        ..HostProbe::default()
+    };
+    if !time_rates {
+        return probe;
+    }
+    let src = vec![1u8; PROBE_BYTES];
+    let mut dst = vec![0u8; PROBE_BYTES];
+    // The first copy touches every page; the timed ones run warm.
+    dst.copy_from_slice(&src);
+    let best = |f: &mut dyn FnMut()| {
+        (0..REPEATS)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let copy = best(&mut || {
+        dst.copy_from_slice(std::hint::black_box(&src));
+    });
+    let sum = crate::reduce::combine_of(ReduceOp::Sum);
+    let reduce = best(&mut || {
+        crate::reduce::reduce_in_place(
+            DataType::Float32,
+            sum,
+            &mut dst,
+            std::hint::black_box(&src),
+        );
+    });
+    let mbps = |s: f64| {
+        if s > 0.0 && s.is_finite() {
+            (PROBE_BYTES as f64 / s / 1e6).min(f64::from(u32::MAX)) as u32
+        } else {
+            0
+        }
+    };
+    probe.copy_mbps = mbps(copy);
+    probe.reduce_mbps = mbps(reduce);
+    probe
+}
+
+/// The most ranks per core of any host (ranks grouped by kernel, as shared memory groups
+/// them), 0 when no rank knows its cores.
+pub(crate) fn ranks_per_core(peers: &[PeerInfo]) -> f64 {
+    let mut hosts: Vec<(&str, u32, usize)> = Vec::new();
+    for p in peers {
+        let id = p.host.boot_id.as_str();
+        match hosts.iter_mut().find(|h| !id.is_empty() && h.0 == id) {
+            Some(h) => h.2 += 1,
+            None => hosts.push((id, p.probe.cores, 1)),
+        }
+    }
+    hosts
+        .iter()
+        .filter(|h| h.1 > 0)
+        .map(|h| h.2 as f64 / f64::from(h.1))
+        .fold(0.0, f64::max)
+}
+
+/// The median of the measured (non-zero) figures in GB/s, if any.
+fn median_gbps(mut mbps: Vec<u32>) -> Option<f64> {
+    mbps.retain(|x| *x > 0);
+    if mbps.is_empty() {
+        return None;
+    }
+    mbps.sort_unstable();
+    let n = mbps.len();
+    let mid = if n % 2 == 1 {
+        f64::from(mbps[n / 2])
+    } else {
+        (f64::from(mbps[n / 2 - 1]) + f64::from(mbps[n / 2])) / 2.0
+    };
+    Some(mid / 1e3)
+}
+
+/// The costs every rank prices with: `base` (the topology file's or the defaults) with the
+/// profile applied at the fullest host's ranks per core, else with the copy rate, the host
+/// tier's bandwidth and the reduction rate from the ranks' probes where `base` has no figures
+/// of its own. The same on every rank, since every rank has every probe.
+pub(crate) fn priced_costs(
+    base: TierCosts,
+    peers: &[PeerInfo],
+    profile: Option<&CostProfile>,
+) -> TierCosts {
+    if let Some(p) = profile {
+        return p.apply(base, ranks_per_core(peers));
+    }
+    let defaults = TierCosts::default();
+    let mut costs = base;
+    // A message through shared memory is copied twice, into a slot and out of it.
+    if base.host == defaults.host
+        && let Some(copy) = median_gbps(peers.iter().map(|p| p.probe.copy_mbps).collect())
+    {
+        costs.host.bandwidth_gbps = copy / 2.0;
+    }
+    if base.copy_gbps.is_none()
+        && let Some(copy) = median_gbps(peers.iter().map(|p| p.probe.copy_mbps).collect())
+    {
+        costs.copy_gbps = Some(copy);
+    }
+    if base.reduce_gbps == defaults.reduce_gbps
+        && let Some(r) = median_gbps(peers.iter().map(|p| p.probe.reduce_mbps).collect())
+    {
+        costs.reduce_gbps = r;
+    }
+    costs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_topology::HostIdentity;
+
+    fn peer(rank: usize, boot: &str, probe: HostProbe) -> PeerInfo {
+        PeerInfo {
+            rank,
+            host: HostIdentity {
+                hostname: boot.into(),
+                boot_id: boot.into(),
+                netns: String::new(),
+            },
+            pid: 0,
+            process: 0,
+            listen: "127.0.0.1:1".parse().unwrap(),
+            place: Default::default(),
+            transports: Default::default(),
+            probe,
+        }
+    }
+
+    fn probe(cores: u32, copy_gbps: f64, reduce_gbps: f64) -> HostProbe {
+        HostProbe {
+            cores,
+            copy_mbps: (copy_gbps * 1e3) as u32,
+            reduce_mbps: (reduce_gbps * 1e3) as u32,
+        }
+    }
+
+    #[test]
+    fn measures_cores_and_rates() {
+        let p = measure(true);
+        assert!(p.cores >= 1, "{p:?}");
+        assert!(p.copy_mbps > 0 && p.reduce_mbps > 0, "{p:?}");
+        let untimed = measure(false);
+        assert_eq!((untimed.copy_mbps, untimed.reduce_mbps), (0, 0));
+    }
+
+    #[test]
+    fn the_fullest_host_sets_ranks_per_core() {
+        let peers = [
+            peer(0, "a", probe(2, 0.0, 0.0)),
+            peer(1, "a", probe(2, 0.0, 0.0)),
+            peer(2, "a", probe(2, 0.0, 0.0)),
+            peer(3, "b", probe(4, 0.0, 0.0)),
+        ];
+        assert_eq!(ranks_per_core(&peers), 1.5);
+        assert_eq!(ranks_per_core(&[peer(0, "a", probe(0, 0.0, 0.0))]), 0.0);
+    }
+
+    #[test]
+    fn every_rank_prices_with_the_medians() {
+        let peers = [
+            peer(0, "a", probe(2, 4.0, 1.0)),
+            peer(1, "a", probe(2, 9.0, 3.0)),
+            peer(2, "a", probe(2, 6.0, 0.0)),
+        ];
+        let c = priced_costs(TierCosts::default(), &peers, None);
+        assert_eq!(c.host.bandwidth_gbps, 3.0);
+        assert_eq!(c.copy_gbps, Some(6.0));
+        assert_eq!(c.reduce_gbps, 2.0, "unmeasured figures are left out");
+        // A topology file's own host figures stand.
+        let mut file = TierCosts::default();
+        file.host.bandwidth_gbps = 100.0;
+        assert_eq!(priced_costs(file, &peers, None).host.bandwidth_gbps, 100.0);
+    }
+
+    #[test]
+    fn a_profile_wins_over_the_probes() {
+        let text = "[tiers]\nreduce_gbps = 5.0\n[shared_core]\nranks_per_core = 2.0\n\
+                    [shared_core.tiers]\nreduce_gbps = 1.0\n";
+        let profile = strata_topology::profile::parse_profile(text, "p").unwrap();
+        let one = [
+            peer(0, "a", probe(2, 4.0, 1.0)),
+            peer(1, "a", probe(2, 4.0, 1.0)),
+        ];
+        let c = priced_costs(TierCosts::default(), &one, Some(&profile));
+        assert_eq!(c.reduce_gbps, 5.0);
+        assert_eq!(c.host, TierCosts::default().host);
+        let four: Vec<PeerInfo> = (0..4).map(|r| peer(r, "a", probe(2, 4.0, 1.0))).collect();
+        assert_eq!(
+            priced_costs(TierCosts::default(), &four, Some(&profile)).reduce_gbps,
+            1.0
+        );
+    }
+}

@@ -1,0 +1,382 @@
+//! The cost profile (`STRATA_COST_PROFILE`): the tier figures `collbench calibrate` measured on
+//! this machine, which the tuner prices with instead of the topology file's or the defaults.
+//!
+//! ```toml
+//! [tiers]                    # the topology file's [tiers] keys; absent ones stay as they were
+//! reduce_gbps = 4.1
+//! copy_gbps = 7.5
+//! call_us = 0.35
+//! [tiers.host]
+//! bandwidth_gbps = 6.2
+//! latency_us = 0.28
+//! [measured]                 # how: for the reader, never priced
+//! ranks = 2
+//! hosts = 1
+//! cores = 2
+//! [shared_core]              # the same, measured with more ranks than cores on a host
+//! ranks_per_core = 2.0
+//! [shared_core.tiers.host]
+//! bandwidth_gbps = 3.0
+//! latency_us = 4.5
+//! ```
+//!
+//! With `r` ranks per core (`r > 1`, the fullest host's ranks over its cores), every figure of
+//! `shared_core` is interpolated linearly between the one-per-core figure (at `r = 1`) and the
+//! shared one (at its `ranks_per_core`), as seconds per message, per byte and per reduced byte,
+//! and extrapolated past it up to four times its distance.
+
+use crate::error::{MAX_INPUT_BYTES, TopoError};
+use crate::fabric::{TierCosts, TierLink};
+use serde::{Deserialize, Serialize};
+
+/// Tier figures that replace some of a [`TierCosts`]; absent ones stay as they were.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierPatch {
+    /// The NVLink tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink: Option<TierLink>,
+    /// The tier inside a host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<TierLink>,
+    /// Between hosts under one leaf.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaf: Option<TierLink>,
+    /// Between leaves of one pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<TierLink>,
+    /// Between pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregation: Option<TierLink>,
+    /// Reduction rate, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_gbps: Option<f64>,
+    /// Cost of a call besides its messages, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_us: Option<f64>,
+    /// Local copy rate, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_gbps: Option<f64>,
+}
+
+impl TierPatch {
+    /// `base` with this patch's figures in place of its own.
+    pub fn apply(&self, base: TierCosts) -> TierCosts {
+        let mut c = base;
+        if self.nvlink.is_some() {
+            c.nvlink = self.nvlink;
+        }
+        let links = [
+            (&mut c.host, self.host),
+            (&mut c.leaf, self.leaf),
+            (&mut c.pod, self.pod),
+            (&mut c.aggregation, self.aggregation),
+        ];
+        for (slot, new) in links {
+            if let Some(l) = new {
+                *slot = l;
+            }
+        }
+        c.reduce_gbps = self.reduce_gbps.unwrap_or(c.reduce_gbps);
+        c.call_us = self.call_us.unwrap_or(c.call_us);
+        c.copy_gbps = self.copy_gbps.or(c.copy_gbps);
+        c
+    }
+
+    /// Whether it replaces nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// How a part of the profile was measured: for the reader and for `collbench calibrate`'s
+/// merge, never priced.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measured {
+    /// Ranks of the calibrating job.
+    #[serde(default)]
+    pub ranks: usize,
+    /// Hosts it spanned.
+    #[serde(default)]
+    pub hosts: usize,
+    /// Cores of its fullest host.
+    #[serde(default)]
+    pub cores: usize,
+    /// Timed points the figures were fitted to.
+    #[serde(default)]
+    pub points: usize,
+    /// The fraction of those points the fitted model predicts within ±25%.
+    #[serde(default)]
+    pub within_25_percent: f64,
+    /// The median of |predicted / measured - 1| over those points.
+    #[serde(default)]
+    pub median_error: f64,
+}
+
+/// The figures measured with more ranks than cores on a host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedCore {
+    /// Ranks per core when they were measured (> 1).
+    pub ranks_per_core: f64,
+    /// What they measured.
+    #[serde(default)]
+    pub tiers: TierPatch,
+    /// How.
+    #[serde(default)]
+    pub measured: Measured,
+}
+
+/// A cost profile; see the module documentation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostProfile {
+    /// The figures with at most one rank per core.
+    #[serde(default, skip_serializing_if = "TierPatch::is_empty")]
+    pub tiers: TierPatch,
+    /// How they were measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<Measured>,
+    /// The figures with ranks sharing cores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_core: Option<SharedCore>,
+}
+
+/// How far past its measured point the shared-core figures are extrapolated, in multiples of
+/// its distance from one rank per core.
+const MAX_EXTRAPOLATION: f64 = 4.0;
+
+impl CostProfile {
+    /// Whether it has figures for `ranks_per_core`: one per core or fewer needs `tiers`, more
+    /// needs `shared_core`.
+    pub fn covers(&self, ranks_per_core: f64) -> bool {
+        if ranks_per_core > 1.0 {
+            self.shared_core.is_some()
+        } else {
+            !self.tiers.is_empty()
+        }
+    }
+
+    /// The costs to price with at `ranks_per_core` (the fullest host's ranks over its cores),
+    /// starting from `base` (the topology file's or the defaults). Applying it to its own
+    /// result gives the same result.
+    pub fn apply(&self, base: TierCosts, ranks_per_core: f64) -> TierCosts {
+        let one = self.tiers.apply(base);
+        let Some(shared) = self.shared_core.as_ref() else {
+            return one;
+        };
+        if ranks_per_core <= 1.0 {
+            return one;
+        }
+        let far = shared.tiers.apply(one);
+        let w = ((ranks_per_core - 1.0) / (shared.ranks_per_core - 1.0)).min(MAX_EXTRAPOLATION);
+        // Linear in seconds per message, per byte and per reduced byte.
+        let mix = |a: f64, b: f64| a + (b - a) * w;
+        let inv = |a: f64, b: f64| 1.0 / mix(1.0 / a, 1.0 / b);
+        let link = |a: TierLink, b: TierLink| TierLink {
+            bandwidth_gbps: inv(a.bandwidth_gbps, b.bandwidth_gbps),
+            latency_us: mix(a.latency_us, b.latency_us).max(0.0),
+            ..b
+        };
+        TierCosts {
+            nvlink: match (one.nvlink, far.nvlink) {
+                (Some(a), Some(b)) => Some(link(a, b)),
+                (_, b) => b,
+            },
+            host: link(one.host, far.host),
+            leaf: link(one.leaf, far.leaf),
+            pod: link(one.pod, far.pod),
+            aggregation: link(one.aggregation, far.aggregation),
+            reduce_gbps: inv(one.reduce_gbps, far.reduce_gbps),
+            call_us: mix(one.call_us, far.call_us).max(0.0),
+            copy_gbps: match (one.copy_gbps, far.copy_gbps) {
+                (Some(a), Some(b)) => Some(inv(a, b)),
+                (_, b) => b,
+            },
+        }
+    }
+
+    /// The profile as the file holds it (TOML), with a comment line first.
+    pub fn to_toml(&self, comment: &str) -> String {
+        let body = toml::to_string(self).unwrap_or_default();
+        let mut out = String::new();
+        for line in comment.lines() {
+            out.push_str("# ");
+            out.push_str(line);
+            out.push('\n');
+        }
+        out.push_str(&body);
+        out
+    }
+
+    /// Checks that every figure can be priced with.
+    fn check(&self) -> Result<(), String> {
+        let base = TierCosts::default();
+        self.tiers.apply(base).check()?;
+        if let Some(s) = &self.shared_core {
+            if !(s.ranks_per_core.is_finite() && s.ranks_per_core > 1.0) {
+                return Err(format!(
+                    "shared_core.ranks_per_core is {}; expected a number above 1",
+                    s.ranks_per_core
+                ));
+            }
+            s.tiers
+                .apply(base)
+                .check()
+                .map_err(|e| format!("shared_core.{e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses a cost profile (TOML, or JSON when it starts with `{`); errors name `file` and the
+/// line.
+pub fn parse_profile(text: &str, file: &str) -> Result<CostProfile, TopoError> {
+    if text.len() > MAX_INPUT_BYTES {
+        return Err(TopoError::at(file, 0, "input too large"));
+    }
+    let p: CostProfile = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text)
+            .map_err(|e| TopoError::at(file, e.line() as u32, e.to_string()))?
+    } else {
+        toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |s| {
+                text[..s.start.min(text.len())].matches('\n').count() as u32 + 1
+            });
+            TopoError::at(file, line, e.message().to_string())
+        })?
+    };
+    p.check().map_err(|m| TopoError::at(file, 0, m))?;
+    Ok(p)
+}
+
+/// Reads and checks the cost profile at `path`.
+pub fn load_profile(path: &std::path::Path) -> Result<CostProfile, TopoError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| TopoError::at(&file, 0, e.to_string()))?;
+    parse_profile(&text, &file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(bandwidth_gbps: f64, latency_us: f64) -> TierLink {
+        TierLink {
+            bandwidth_gbps,
+            latency_us,
+            oversubscription: 1.0,
+            shared_efficiency: 1.0,
+        }
+    }
+
+    fn profile() -> CostProfile {
+        CostProfile {
+            tiers: TierPatch {
+                host: Some(link(8.0, 0.25)),
+                reduce_gbps: Some(4.0),
+                call_us: Some(0.5),
+                copy_gbps: Some(10.0),
+                ..TierPatch::default()
+            },
+            measured: Some(Measured {
+                ranks: 2,
+                hosts: 1,
+                cores: 2,
+                points: 100,
+                within_25_percent: 0.9,
+                median_error: 0.08,
+            }),
+            shared_core: Some(SharedCore {
+                ranks_per_core: 2.0,
+                tiers: TierPatch {
+                    host: Some(link(2.0, 4.25)),
+                    reduce_gbps: Some(1.0),
+                    call_us: Some(2.5),
+                    copy_gbps: Some(2.5),
+                    ..TierPatch::default()
+                },
+                measured: Measured::default(),
+            }),
+        }
+    }
+
+    #[test]
+    fn patches_what_it_measured_and_keeps_the_rest() {
+        let base = TierCosts::default();
+        let c = profile().apply(base, 1.0);
+        assert_eq!(c.host, link(8.0, 0.25));
+        assert_eq!(c.reduce_gbps, 4.0);
+        assert_eq!(c.call_us, 0.5);
+        assert_eq!(c.leaf, base.leaf, "an unmeasured tier keeps its figures");
+        assert_eq!(profile().apply(c, 1.0), c, "idempotent");
+    }
+
+    #[test]
+    fn shared_cores_interpolate_in_seconds() {
+        let base = TierCosts::default();
+        let p = profile();
+        assert_eq!(p.apply(base, 2.0).host, link(2.0, 4.25));
+        let half = p.apply(base, 1.5);
+        // Halfway in seconds per byte: (1/8 + 1/2) / 2 ns per byte.
+        assert!((1.0 / half.host.bandwidth_gbps - 0.3125).abs() < 1e-12);
+        assert!((half.host.latency_us - 2.25).abs() < 1e-12);
+        assert!((half.call_us - 1.5).abs() < 1e-12);
+        assert!((1.0 / half.reduce_gbps - 0.625).abs() < 1e-12);
+        assert!((1.0 / half.copy_gbps.unwrap() - 0.25).abs() < 1e-12);
+        // Past the measured point it extrapolates, up to four times as far.
+        let far = p.apply(base, 100.0);
+        assert!((far.host.latency_us - (0.25 + 4.0 * 4.0)).abs() < 1e-9);
+        assert_eq!(p.apply(p.apply(base, 1.5), 1.5), p.apply(base, 1.5));
+    }
+
+    #[test]
+    fn round_trips_through_toml_and_json() {
+        let p = profile();
+        let text = p.to_toml("written by a test\nsecond line");
+        assert!(text.starts_with("# written by a test\n# second line\n"));
+        assert_eq!(parse_profile(&text, "p.toml").unwrap(), p);
+        let json = serde_json::to_string(&p).unwrap();
+        assert_eq!(parse_profile(&json, "p.json").unwrap(), p);
+        assert_eq!(
+            parse_profile("", "empty").unwrap(),
+            CostProfile::default(),
+            "an empty profile changes nothing"
+        );
+    }
+
+    #[test]
+    fn bad_profiles_name_file_line_and_figure() {
+        let e = parse_profile(
+            "[tiers.host]\nbandwidth_gbps = 0.0\nlatency_us = 1.0\n",
+            "p",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("p") && e.contains("tiers.host"), "{e}");
+        let e = parse_profile("[tiers]\nrduce_gbps = 3.0\n", "p")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p:2:") && e.contains("rduce_gbps"), "{e}");
+        let e = parse_profile("[shared_core]\nranks_per_core = 1.0\n", "p")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ranks_per_core"), "{e}");
+        let e = parse_profile("[tiers]\ncall_us = -1.0\n", "p")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("call_us"), "{e}");
+    }
+
+    #[test]
+    fn covers_what_was_measured() {
+        let p = profile();
+        assert!(p.covers(1.0) && p.covers(3.0));
+        let one = CostProfile {
+            shared_core: None,
+            ..profile()
+        };
+        assert!(one.covers(0.5) && !one.covers(2.0));
+    }
+}
