@@ -27,6 +27,23 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// A calibration of 2 ranks up to 64 B in one round, writing `profile`.
+fn quick_calibration(profile: &str, more: &[&str]) -> Output {
+    let mut args = vec![
+        "calibrate",
+        "--np",
+        "2",
+        "-e",
+        "64",
+        "--rounds",
+        "1",
+        "--profile",
+        profile,
+    ];
+    args.extend_from_slice(more);
+    collbench(&args, &[])
+}
+
 /// A directory of this test's own, removed when it ends.
 struct TempDir(std::path::PathBuf);
 
@@ -151,22 +168,7 @@ fn calibrate_writes_a_profile_the_tuner_then_prices_with() {
 
     // A second calibration updates the same file rather than replacing what it does not
     // measure.
-    let out = collbench(
-        &[
-            "calibrate",
-            "--np",
-            "2",
-            "-e",
-            "64",
-            "--rounds",
-            "1",
-            "--ops",
-            "all_gather",
-            "--profile",
-            p,
-        ],
-        &[],
-    );
+    let out = quick_calibration(p, &["--ops", "all_gather"]);
     assert!(out.status.success(), "{}", text(&out));
     let again = strata::topology::profile::load_profile(&profile).unwrap();
     assert_eq!(again.shared_core, prof.shared_core);
@@ -188,20 +190,7 @@ fn a_bad_profile_is_named_and_never_overwritten() {
         t.contains("STRATA_COST_PROFILE") && t.contains("reduce_gbps") && t.contains("bad.toml"),
         "{t}"
     );
-    let out = collbench(
-        &[
-            "calibrate",
-            "--np",
-            "2",
-            "-e",
-            "64",
-            "--rounds",
-            "1",
-            "--profile",
-            bad.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let out = quick_calibration(bad.to_str().unwrap(), &[]);
     let t = text(&out);
     assert!(!out.status.success(), "{t}");
     assert!(

@@ -359,6 +359,25 @@ fn line_of(text: &str, offset: usize) -> u32 {
     text[..offset.min(text.len())].matches('\n').count() as u32 + 1
 }
 
+/// Reads strata's own files: JSON when `text` starts with `{`, TOML otherwise; errors name
+/// `file` and the line.
+pub(crate) fn parse_toml_or_json<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &str,
+) -> Result<T, TopoError> {
+    if text.len() > MAX_INPUT_BYTES {
+        return Err(TopoError::at(file, 0, "input too large"));
+    }
+    if text.trim_start().starts_with('{') {
+        serde_json::from_str(text).map_err(|e| TopoError::at(file, e.line() as u32, e.to_string()))
+    } else {
+        toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |s| line_of(text, s.start));
+            TopoError::at(file, line, e.message().to_string())
+        })
+    }
+}
+
 /// Parses strata's topology file: JSON when it starts with `{`, TOML otherwise.
 ///
 /// ```toml
@@ -373,18 +392,7 @@ fn line_of(text: &str, offset: usize) -> u32 {
 /// oversubscription = 7.0
 /// ```
 pub fn parse_file(text: &str, file: &str) -> Result<Fabric, TopoError> {
-    if text.len() > MAX_INPUT_BYTES {
-        return Err(TopoError::at(file, 0, "input too large"));
-    }
-    let spec: FileSpec = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text)
-            .map_err(|e| TopoError::at(file, e.line() as u32, e.to_string()))?
-    } else {
-        toml::from_str(text).map_err(|e| {
-            let line = e.span().map_or(0, |s| line_of(text, s.start));
-            TopoError::at(file, line, e.message().to_string())
-        })?
-    };
+    let spec: FileSpec = parse_toml_or_json(text, file)?;
     let bad = |m: String| TopoError::at(file, 0, m);
     if spec.gpus_per_host == 0 || spec.gpus_per_host > 1024 {
         return Err(bad(format!(

@@ -25,7 +25,7 @@
 //! shared one (at its `ranks_per_core`), as seconds per message, per byte and per reduced byte,
 //! and extrapolated past it up to four times its distance.
 
-use crate::error::{MAX_INPUT_BYTES, TopoError};
+use crate::error::TopoError;
 use crate::fabric::{TierCosts, TierLink};
 use serde::{Deserialize, Serialize};
 
@@ -233,20 +233,7 @@ impl CostProfile {
 /// Parses a cost profile (TOML, or JSON when it starts with `{`); errors name `file` and the
 /// line.
 pub fn parse_profile(text: &str, file: &str) -> Result<CostProfile, TopoError> {
-    if text.len() > MAX_INPUT_BYTES {
-        return Err(TopoError::at(file, 0, "input too large"));
-    }
-    let p: CostProfile = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text)
-            .map_err(|e| TopoError::at(file, e.line() as u32, e.to_string()))?
-    } else {
-        toml::from_str(text).map_err(|e| {
-            let line = e.span().map_or(0, |s| {
-                text[..s.start.min(text.len())].matches('\n').count() as u32 + 1
-            });
-            TopoError::at(file, line, e.message().to_string())
-        })?
-    };
+    let p: CostProfile = crate::fabric::parse_toml_or_json(text, file)?;
     p.check().map_err(|m| TopoError::at(file, 0, m))?;
     Ok(p)
 }
