@@ -21,18 +21,24 @@
 # --quick runs 8 B to 4 MiB with a few algorithms (what CI runs to keep the script working).
 # --health H instead shapes host H's link to half its rate (both ways) and runs
 # `collbench health` on the 8 hosts, once with every link equal and once with H's at half.
+# --calibrate instead runs `collbench calibrate` on the 8 hosts (launcher placement, 8 B to
+# FATTREE_CAL_MAX, default 4M), writing DIR/profile.toml (--out, else a temporary file), then
+# calibrate again with STRATA_COST_PROFILE naming it and --no-write: the second run's
+# "before" column is the profile's prediction against times measured afresh.
 # Everything it creates is removed on exit, failure or interrupt; every run has a deadline.
 set -euo pipefail
 
 QUICK=0
 OUT=""
 HEALTH=""
+CALIBRATE=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
         --out) OUT="$2"; shift ;;
         --health) HEALTH="$2"; shift ;;
-        *) echo "usage: $0 [--quick] [--out DIR] [--health HOST]" >&2; exit 2 ;;
+        --calibrate) CALIBRATE=1 ;;
+        *) echo "usage: $0 [--quick] [--out DIR] [--health HOST | --calibrate]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -166,6 +172,22 @@ if [ -n "$HEALTH" ]; then
     echo
     echo "## collbench health, host h$HEALTH's link at $half Mbit/s each way"
     run_job 120 "${all[@]}" -- health --bytes 2M || true
+    exit 0
+fi
+
+if [ "$CALIBRATE" = 1 ]; then
+    all=()
+    for r in $(seq 0 $((HOSTS - 1))); do all+=("st-h$r"); done
+    profile=${OUT:-$(mktemp -d)}/profile.toml
+    rm -f "$profile"
+    cal=(calibrate -e "${FATTREE_CAL_MAX:-4M}" --rounds 3)
+    echo
+    echo "## collbench calibrate on 8 hosts, writing $profile"
+    run_job 1800 "${all[@]}" -- "${cal[@]}" --profile "$profile"
+    echo
+    echo "## again with STRATA_COST_PROFILE=$profile: 'before' is the profile's prediction"
+    EXTRA_ENV+=("STRATA_COST_PROFILE=$profile")
+    run_job 1800 "${all[@]}" -- "${cal[@]}" --no-write
     exit 0
 fi
 

@@ -181,6 +181,19 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_is_three_numbers_on_the_wire() {
+        let p = peer(3, "a", probe(2, 4.0, 1.0));
+        let text = serde_json::to_string(&p).unwrap();
+        assert!(text.contains(r#""probe":[2,4000,1000]"#), "{text}");
+        let back: PeerInfo = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, p);
+        // A table entry without one (a rank that did not probe) reads as unknown.
+        let bare = text.replace(r#","probe":[2,4000,1000]"#, "");
+        let old: PeerInfo = serde_json::from_str(&bare).unwrap();
+        assert_eq!(old.probe, HostProbe::default());
+    }
+
+    #[test]
     fn the_fullest_host_sets_ranks_per_core() {
         let peers = [
             peer(0, "a", probe(2, 0.0, 0.0)),

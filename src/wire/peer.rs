@@ -31,8 +31,10 @@ pub struct PeerInfo {
 }
 
 /// What a rank measured of its host at init (`crate::comm::probe`): every rank takes the
-/// same figures from the list of all of them.
+/// same figures from the list of all of them. On the wire it is three numbers (`[cores, copy,
+/// reduce]`, about 24 bytes of a table entry's ~300), since every rank receives every rank's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "[u32; 3]", into = "[u32; 3]")]
 pub struct HostProbe {
     /// Cores online on its host (0: unknown).
     pub cores: u32,
@@ -57,4 +59,20 @@ pub(crate) fn process_nonce() -> u64 {
             .map(u64::from_le_bytes)
             .unwrap_or(std::process::id() as u64)
     })
+}
+
+impl From<[u32; 3]> for HostProbe {
+    fn from([cores, copy_mbps, reduce_mbps]: [u32; 3]) -> Self {
+        Self {
+            cores,
+            copy_mbps,
+            reduce_mbps,
+        }
+    }
+}
+
+impl From<HostProbe> for [u32; 3] {
+    fn from(p: HostProbe) -> Self {
+        [p.cores, p.copy_mbps, p.reduce_mbps]
+    }
 }
