@@ -150,12 +150,30 @@ fn run(a: &CalibrateArgs, comm: &Communicator) -> Result<(), String> {
     for c in Collective::ALL {
         comm.set_algorithm(c, None).map_err(|e| e.to_string())?;
     }
-    if rank != 0 {
-        return Ok(());
-    }
+    // Every rank stays until rank 0 has fitted and written, so that no rank's exit reads to
+    // the others as a failure.
+    let outcome = if rank == 0 {
+        fit_and_write(a, comm, &plans, &times, existing, started)
+    } else {
+        Ok(())
+    };
+    comm.barrier().map_err(|e| e.to_string())?;
+    outcome
+}
+
+/// Rank 0's part: the fit, the comparison, the profile.
+fn fit_and_write(
+    a: &CalibrateArgs,
+    comm: &Communicator,
+    plans: &[Plan],
+    times: &[f64],
+    existing: Option<CostProfile>,
+    started: Instant,
+) -> Result<(), String> {
+    let (n, es) = (comm.size(), DataType::Float32.size());
     let points: Vec<Point> = plans
         .iter()
-        .zip(&times)
+        .zip(times)
         .map(|(p, &seconds)| Point {
             collective: p.collective,
             algorithm: p.algorithm,
@@ -173,7 +191,7 @@ fn run(a: &CalibrateArgs, comm: &Communicator) -> Result<(), String> {
     let fit_s = fit_started.elapsed().as_secs_f64();
     let before = fit::predict(model, before_costs, &points);
     let after = fit::predict(model, after_costs, &points);
-    print_table(&plans, &points, &before, &after);
+    print_table(plans, &points, &before, &after);
     let (b_in, b_med) = accuracy(&points, &before);
     let (a_in, a_med) = accuracy(&points, &after);
     let rpc = comm.ranks_per_core();
