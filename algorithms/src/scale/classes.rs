@@ -220,7 +220,7 @@ fn partners(scheds: &[Compact]) -> Vec<u32> {
                 .transfers
                 .iter()
                 .enumerate()
-                .map(|(t, tr)| (tr.peer, tr.sends(), t as u32))
+                .map(|(t, tr)| (tr.peer() as u32, tr.sends(), t as u32))
                 .collect();
             v.sort_unstable();
             v
@@ -230,7 +230,7 @@ fn partners(scheds: &[Compact]) -> Vec<u32> {
     for (x, s) in scheds.iter().enumerate() {
         let mine = &sorted[x];
         for (t, tr) in s.transfers.iter().enumerate() {
-            let key = (tr.peer, tr.sends());
+            let key = (tr.peer() as u32, tr.sends());
             let first = mine.partition_point(|e| (e.0, e.1) < key);
             let at = mine.partition_point(|e| (e.0, e.1, e.2) < (key.0, key.1, t as u32));
             let theirs = sorted.get(tr.peer()).map_or(&[][..], Vec::as_slice);
@@ -293,12 +293,12 @@ fn refine(
                     let base = s.bounds[si] as usize;
                     for (k, t) in s.step(si).iter().enumerate() {
                         let g = paths.offset[x] + base + k;
-                        let kind = match t.kind {
+                        let kind = match t.kind() {
                             Kind::Send => 0,
                             Kind::Recv => 1,
                             Kind::RecvReduce => 2,
                         };
-                        h = mix(h, kind | t.elems << 2);
+                        h = mix(h, kind | s.elems(t) << 2);
                         h = mix(h, rank[t.peer()]);
                         // The step (not the place in it) where the peer meets this transfer:
                         // a step's operations all start together, so senders whose receives
@@ -403,8 +403,9 @@ pub(super) fn fold(
                 from.push((other, j as u32));
                 continue;
             }
-            let rep_recv = scheds[reps[other as usize]].transfers.get(j);
-            if rep_recv.is_none_or(|x| x.sends() || x.elems != tr.elems) {
+            let rep = &scheds[reps[other as usize]];
+            let rep_recv = rep.transfers.get(j);
+            if rep_recv.is_none_or(|x| x.sends() || rep.elems(x) != s.elems(tr)) {
                 return Ok(None);
             }
             let mut uplinks: Vec<(u32, f64)> = Vec::new();

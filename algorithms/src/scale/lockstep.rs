@@ -23,102 +23,46 @@
 
 use std::collections::HashMap;
 
+pub(crate) use super::compact::{Compact, Kind, Transfer};
+use super::sharing::{Scratch, Shared, processor_sharing};
 use crate::cost::{Network, Uplink};
-use crate::schedule::{Op, RankSchedule};
 
-/// What a transfer does at this end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Send,
-    Recv,
-    RecvReduce,
-}
-
-/// One transfer of a rank's schedule, as much as timing needs (16 bytes instead of an
-/// [`Op`]'s 64).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Transfer {
-    pub(super) peer: u32,
-    pub(super) kind: Kind,
-    pub(super) elems: u64,
-}
-
-impl Transfer {
-    pub(super) fn peer(&self) -> usize {
-        self.peer as usize
-    }
-
-    pub(super) fn sends(&self) -> bool {
-        self.kind == Kind::Send
-    }
-}
-
-/// A rank's schedule without its local operations and empty steps.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Compact {
-    pub(super) transfers: Vec<Transfer>,
-    /// Where each step starts in `transfers`, and the end.
-    pub(super) bounds: Vec<u32>,
-}
-
-impl Compact {
-    pub(crate) fn new(s: &RankSchedule) -> Self {
-        let mut c = Compact {
-            transfers: Vec::new(),
-            bounds: vec![0],
-        };
-        for st in &s.steps {
-            for op in &st.ops {
-                let (peer, kind, elems) = match op {
-                    Op::Send { peer, src } => (*peer, Kind::Send, src.len),
-                    Op::Recv { peer, dst } => (*peer, Kind::Recv, dst.len),
-                    Op::RecvReduce { peer, dst, .. } => (*peer, Kind::RecvReduce, dst.len),
-                    // Local reductions are in one-shot schedules only, which fast pricing
-                    // hands to the full simulation.
-                    Op::Copy { .. } | Op::Reduce { .. } | Op::Finalize { .. } => continue,
-                };
-                c.transfers.push(Transfer {
-                    peer: peer as u32,
-                    kind,
-                    elems: elems as u64,
-                });
-            }
-            let end = c.transfers.len() as u32;
-            if end > *c.bounds.last().unwrap_or(&0) {
-                c.bounds.push(end);
-            }
-        }
-        c
-    }
-
-    /// Transfers in all.
-    pub(crate) fn len(&self) -> usize {
-        self.transfers.len()
-    }
-
-    pub(super) fn steps(&self) -> usize {
-        self.bounds.len() - 1
-    }
-
-    pub(super) fn step(&self, i: usize) -> &[Transfer] {
-        match (self.bounds.get(i), self.bounds.get(i + 1)) {
-            (Some(&a), Some(&b)) => &self.transfers[a as usize..b as usize],
-            _ => &[],
-        }
-    }
-}
-
+/// Where a rank is in its schedule. The current step's transfers are held here, so that a
+/// match reads each end's state and transfers and nothing else.
 #[derive(Clone, Default)]
-struct RankState {
+struct RankState<'a> {
     step: usize,
+    ops: &'a [Transfer],
+    /// The lengths its transfers name.
+    lengths: &'a [u64],
     /// When the rank entered its current step.
     entered: f64,
     /// When the last operation of the current step so far ends.
     end: f64,
     pending: usize,
-    matched: Vec<bool>,
+    /// Which operations of the step are matched: bits for the first 64, then `matched_more`.
+    matched: u64,
+    matched_more: Vec<bool>,
     reduce_free: f64,
     finished: bool,
+}
+
+impl RankState<'_> {
+    fn is_matched(&self, i: usize) -> bool {
+        if i < 64 {
+            self.matched >> i & 1 == 1
+        } else {
+            self.matched_more[i - 64]
+        }
+    }
+
+    fn set_matched(&mut self, i: usize) {
+        if i < 64 {
+            self.matched |= 1 << i;
+        } else {
+            self.matched_more[i - 64] = true;
+        }
+    }
 }
 
 /// Most passes of the fixed point over uplink sharing.
@@ -170,6 +114,18 @@ pub(crate) fn time(
                 }
             }
         }
+        // Where no crossing message would arrive elsewhere than it did, the next pass would
+        // repeat this one (within what `SETTLED` allows, as a pass moves no end by more than
+        // it moves an arrival): done, without timing it.
+        let repeats = crossing.iter().all(|c| {
+            let next = shared.get(&c.key).map_or(c.unshared, |took| {
+                took.iter().fold(c.unshared, |a, (_, t)| a.max(c.start + t))
+            });
+            (next - c.arrive).abs() <= SETTLED * c.arrive.abs().max(1e-12)
+        });
+        if repeats {
+            return Ok(ends);
+        }
         through = shared;
         last = ends;
     }
@@ -210,6 +166,9 @@ type FlowKey = (u32, u32, u32);
 struct Crossing {
     key: FlowKey,
     start: f64,
+    /// When it arrived in this pass, and when it would have with no uplink in its way.
+    arrive: f64,
+    unshared: f64,
     bytes: f64,
     /// Bytes per second it gets apart from the uplinks.
     cap: f64,
@@ -231,6 +190,7 @@ fn share_uplinks(
         }
     }
     let mut through: HashMap<FlowKey, Vec<(u64, f64)>> = HashMap::new();
+    let (mut scratch, mut ends) = (Scratch::default(), Vec::new());
     for (up, users) in on.into_values() {
         let mut flows: Vec<Shared> = users
             .iter()
@@ -250,8 +210,14 @@ fn share_uplinks(
                 }
             })
             .collect();
-        let ends = processor_sharing(&mut flows, 1.0 / up.seconds_per_byte, up.shared_efficiency);
-        for (k, end) in ends {
+        processor_sharing(
+            &mut flows,
+            1.0 / up.seconds_per_byte,
+            up.shared_efficiency,
+            &mut scratch,
+            &mut ends,
+        );
+        for &(k, end) in &ends {
             let c = &crossing[k];
             through
                 .entry(c.key)
@@ -279,6 +245,7 @@ fn pass(
         elem_bytes,
         ranks: (0..p)
             .map(|r| RankState {
+                lengths: schedules[r].lengths(),
                 entered: start[r],
                 end: start[r],
                 reduce_free: start[r],
@@ -291,6 +258,10 @@ fn pass(
         uplinks: Vec::new(),
         work: Vec::new(),
         ports: HashMap::new(),
+        scratch: Scratch::default(),
+        peers: Vec::new(),
+        flows: Vec::new(),
+        ends: Vec::new(),
     };
     for r in 0..p {
         e.enter(r);
@@ -311,7 +282,7 @@ struct Engine<'a> {
     scheds: &'a [Compact],
     net: &'a dyn Network,
     elem_bytes: f64,
-    ranks: Vec<RankState>,
+    ranks: Vec<RankState<'a>>,
     sharing: &'a HashMap<(usize, u64), u32>,
     through: &'a HashMap<FlowKey, Vec<(u64, f64)>>,
     crossing: Vec<Crossing>,
@@ -320,12 +291,17 @@ struct Engine<'a> {
     work: Vec<(usize, usize)>,
     /// [`Engine::port_ends`] per (rank, step, sends, off host), for big steps.
     ports: HashMap<PortKey, Vec<(usize, f64)>>,
+    /// Buffers [`Engine::port_ends`] reuses: processor sharing's, the peers of a port, its
+    /// messages and their ends.
+    scratch: Scratch,
+    peers: Vec<(usize, usize, usize)>,
+    flows: Vec<Shared>,
+    ends: Vec<(usize, f64)>,
 }
 
 impl<'a> Engine<'a> {
     fn ops(&self, r: usize) -> &'a [Transfer] {
-        let scheds = self.scheds;
-        scheds[r].step(self.ranks[r].step)
+        self.ranks[r].ops
     }
 
     fn unmatched(&self, r: usize, peer: usize, sends: bool) -> Option<usize> {
@@ -333,31 +309,55 @@ impl<'a> Engine<'a> {
         if st.finished {
             return None;
         }
-        self.ops(r).iter().enumerate().position(|(i, op)| {
-            !st.matched.get(i).copied().unwrap_or(true) && op.peer() == peer && op.sends() == sends
-        })
+        self.ops(r)
+            .iter()
+            .enumerate()
+            .position(|(i, op)| op.peer() == peer && op.sends() == sends && !st.is_matched(i))
     }
 
-    /// When each message of `r`'s current step through the port used for `peer` ends, if the
-    /// port carries more than one at once: the port is shared equally among the messages
-    /// moving through it (processor sharing at the fastest of their links). A message starts
-    /// α after both ends are in their steps; a peer not yet in the step that holds the match
-    /// is assumed to start with this rank. Messages to one peer run at once as far as the
-    /// peer's current step holds their matches (a chain's root posts every chunk to a
-    /// neighbour that takes one per step). Returns (operation index, end) pairs; empty when
-    /// the port carries one message.
-    fn port_ends(&self, r: usize, peer: usize, sends: bool) -> Vec<(usize, f64)> {
-        let off_host = self.net.crosses_hosts(r, peer);
-        // (peer, messages at once, counted so far)
-        let mut peers: Vec<(usize, usize, usize)> = Vec::new();
-        let mut beta = f64::INFINITY;
-        let mut flows: Vec<Shared> = Vec::new();
+    /// Whether operation `i` of `r`'s current step leaves the host.
+    fn off_host(&self, r: usize, i: usize) -> bool {
+        self.ranks[r].ops[i].off_host()
+    }
+
+    /// Bytes operation `i` of `r`'s current step moves.
+    fn bytes(&self, r: usize, i: usize) -> f64 {
+        let st = &self.ranks[r];
+        st.lengths[st.ops[i].length_index()] as f64 * self.elem_bytes
+    }
+
+    /// When each message of `r`'s current step through one of its ports (`sends`, `off_host`)
+    /// ends, if the port carries more than one at once, written into `self.ends` (cleared
+    /// first), with the peers it read into `self.peers`: the port is shared equally among the
+    /// messages moving through it (processor sharing at the fastest of their links). A
+    /// message starts α after both ends are in their steps; a peer not yet in the step that
+    /// holds the match is assumed to start with this rank. Messages to one peer run at once
+    /// as far as the peer's current step holds their matches (a chain's root posts every
+    /// chunk to a neighbour that takes one per step). Writes (operation index, end) pairs;
+    /// none when the port carries one message.
+    fn port_ends(&mut self, r: usize, sends: bool, off_host: bool) {
+        self.ends.clear();
+        self.peers.clear();
         let mine = self.ops(r);
+        let on_port = |e: &Self, i: usize| mine[i].sends() == sends && e.off_host(r, i) == off_host;
+        // Most ports carry one message in a step: nothing to share.
+        if (0..mine.len())
+            .filter(|&i| on_port(self, i))
+            .nth(1)
+            .is_none()
+        {
+            return;
+        }
+        // (peer, messages at once, counted so far)
+        let mut peers = std::mem::take(&mut self.peers);
+        let mut flows = std::mem::take(&mut self.flows);
+        flows.clear();
+        let mut beta = f64::INFINITY;
         for (i, op) in mine.iter().enumerate() {
-            let q = op.peer();
-            if op.sends() != sends || self.net.crosses_hosts(r, q) != off_host {
+            if !on_port(self, i) {
                 continue;
             }
+            let q = op.peer();
             let k = match peers.iter().position(|e| e.0 == q) {
                 Some(k) => k,
                 None => {
@@ -387,32 +387,36 @@ impl<'a> Engine<'a> {
             flows.push(Shared {
                 op: i,
                 start: ready + link.alpha,
-                bytes: op.elems as f64 * self.elem_bytes,
+                bytes: self.bytes(r, i),
                 cap: 1.0 / link.beta,
             });
         }
-        if flows.len() < 2 {
-            return Vec::new();
+        if flows.len() >= 2 {
+            processor_sharing(
+                &mut flows,
+                1.0 / beta,
+                1.0,
+                &mut self.scratch,
+                &mut self.ends,
+            );
         }
-        processor_sharing(&mut flows, 1.0 / beta, 1.0)
+        self.peers = peers;
+        self.flows = flows;
     }
 
-    /// [`Engine::port_ends`] for the message of operation `op` (0 when its port carries one
-    /// message), computed once per step for steps with many operations.
-    fn port_end(&mut self, r: usize, peer: usize, sends: bool, op: usize) -> f64 {
+    /// [`Engine::port_ends`] for the message of operation `op` of `r`'s current step (0 when
+    /// its port carries one message), computed once per step for steps with many operations.
+    fn port_end(&mut self, r: usize, sends: bool, op: usize) -> f64 {
         let find = |ends: &[(usize, f64)]| ends.iter().find(|e| e.0 == op).map_or(0.0, |e| e.1);
+        let off_host = self.off_host(r, op);
         if self.ops(r).len() <= 8 {
-            return find(&self.port_ends(r, peer, sends));
+            self.port_ends(r, sends, off_host);
+            return find(&self.ends);
         }
-        let key = (
-            r,
-            self.ranks[r].step,
-            sends,
-            self.net.crosses_hosts(r, peer),
-        );
+        let key = (r, self.ranks[r].step, sends, off_host);
         if !self.ports.contains_key(&key) {
-            let ends = self.port_ends(r, peer, sends);
-            self.ports.insert(key, ends);
+            self.port_ends(r, sends, off_host);
+            self.ports.insert(key, self.ends.clone());
         }
         self.ports.get(&key).map_or(0.0, |e| find(e))
     }
@@ -422,13 +426,17 @@ impl<'a> Engine<'a> {
         let st = &mut self.ranks[r];
         if st.step >= self.scheds[r].steps() {
             st.finished = true;
+            st.ops = &[];
             return;
         }
         st.entered = st.end;
-        let ops = self.ops(r);
-        let st = &mut self.ranks[r];
-        st.matched.clear();
-        st.matched.resize(ops.len(), false);
+        let (sched, step) = (&self.scheds[r], st.step);
+        let (from, to) = (sched.bounds[step] as usize, sched.bounds[step + 1] as usize);
+        let ops = &sched.transfers[from..to];
+        st.ops = ops;
+        st.matched = 0;
+        st.matched_more.clear();
+        st.matched_more.resize(ops.len().saturating_sub(64), false);
         st.pending = ops.len();
         for op in ops {
             let q = op.peer();
@@ -436,20 +444,25 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Matches every operation the two ranks' current steps hold between them, from `from`
+    /// to `to`, in order, and times each (the steps they enter meanwhile included).
     fn try_match(&mut self, from: usize, to: usize) {
-        let (Some(i), Some(j)) = (
+        while let (Some(i), Some(j)) = (
             self.unmatched(from, to, true),
             self.unmatched(to, from, false),
-        ) else {
-            return;
-        };
-        let elems = self.ops(from)[i].elems;
-        let reduces = self.ops(to)[j].kind == Kind::RecvReduce;
+        ) {
+            self.transfer(from, to, i, j);
+        }
+    }
+
+    /// Times the transfer of operation `i` of `from`'s step to operation `j` of `to`'s.
+    fn transfer(&mut self, from: usize, to: usize, i: usize, j: usize) {
+        let reduces = self.ops(to)[j].kind() == Kind::RecvReduce;
         let link = self.net.link(from, to);
         let ports = self
-            .port_end(from, to, true, i)
-            .max(self.port_end(to, from, false, j));
-        let bytes = elems as f64 * self.elem_bytes;
+            .port_end(from, true, i)
+            .max(self.port_end(to, false, j));
+        let bytes = self.bytes(from, i);
         let start = self.ranks[from].entered.max(self.ranks[to].entered) + link.alpha;
         let mut arrive = (start + bytes * link.beta).max(ports);
         self.net.uplinks(from, to, &mut self.uplinks);
@@ -457,6 +470,7 @@ impl<'a> Engine<'a> {
             let key = (from as u32, self.ranks[from].step as u32, i as u32);
             // What it gets apart from the uplinks: its link, or its share of a port.
             let cap = bytes / (arrive - start).max(f64::MIN_POSITIVE);
+            let unshared = arrive;
             match self.through.get(&key) {
                 Some(took) => arrive = took.iter().fold(arrive, |a, (_, t)| a.max(start + t)),
                 None => {
@@ -467,13 +481,18 @@ impl<'a> Engine<'a> {
                     }
                 }
             }
-            self.crossing.push(Crossing {
-                key,
-                start,
-                bytes,
-                cap,
-                uplinks: self.uplinks.clone(),
-            });
+            // Past the most that are refined, the count is all the caller needs.
+            if self.crossing.len() <= MAX_REFINED_CROSSINGS {
+                self.crossing.push(Crossing {
+                    key,
+                    start,
+                    arrive,
+                    unshared,
+                    bytes,
+                    cap,
+                    uplinks: self.uplinks.clone(),
+                });
+            }
         }
         let recv_end = if reduces {
             let st = &mut self.ranks[to];
@@ -482,12 +501,10 @@ impl<'a> Engine<'a> {
         } else {
             arrive
         };
-        self.ranks[from].matched[i] = true;
-        self.ranks[to].matched[j] = true;
+        self.ranks[from].set_matched(i);
+        self.ranks[to].set_matched(j);
         self.done(from, arrive);
         self.done(to, recv_end);
-        // More operations between the two may wait in the same steps.
-        self.work.push((from, to));
     }
 
     fn done(&mut self, r: usize, at: f64) {
@@ -499,163 +516,4 @@ impl<'a> Engine<'a> {
             self.enter(r);
         }
     }
-}
-
-/// [`processor_sharing`] when every moving message gets the same rate (no cap binds, or all
-/// caps are equal): in O(n log n) by virtual time, the bytes each moving message has been
-/// given since the first start, so that a message ends when virtual time passes its start's
-/// plus its bytes. `None` when unequal caps would bind.
-fn equal_sharing(flows: &[Shared], capacity: f64, efficiency: f64) -> Option<Vec<(usize, f64)>> {
-    use std::collections::BinaryHeap;
-    let min_cap = flows.iter().map(|f| f.cap).fold(f64::INFINITY, f64::min);
-    let max_cap = flows.iter().map(|f| f.cap).fold(0.0, f64::max);
-    let share = |n: usize| {
-        if n > 1 {
-            capacity * efficiency / n as f64
-        } else {
-            capacity
-        }
-    };
-    // Ends by virtual time, earliest first (a max-heap on the negated value).
-    let mut heap: BinaryHeap<crate::sim::Earliest<usize>> = BinaryHeap::new();
-    let mut ends = Vec::with_capacity(flows.len());
-    let (mut now, mut virt, mut n, mut next) = (flows[0].start, 0.0, 0usize, 0);
-    while next < flows.len() || n > 0 {
-        while next < flows.len() && flows[next].start <= now {
-            heap.push(crate::sim::Earliest {
-                at: virt + flows[next].bytes,
-                key: next,
-            });
-            n += 1;
-            next += 1;
-        }
-        if n == 0 {
-            now = flows[next].start;
-            continue;
-        }
-        let mut rate = share(n);
-        if min_cap < rate * (1.0 - 1e-9) {
-            if max_cap > min_cap * (1.0 + 1e-9) {
-                return None;
-            }
-            // Every message is held to the same cap: all still move alike.
-            rate = min_cap;
-        }
-        let due = heap.peek().map_or(f64::INFINITY, |e| e.at);
-        let finish_in = (due - virt).max(0.0) / rate;
-        let arrival_in = flows.get(next).map_or(f64::INFINITY, |f| f.start - now);
-        if finish_in <= arrival_in {
-            now += finish_in;
-            virt = due;
-            while let Some(e) = heap.peek().copied() {
-                if e.at > virt + flows[e.key].bytes * 1e-12 {
-                    break;
-                }
-                heap.pop();
-                ends.push((flows[e.key].op, now));
-                n -= 1;
-            }
-        } else {
-            now += arrival_in;
-            virt += arrival_in * rate;
-        }
-    }
-    Some(ends)
-}
-
-/// A message on a shared port.
-struct Shared {
-    op: usize,
-    start: f64,
-    bytes: f64,
-    /// The most bytes per second it can get elsewhere (its link, the far end's port).
-    cap: f64,
-}
-
-/// When each message sharing a link of `capacity` bytes per second ends: the link is divided
-/// max-min fairly among the messages moving through it (water-filling under their caps), and
-/// gives `efficiency` of its capacity while two or more share it. Messages alike (same start,
-/// bytes and cap) move alike, so they are one class weighted by their number: the cost grows
-/// with the number of classes, not of messages. Returns (operation, end) pairs.
-fn processor_sharing(flows: &mut [Shared], capacity: f64, efficiency: f64) -> Vec<(usize, f64)> {
-    flows.sort_by(|a, b| {
-        (a.start, a.bytes, a.cap)
-            .partial_cmp(&(b.start, b.bytes, b.cap))
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
-    if !capacity.is_finite() {
-        return flows.iter().map(|f| (f.op, f.start)).collect();
-    }
-    if let Some(ends) = equal_sharing(flows, capacity, efficiency) {
-        return ends;
-    }
-    // Classes: (first index into flows, members, start, bytes, cap).
-    let mut classes: Vec<(usize, usize, f64, f64, f64)> = Vec::new();
-    for (i, f) in flows.iter().enumerate() {
-        match classes.last_mut() {
-            Some(c) if (c.2, c.3, c.4) == (f.start, f.bytes, f.cap) => c.1 += 1,
-            _ => classes.push((i, 1, f.start, f.bytes, f.cap)),
-        }
-    }
-    let mut ends = Vec::with_capacity(flows.len());
-    // (class, bytes left per member) of the classes moving now.
-    let mut moving: Vec<(usize, f64)> = Vec::new();
-    let (mut now, mut next) = (classes[0].2, 0);
-    let mut rates: Vec<f64> = Vec::new();
-    while next < classes.len() || !moving.is_empty() {
-        while next < classes.len() && classes[next].2 <= now {
-            moving.push((next, classes[next].3));
-            next += 1;
-        }
-        if moving.is_empty() {
-            now = classes[next].2;
-            continue;
-        }
-        let members: usize = moving.iter().map(|m| classes[m.0].1).sum();
-        let mut left = if members > 1 {
-            capacity * efficiency
-        } else {
-            capacity
-        };
-        // Water-filling: the smallest caps are met first, the rest share what is left (an
-        // equal split when no cap binds, the usual case).
-        rates.clear();
-        let fair = left / members as f64;
-        if moving.iter().all(|m| classes[m.0].4 >= fair) {
-            rates.resize(moving.len(), fair);
-        } else {
-            let mut order: Vec<usize> = (0..moving.len()).collect();
-            order.sort_by(|&a, &b| classes[moving[a].0].4.total_cmp(&classes[moving[b].0].4));
-            rates.resize(moving.len(), 0.0);
-            let mut unfilled = members;
-            for &m in &order {
-                let c = &classes[moving[m].0];
-                let rate = c.4.min(left / unfilled as f64);
-                rates[m] = rate;
-                left -= rate * c.1 as f64;
-                unfilled -= c.1;
-            }
-        }
-        let finish_in = moving
-            .iter()
-            .zip(&rates)
-            .map(|(m, r)| m.1 / r)
-            .fold(f64::INFINITY, f64::min);
-        let arrival_in = classes.get(next).map_or(f64::INFINITY, |c| c.2 - now);
-        let dt = finish_in.min(arrival_in);
-        now += dt;
-        let mut k = 0;
-        while k < moving.len() {
-            moving[k].1 -= rates[k] * dt;
-            let c = classes[moving[k].0];
-            if moving[k].1 <= c.3 * 1e-12 {
-                ends.extend(flows[c.0..c.0 + c.1].iter().map(|f| (f.op, now)));
-                moving.swap_remove(k);
-                rates.swap_remove(k);
-            } else {
-                k += 1;
-            }
-        }
-    }
-    ends
 }

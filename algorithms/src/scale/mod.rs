@@ -43,9 +43,11 @@
 //! prices its 191-step pod rings in closed form and its halving and tree phases folded.
 
 mod classes;
+mod compact;
 mod groups;
 mod lockstep;
 mod quotient;
+mod sharing;
 mod stepwise;
 
 pub use groups::{GroupQuery, price_groups};
@@ -61,7 +63,7 @@ use crate::hierarchy::Hierarchy;
 use crate::schedule::{Buf, Collective, RankSchedule};
 use crate::{Algorithm, AllGatherPart, HierPart, Plan, PlanError, ReduceScatterPart, plan_on};
 
-/// Most transfers fast pricing holds for one phase (16 bytes each); above it a phase is
+/// Most transfers fast pricing holds for one phase (8 bytes each); above it a phase is
 /// refused rather than filling memory.
 pub const MAX_MATERIALIZED_OPS: usize = 24_000_000;
 
@@ -481,7 +483,7 @@ impl<'a> Pricer<'a> {
         let mut out = Vec::with_capacity(p);
         let mut total = 0usize;
         for x in 0..p {
-            let c = Compact::new(&build(x)?);
+            let c = Compact::new(&build(x)?, x, &self.net);
             total += c.len();
             if total > MAX_MATERIALIZED_OPS
                 || (x == 0 && c.len().saturating_mul(p) > 2 * MAX_MATERIALIZED_OPS)

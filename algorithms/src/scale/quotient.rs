@@ -181,7 +181,8 @@ impl Engine<'_> {
             return;
         }
         self.started[c][t] = true;
-        let bytes = self.sched(c).transfers[t].elems as f64 * self.elem_bytes;
+        let sched = self.sched(c);
+        let bytes = sched.elems(&sched.transfers[t]) as f64 * self.elem_bytes;
         let start = self.state[c].entered.max(self.state[to].entered) + f.link.alpha;
         let mut uses = vec![
             (self.port(c as u32, true, f.off_host), 1.0),
@@ -399,7 +400,7 @@ impl Engine<'_> {
         let rs = &self.scheds[self.folded.reps[to]];
         for &j in &flow.completes {
             let mut at = self.now;
-            if rs.transfers[j as usize].kind == Kind::RecvReduce {
+            if rs.transfers[j as usize].kind() == Kind::RecvReduce {
                 let st = &mut self.state[to];
                 at = at.max(st.reduce_free) + f.bytes * flow.link.gamma;
                 st.reduce_free = at;

@@ -101,7 +101,11 @@ fn schedules(q: &Query) -> (Vec<RankSchedule>, Vec<Compact>) {
     let full: Vec<RankSchedule> = (0..q.hierarchy.len())
         .map(|x| pricer.build(x, q.count).unwrap())
         .collect();
-    let compact = full.iter().map(Compact::new).collect();
+    let compact = full
+        .iter()
+        .enumerate()
+        .map(|(x, s)| Compact::new(s, x, &pricer.net))
+        .collect();
     (full, compact)
 }
 
