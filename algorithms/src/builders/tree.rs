@@ -3,8 +3,6 @@
 //! Binomial builders work on ranks relative to the root (`v = r − root mod p`): rank v's parent
 //! is v with its lowest set bit cleared, and its subtree is the range `[v, v + lowbit(v))`.
 
-use std::collections::BTreeMap;
-
 use super::{
     Blocks, block, copy, halving_reduce_scatter_core, lowbit, one_rank, prev_power_of_two,
 };
@@ -390,8 +388,14 @@ pub fn double_binary_tree_all_reduce(p: usize, r: usize, n: usize, chunk: usize)
     let chunk = chunk.max(1);
     let height = prev_power_of_two(p).trailing_zeros() as usize;
     let down = 2 * height + 1;
-    let mut slots: BTreeMap<usize, Vec<Op>> = BTreeMap::new();
-    let mut at = |slot: usize, op: Op| slots.entry(slot).or_default().push(op);
+    // The ops of each slot, by slot (a rank's empty slots are dropped by `step`).
+    let mut slots: Vec<Vec<Op>> = Vec::new();
+    let mut at = |slot: usize, op: Op| {
+        if slots.len() <= slot {
+            slots.resize_with(slot + 1, Vec::new);
+        }
+        slots[slot].push(op);
+    };
     for t in 0..2 {
         let (off, len) = block(n, 2, t);
         let piece =
@@ -454,7 +458,7 @@ pub fn double_binary_tree_all_reduce(p: usize, r: usize, n: usize, chunk: usize)
             }
         }
     }
-    for (_, ops) in slots {
+    for ops in slots {
         s.step(ops);
     }
     s
