@@ -137,6 +137,53 @@ pub struct Tuner {
     cache: Mutex<HashMap<(Collective, u32), ChoiceAndRival>>,
 }
 
+/// Algorithms [`Tuner::explain`] prices at once above [`RUNTIME_PRICING_MAX_RANKS`] ranks
+/// (where pricing every algorithm takes seconds), where the machine has the cores: two, so
+/// that memory stays at the largest pricing's plus one other's (a pipelined tree at 24,576
+/// ranks holds about 100 MB of transfers; the others about 50 MB each).
+pub const EXPLAIN_THREADS: usize = 2;
+
+/// `f` over `items` on up to `threads` threads (no more than the machine's cores), each
+/// taking the next item as it finishes one; the results in the items' order.
+fn map_in_order<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = threads.min(cores).min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(item) = items.get(i) else {
+                return done;
+            };
+            done.push((i, f(item)));
+        }
+    };
+    let mut out: Vec<Option<R>> = items.iter().map(|_| None).collect();
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+        let mut all = work();
+        for h in helpers {
+            match h.join() {
+                Ok(done) => all.extend(done),
+                // A pricing that panicked on a helper panics here, as it would have inline.
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        for (i, r) in all {
+            out[i] = Some(r);
+        }
+    });
+    out.into_iter().flatten().collect()
+}
+
 /// How close two predicted times are for the model not to tell them apart: the accuracy its
 /// predictions are held to (±25% of measured times). The runtime times such a pair in the
 /// first calls of the size class and keeps the faster, every rank agreeing.
@@ -409,8 +456,8 @@ impl Tuner {
         }
         let mut ranked: Vec<Priced> = Vec::with_capacity(candidates.len());
         let p = self.hierarchy.len();
-        for a in rest {
-            ranked.push(if let Err(too_many) = a.check_ranks(p) {
+        let price_one = |&a: &Algorithm| {
+            if let Err(too_many) = a.check_ranks(p) {
                 unpriced(a, too_many.to_string())
             } else if quick && !cheap_to_price(collective, a, bytes, p) {
                 unpriced(
@@ -422,8 +469,15 @@ impl Tuner {
                 )
             } else {
                 self.price(collective, a, bytes)
-            });
-        }
+            }
+        };
+        // Ahead of time, on a communicator whose pricing takes seconds, two at once.
+        let threads = if thorough && p > RUNTIME_PRICING_MAX_RANKS {
+            EXPLAIN_THREADS
+        } else {
+            1
+        };
+        ranked.extend(map_in_order(&rest, threads, price_one));
         for (a, bound) in bounded {
             let best = ranked
                 .iter()
@@ -594,6 +648,21 @@ pub(crate) mod tests {
             aggregation: link(4.0),
             ..TierCosts::default()
         }
+    }
+
+    /// Items mapped on two threads come back in order, each mapped once.
+    #[test]
+    fn map_in_order_keeps_order_on_threads() {
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let items: Vec<usize> = (0..100).collect();
+        let out = map_in_order(&items, EXPLAIN_THREADS, |&x| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            x * x
+        });
+        assert_eq!(out, items.iter().map(|x| x * x).collect::<Vec<_>>());
+        assert_eq!(calls.into_inner(), 100);
+        assert_eq!(map_in_order(&items[..1], 8, |&x| x + 1), vec![1]);
+        assert!(map_in_order(&items[..0], 2, |&x| x).is_empty());
     }
 
     fn scattered() -> Vec<usize> {
