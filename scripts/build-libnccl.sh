@@ -8,7 +8,9 @@
 # against include/ and link with -L target/strata-nccl/lib -lnccl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p strata-ffi >&2
+# With strata itself in the build, its dependencies get the features they get in `cargo test
+# --workspace` and `cargo run`, so that an earlier build's are reused rather than rebuilt.
+cargo build --release -p strata -p strata-ffi >&2
 out=target/strata-nccl
 mkdir -p "$out/lib" "$out/include"
 cp target/release/libstrata_ffi.so "$out/lib/libnccl.so.2.tmp"

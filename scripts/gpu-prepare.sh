@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --bin collbench -p strata -p strata-ffi >&2
-# The plugin's cdylib (a --bin build leaves library targets of other packages out).
-cargo build --release -p strata-nccl-tuner >&2
+# The plugin's cdylib (a --bin build leaves library targets of other packages out); with strata
+# in the build, the dependencies it shares are those already built, not built again.
+cargo build --release -p strata -p strata-nccl-tuner >&2
 cargo test --release --no-run --test gpu_faults >&2
 mkdir -p .gpu
 strip -o .gpu/collbench target/release/collbench
