@@ -23,6 +23,9 @@ const KIND_BITS: u32 = 0b11;
 const OFF_HOST_BIT: u32 = 0b100;
 const LEN_SHIFT: u32 = 3;
 
+/// Distinct lengths a rank's table is scanned for; past them, they are looked up in a map.
+const SCANNED_LENGTHS: usize = 16;
+
 /// Most distinct lengths one rank's schedule may move.
 const MAX_LENGTHS: usize = 1 << (32 - LEN_SHIFT);
 
@@ -80,7 +83,7 @@ impl Compact {
             bounds: vec![0],
             lengths: Vec::new(),
         };
-        // Past a few lengths, a map finds each one's index.
+        // A few lengths are scanned; past `SCANNED_LENGTHS`, a map finds each one's index.
         let mut index: HashMap<u64, u32> = HashMap::new();
         for st in &s.steps {
             for op in &st.ops {
@@ -93,21 +96,20 @@ impl Compact {
                     Op::Copy { .. } | Op::Reduce { .. } | Op::Finalize { .. } => continue,
                 };
                 let elems = elems as u64;
-                let at = match c.lengths.iter().rposition(|&l| l == elems) {
-                    Some(at) => at,
-                    None if c.lengths.len() < 16 => {
-                        c.lengths.push(elems);
-                        c.lengths.len() - 1
+                let lengths = &mut c.lengths;
+                let at = if lengths.len() < SCANNED_LENGTHS {
+                    lengths.iter().position(|&l| l == elems).unwrap_or_else(|| {
+                        lengths.push(elems);
+                        lengths.len() - 1
+                    })
+                } else {
+                    if index.is_empty() {
+                        index.extend(lengths.iter().enumerate().map(|(i, &l)| (l, i as u32)));
                     }
-                    None => {
-                        if index.is_empty() {
-                            index.extend(c.lengths.iter().enumerate().map(|(i, &l)| (l, i as u32)));
-                        }
-                        *index.entry(elems).or_insert_with(|| {
-                            c.lengths.push(elems);
-                            (c.lengths.len() - 1) as u32
-                        }) as usize
-                    }
+                    *index.entry(elems).or_insert_with(|| {
+                        lengths.push(elems);
+                        (lengths.len() - 1) as u32
+                    }) as usize
                 };
                 // A rank holds at most `MAX_MATERIALIZED_OPS` transfers, far fewer.
                 debug_assert!(at < MAX_LENGTHS);

@@ -328,16 +328,14 @@ impl<'a> Engine<'a> {
 
     /// When each message of `r`'s current step through one of its ports (`sends`, `off_host`)
     /// ends, if the port carries more than one at once, written into `self.ends` (cleared
-    /// first), with the peers it read into `self.peers`: the port is shared equally among the
-    /// messages moving through it (processor sharing at the fastest of their links). A
-    /// message starts α after both ends are in their steps; a peer not yet in the step that
-    /// holds the match is assumed to start with this rank. Messages to one peer run at once
-    /// as far as the peer's current step holds their matches (a chain's root posts every
-    /// chunk to a neighbour that takes one per step). Writes (operation index, end) pairs;
-    /// none when the port carries one message.
+    /// first): the port is shared equally among the messages moving through it (processor
+    /// sharing at the fastest of their links). A message starts α after both ends are in
+    /// their steps; a peer not yet in the step that holds the match is assumed to start with
+    /// this rank. Messages to one peer run at once as far as the peer's current step holds
+    /// their matches (a chain's root posts every chunk to a neighbour that takes one per
+    /// step). Writes (operation index, end) pairs; none when the port carries one message.
     fn port_ends(&mut self, r: usize, sends: bool, off_host: bool) {
         self.ends.clear();
-        self.peers.clear();
         let mine = self.ops(r);
         let on_port = |e: &Self, i: usize| mine[i].sends() == sends && e.off_host(r, i) == off_host;
         // Most ports carry one message in a step: nothing to share.
@@ -351,6 +349,7 @@ impl<'a> Engine<'a> {
         // (peer, messages at once, counted so far)
         let mut peers = std::mem::take(&mut self.peers);
         let mut flows = std::mem::take(&mut self.flows);
+        peers.clear();
         flows.clear();
         let mut beta = f64::INFINITY;
         for (i, op) in mine.iter().enumerate() {
