@@ -70,7 +70,8 @@ const MAX_PASSES: usize = 12;
 
 /// Above this many messages crossing shared uplinks, sharing stays at the first estimate
 /// (messages per uplink per step), which is exact when ranks cross in step and pessimistic
-/// when they drift; refining it costs O(classes²) per uplink and pass.
+/// when they drift; refining it costs a processor sharing of every uplink's messages per
+/// pass, and up to [`MAX_PASSES`] passes of the whole schedule.
 const MAX_REFINED_CROSSINGS: usize = 50_000;
 
 /// Passes stop once no rank's end moves by more than this fraction.
