@@ -145,7 +145,7 @@ pub const EXPLAIN_THREADS: usize = 2;
 
 /// `f` over `items` on up to `threads` threads (no more than the machine's cores), each
 /// taking the next item as it finishes one; the results in the items' order.
-fn map_in_order<T: Sync, R: Send>(
+pub fn map_in_order<T: Sync, R: Send>(
     items: &[T],
     threads: usize,
     f: impl Fn(&T) -> R + Sync,

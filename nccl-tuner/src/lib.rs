@@ -243,18 +243,6 @@ fn make_context(n_ranks: usize, n_nodes: usize, logger: Logger) -> Result<Contex
             return Ok(Context { model: None });
         }
     };
-    if n_ranks > model::MAX_RANKS {
-        log(
-            logger,
-            LOG_INFO,
-            line!(),
-            &format!(
-                "{n_ranks} ranks is above the {} this plugin prices at init; NCCL's own tuning stands",
-                model::MAX_RANKS
-            ),
-        );
-        return Ok(Context { model: None });
-    }
     let nodelist = std::env::var("SLURM_JOB_NODELIST").ok();
     let hosts = source::node_hosts(&fab, n_nodes, nodelist.as_deref())?;
     let started = std::time::Instant::now();

@@ -11,7 +11,7 @@
 //! price: NCCL, taking the minimum, then ranks the algorithms as strata's model does.
 
 use strata_algorithms::schedule::Collective;
-use strata_algorithms::tuner::{CHUNK_BYTES, RUNTIME_PRICING_MAX_RANKS, Tuner};
+use strata_algorithms::tuner::{CHUNK_BYTES, RUNTIME_PRICING_MAX_RANKS, Tuner, map_in_order};
 use strata_algorithms::{Algorithm, Hierarchy};
 use strata_topology::Tier;
 use strata_topology::fabric::Fabric;
@@ -72,17 +72,28 @@ const MAX_LOG2: usize = 28;
 /// interpolated between them (log-log).
 const SPARSE_GRID: [usize; 11] = [0, 4, 8, 12, 16, 19, 20, 22, 24, 26, 28];
 
+/// Above [`SCALE_RANKS`] ranks, these: by 16 MiB per rank every modelled schedule is a
+/// pipeline in its steady state or a sum of per-step messages, so larger sizes extend the last
+/// two affinely (the tree all-reduce at 256 MiB on 4,096 ranks: +4% against its full price).
+const AT_SCALE_GRID: [usize; 7] = [0, 8, 16, 19, 20, 22, 24];
+
 /// Up to this many ranks every power of two is priced.
 const DENSE_MAX_RANKS: usize = 16;
 
-/// A price whose work (ranks × pipeline chunks) exceeds this is extrapolated from the smaller
-/// sizes instead: it keeps `init` of a 1,024-rank communicator under a second (8 ranks are
-/// priced at every size).
+/// Up to [`SCALE_RANKS`] ranks, a price whose work (ranks × pipeline chunks) exceeds this is
+/// extrapolated from the smaller sizes instead: it keeps `init` of a 1,024-rank communicator
+/// under a second (8 ranks are priced at every size). Above, fast pricing itself times a
+/// pipeline only until its steady state, and [`AT_SCALE_GRID`] stops at 16 MiB.
 const WORK_BOUND: usize = 1 << 15;
 
-/// Above this many ranks the plugin leaves NCCL's tuning alone: pricing every NCCL algorithm
-/// would take seconds per communicator (strata's own runtime prices only the cheap ones there).
-pub const MAX_RANKS: usize = RUNTIME_PRICING_MAX_RANKS;
+/// Above this many ranks the plugin prices on [`AT_SCALE_GRID`], and a ring all-reduce of
+/// fewer elements than ranks (whose empty blocks take the engine, not the closed form, to
+/// price: seconds at 4,096 ranks) is given the price of the first size priced, which it does
+/// not exceed. strata's own runtime draws the same line ([`RUNTIME_PRICING_MAX_RANKS`]).
+pub const SCALE_RANKS: usize = RUNTIME_PRICING_MAX_RANKS;
+
+/// Threads `init` prices on above [`SCALE_RANKS`] ranks (the algorithms at once).
+const SCALE_THREADS: usize = 2;
 
 /// The most channels the plugin asks for; above it NCCL's own count stands.
 pub const MAX_CHANNELS: usize = 32;
@@ -168,34 +179,46 @@ impl Model {
         let tuner = Tuner::new(h, fabric.tiers, true);
         let link = fabric.tiers.link(outer);
         let half_bandwidth_bytes = link.latency_us * 1e-6 * link.effective_gbps() * 1e9;
-        let dense = n_ranks <= DENSE_MAX_RANKS;
-        let grid: Vec<usize> = if dense {
+        let at_scale = n_ranks > SCALE_RANKS;
+        let grid: Vec<usize> = if n_ranks <= DENSE_MAX_RANKS {
             (0..=MAX_LOG2).collect()
+        } else if at_scale {
+            AT_SCALE_GRID.to_vec()
         } else {
             SPARSE_GRID.to_vec()
         };
+        // Every (collective, NCCL algorithm) strata models, priced on its own.
+        let rows: Vec<(usize, usize, Collective, Algorithm)> = FUNCS
+            .iter()
+            .enumerate()
+            .flat_map(|(f, &func)| {
+                (0..algo::COUNT)
+                    .filter_map(move |a| strata_algorithm(func, a).map(|(c, alg)| (f, a, c, alg)))
+            })
+            .collect();
+        let priced = map_in_order(
+            &rows,
+            if at_scale { SCALE_THREADS } else { 1 },
+            |&(_, _, c, alg)| {
+                grid.iter()
+                    .filter(|&&k| at_scale || work(n_ranks, alg, k) <= WORK_BOUND)
+                    .filter(|&&k| !(at_scale && sparse_ring(c, alg, k, n_ranks)))
+                    .filter_map(|&k| Some((k, tuner.price(c, alg, 1usize << k).seconds.ok()?)))
+                    .collect::<Vec<(usize, f64)>>()
+            },
+        );
         let mut extrapolated = 0;
         let mut prices = vec![vec![[f64::NAN; algo::COUNT]; MAX_LOG2 + 1]; FUNCS.len()];
-        for (f, &func) in FUNCS.iter().enumerate() {
-            for a in 0..algo::COUNT {
-                let Some((c, alg)) = strata_algorithm(func, a) else {
-                    continue;
-                };
-                let points: Vec<(usize, f64)> = grid
-                    .iter()
-                    .filter(|&&k| work(n_ranks, alg, k) <= WORK_BOUND)
-                    .filter_map(|&k| Some((k, tuner.price(c, alg, 1usize << k).seconds.ok()?)))
-                    .collect();
-                if points.len() < 2 {
-                    continue;
-                }
-                extrapolated += grid
-                    .iter()
-                    .filter(|k| !points.iter().any(|p| p.0 == **k))
-                    .count();
-                for (k, row) in prices[f].iter_mut().enumerate() {
-                    row[a] = log_log(&points, k as f64);
-                }
+        for (&(f, a, _, _), points) in rows.iter().zip(priced) {
+            if points.len() < 2 {
+                continue;
+            }
+            extrapolated += grid
+                .iter()
+                .filter(|k| !points.iter().any(|p| p.0 == **k))
+                .count();
+            for (k, row) in prices[f].iter_mut().enumerate() {
+                row[a] = log_log(&points, k as f64);
             }
         }
         let ln_prices = prices
@@ -312,11 +335,21 @@ fn work(n_ranks: usize, alg: Algorithm, k: usize) -> usize {
     n_ranks.saturating_mul(chunks)
 }
 
+/// Whether `alg` for `c` at 2^k bytes per rank is a ring all-reduce of fewer 4-byte elements
+/// than ranks.
+fn sparse_ring(c: Collective, alg: Algorithm, k: usize, n_ranks: usize) -> bool {
+    c == Collective::AllReduce && alg == Algorithm::Ring && (1usize << k).div_ceil(4) < n_ranks
+}
+
 /// The price at log2 bytes `x` from priced points `(log2 bytes, seconds)` sorted by size: a
-/// power law between the two around `x`; below the first, through the first two; above the
-/// last, affine in bytes through the last two (pipelines of chunks grow linearly).
+/// power law between the two around `x`; below the first, the first (no price falls as bytes
+/// grow, so this does not underprice); above the last, affine in bytes through the last two
+/// (pipelines of chunks grow linearly).
 fn log_log(points: &[(usize, f64)], x: f64) -> f64 {
     let n = points.len();
+    if x < points[0].0 as f64 {
+        return points[0].1;
+    }
     let ((k0, t0), (k1, t1)) = (points[n - 2], points[n - 1]);
     if x > k1 as f64 {
         let (b0, b1) = (2f64.powi(k0 as i32), 2f64.powi(k1 as i32));
@@ -436,5 +469,61 @@ mod tests {
         assert_eq!(m.channels(func::ALL_REDUCE, 1 << 39), 0);
         let one = Model::build(&fab, 1, &[0]);
         assert_eq!(one.channels(func::ALL_REDUCE, 1 << 20), 0);
+    }
+
+    /// Above [`SCALE_RANKS`] ranks every modelled row is priced (the plugin once wrote
+    /// nothing there): at the grid's sizes the rows are strata's prices; a ring all-reduce of
+    /// fewer elements than ranks holds the price of its first size priced, which its own price
+    /// does not exceed; past 16 MiB the tree is extended within 10% of its price.
+    #[test]
+    fn a_communicator_at_scale_is_priced() {
+        let fab = parse_file(
+            include_str!("../../examples/topology/meta-24k-h100.toml"),
+            "meta-24k-h100.toml",
+        )
+        .unwrap();
+        let (ranks, hosts) = (2048, (0..256).collect::<Vec<_>>());
+        assert!(ranks > SCALE_RANKS);
+        let m = Model::build(&fab, ranks, &hosts);
+        let tuner = Tuner::new(hierarchy(&fab, ranks, &hosts), fab.tiers, true);
+        let price = |c, alg, bytes| tuner.price(c, alg, bytes).seconds.unwrap();
+        let rows = [
+            (func::ALL_REDUCE, algo::TREE),
+            (func::ALL_REDUCE, algo::RING),
+            (func::ALL_GATHER, algo::RING),
+            (func::ALL_GATHER, algo::PAT),
+            (func::REDUCE_SCATTER, algo::RING),
+            (func::REDUCE_SCATTER, algo::PAT),
+            (func::BROADCAST, algo::RING),
+        ];
+        for (f, a) in rows {
+            let (c, alg) = strata_algorithm(f, a).unwrap();
+            for k in [16usize, 20, 24] {
+                let per_rank = 1usize << k;
+                let n_bytes = match f {
+                    func::ALL_GATHER | func::REDUCE_SCATTER => per_rank * ranks,
+                    _ => per_rank,
+                };
+                let got = m.seconds(f, a, n_bytes).unwrap();
+                let want = price(c, alg, per_rank);
+                assert!(
+                    (got / want - 1.0).abs() < 1e-9,
+                    "{c} {alg} 2^{k}: {got} vs {want}"
+                );
+            }
+        }
+        // 256 B is 64 elements on 2,048 ranks: the ring's first priced size is 64 KiB.
+        let flat = m.seconds(func::ALL_REDUCE, algo::RING, 256).unwrap();
+        assert_eq!(
+            flat,
+            m.seconds(func::ALL_REDUCE, algo::RING, 1 << 16).unwrap()
+        );
+        let sparse = price(Collective::AllReduce, Algorithm::Ring, 256);
+        assert!(sparse <= flat, "{sparse} above {flat}");
+        // At 8 B NCCL's tree is far cheaper than the ring at scale, as strata prices it.
+        assert!(m.seconds(func::ALL_REDUCE, algo::TREE, 8).unwrap() < sparse);
+        let tree = m.seconds(func::ALL_REDUCE, algo::TREE, 1 << 26).unwrap();
+        let full = price(Collective::AllReduce, Algorithm::Tree, 1 << 26);
+        assert!((tree / full - 1.0).abs() < 0.10, "{tree} vs {full}");
     }
 }

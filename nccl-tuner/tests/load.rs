@@ -291,6 +291,64 @@ fn nccl_runs_what_strata_ranks_first_on_the_oversubscribed_fat_tree() {
     }
 }
 
+/// Above 1,024 ranks the plugin prices the communicator too (it once left NCCL's tuning
+/// alone there): 2,048 ranks on 256 nodes of the Meta-like file, the rows at strata's prices,
+/// and NCCL's choice strata's.
+#[test]
+fn a_communicator_of_2048_ranks_is_priced_at_init() {
+    let file = manifest("../examples/topology/meta-24k-h100.toml");
+    let r = run(
+        &["2048", "256"],
+        &[("STRATA_TOPO_FILE", file.to_str().unwrap())],
+    );
+    assert_eq!(r.init, 0, "{:?}", r.logs);
+    assert!(
+        r.logs
+            .iter()
+            .any(|l| l.contains("2048 ranks on 256 nodes, priced on")),
+        "{:?}",
+        r.logs
+    );
+    let fab = fabric::load_file(&file).unwrap();
+    let tuner = Tuner::new(
+        model::hierarchy(&fab, 2048, &(0..256).collect::<Vec<_>>()),
+        fab.tiers,
+        true,
+    );
+    // (func, NCCL's bytes, strata's bytes per rank, algorithms)
+    let cases = [
+        (
+            func::ALL_REDUCE,
+            1usize << 16,
+            1usize << 16,
+            [algo::TREE, algo::RING],
+        ),
+        (func::ALL_REDUCE, 1 << 20, 1 << 20, [algo::TREE, algo::RING]),
+        (func::ALL_GATHER, 1 << 30, 1 << 19, [algo::RING, algo::PAT]),
+        (
+            func::REDUCE_SCATTER,
+            1 << 30,
+            1 << 19,
+            [algo::RING, algo::PAT],
+        ),
+    ];
+    for (f, n_bytes, per_rank, algos) in cases {
+        let (rc, _, table) = &r.calls[&(f, n_bytes)];
+        assert_eq!(*rc, 0);
+        let mut best = (f64::INFINITY, 0);
+        for a in algos {
+            let (coll, alg) = model::strata_algorithm(f, a).unwrap();
+            let us = tuner.price(coll, alg, per_rank).seconds.unwrap() * 1e6;
+            let got = row_min(table, a) as f64;
+            assert!((got / us - 1.0).abs() < 1e-4, "{coll} {alg}: {got} vs {us}");
+            if us < best.0 {
+                best = (us, a);
+            }
+        }
+        assert_eq!(nccl_choice(table, &algos), best.1, "{f} {n_bytes}");
+    }
+}
+
 #[test]
 fn every_exported_interface_writes_the_same_table() {
     let file = emulated();

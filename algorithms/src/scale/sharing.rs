@@ -145,11 +145,8 @@ fn capped_sharing(
         let at = free_due.min(held_due).min(arrival).max(now);
         if !at.is_finite() {
             // Nothing moves (a link of no capacity): what is left never ends.
-            for f in 0..next {
-                if s.state[f].moving {
-                    ends.push((flows[f].op, f64::INFINITY));
-                }
-            }
+            let stuck = flows.iter().zip(&s.state).filter(|(_, p)| p.moving);
+            ends.extend(stuck.map(|(f, _)| (f.op, f64::INFINITY)));
             return;
         }
         if level.is_finite() {
