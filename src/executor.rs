@@ -522,8 +522,9 @@ impl OpRun<'_> {
                 let (s, n) = bufs.span(src, es)?;
                 let (d, _) = bufs.span(dst, es)?;
                 if s != d {
-                    // SAFETY: both spans were bounds-checked; `copy` handles overlap.
-                    unsafe { std::ptr::copy(s, d, n) };
+                    // SAFETY: both spans were bounds-checked; `copy_overlapping` handles
+                    // overlap.
+                    unsafe { crate::copy::copy_overlapping(s, d, n) };
                 }
             }
             Op::Finalize { region } => {

@@ -21,6 +21,7 @@ pub mod check;
 mod comm;
 pub mod config;
 mod connection;
+pub mod copy;
 mod diagnosis;
 pub mod dtype;
 pub mod error;

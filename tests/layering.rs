@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// and the layers below it.
 const LAYERS: &[&[&str]] = &[
     &["error", "tuning", "launcher"],
-    &["dtype", "reduce"],
+    &["dtype", "reduce", "copy"],
     &["config"],
     // The records that cross the wire: imported by everything that talks to a peer.
     &["wire"],

@@ -129,7 +129,7 @@ impl Communicator {
                 let original = unsafe { std::slice::from_raw_parts(input, input_bytes) };
                 match premul {
                     Some(s) => reduce::scale(spec.dtype, staged, original, &s),
-                    None => staged.copy_from_slice(original),
+                    None => crate::copy::copy(staged, original),
                 }
                 input = staged.as_ptr();
             }

@@ -78,8 +78,8 @@ impl Communicator {
             let src = transfers[si].ptr() as *const u8;
             let dst = transfers[ri].ptr();
             // SAFETY: both buffers hold `len` bytes (checked above) and live for the call;
-            // `copy` allows them to overlap.
-            unsafe { std::ptr::copy(src, dst, transfers[si].parts().2) };
+            // `copy_overlapping` allows them to overlap.
+            unsafe { crate::copy::copy_overlapping(src, dst, transfers[si].parts().2) };
         }
         // Round k: the k-th transfer with each peer in each direction.
         let mut seen: HashMap<(bool, usize), usize> = HashMap::new();

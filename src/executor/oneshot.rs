@@ -102,7 +102,7 @@ impl OpRun<'_> {
         let result = self.gather_small(plan, header, data, &mut slots, announce);
         if result.is_ok() {
             let own = plan.own * bytes;
-            slots[own..own + bytes].copy_from_slice(data);
+            crate::copy::copy(&mut slots[own..own + bytes], data);
             // SAFETY: the caller's output, writable for `bytes`; `slots` is ours.
             let out = unsafe { std::slice::from_raw_parts_mut(output, bytes) };
             let (dtype, combine) = (self.dtype, self.combine);
@@ -216,7 +216,7 @@ impl OpRun<'_> {
                     return;
                 }
                 let at = pos - HEADER_BYTES;
-                slot[at..at + incoming.len()].copy_from_slice(incoming);
+                crate::copy::copy(&mut slot[at..at + incoming.len()], incoming);
                 pos += incoming.len();
             })
             .map_err(|e| self.io_err(peer, e))?;

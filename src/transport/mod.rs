@@ -121,7 +121,7 @@ pub(crate) trait Transport: Send {
         let mut done = 0;
         let max = dst.len();
         self.recv_some(max, 1, &mut |b| {
-            dst[done..done + b.len()].copy_from_slice(b);
+            crate::copy::copy(&mut dst[done..done + b.len()], b);
             done += b.len();
         })
     }

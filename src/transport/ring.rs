@@ -238,8 +238,8 @@ impl RingEndpoint {
         // and a and b together fit its payload.
         unsafe {
             let p = self.slot_ptr(self.tx, slot).add(SLOT_HEADER);
-            std::ptr::copy_nonoverlapping(a.as_ptr(), p, a.len());
-            std::ptr::copy_nonoverlapping(b.as_ptr(), p.add(a.len()), b.len());
+            crate::copy::copy_nonoverlapping(a.as_ptr(), p, a.len());
+            crate::copy::copy_nonoverlapping(b.as_ptr(), p.add(a.len()), b.len());
         }
         self.tx_head = self.tx_head.wrapping_add(1);
         self.tx_slot = self.next_slot(slot);
@@ -364,7 +364,7 @@ impl Transport for RingEndpoint {
                     take,
                 )
             };
-            dst[done..done + take].copy_from_slice(bytes);
+            crate::copy::copy(&mut dst[done..done + take], bytes);
             done += take;
             offset = 0;
             seq = seq.wrapping_add(1);
