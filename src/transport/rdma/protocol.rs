@@ -478,7 +478,7 @@ impl Transport for RdmaTransport {
             let off = slot * self.slot_size;
             // SAFETY: the staging slot is not being sent (tx_busy is false) and holds n bytes.
             unsafe {
-                std::ptr::copy_nonoverlapping(
+                crate::copy::copy_nonoverlapping(
                     data.as_ptr().add(sent),
                     self.tx.at(off) as *mut u8,
                     n,
@@ -561,8 +561,9 @@ impl Transport for RdmaTransport {
             let at = self.rx.at(slot * self.slot_size + offset);
             // SAFETY: the slot's first `len` bytes were written by the peer and are not granted
             // again until consumed, which peeking never does.
-            dst[done..done + take]
-                .copy_from_slice(unsafe { std::slice::from_raw_parts(at as *const u8, take) });
+            crate::copy::copy(&mut dst[done..done + take], unsafe {
+                std::slice::from_raw_parts(at as *const u8, take)
+            });
             done += take;
             offset = 0;
             seq = seq.wrapping_add(1);

@@ -204,8 +204,8 @@ impl Transport for TcpTransport {
         let staged = (self.st_end - self.st_start).min(dst.len());
         if staged > 0 {
             let s = self.st_start;
-            dst[..staged]
-                .copy_from_slice(&bytemuck::cast_slice::<u64, u8>(&self.staging)[s..s + staged]);
+            let from = &bytemuck::cast_slice::<u64, u8>(&self.staging)[s..s + staged];
+            crate::copy::copy(&mut dst[..staged], from);
             self.st_start += staged;
         }
         Ok(staged + self.read_streams(&mut dst[staged..])?)
