@@ -576,7 +576,7 @@ impl Tuner {
 /// time its rings on the engine (0.1–0.2 s at 24,576 ranks and 8 bytes), and at that size
 /// recursive doubling is priced far below both.
 fn cheap_to_price(collective: Collective, algorithm: Algorithm, bytes: usize, p: usize) -> bool {
-    let sparse = bytes.div_ceil(PRICE_ELEM_BYTES) < p;
+    let sparse = fewer_elements_than_ranks(bytes, p);
     match (collective, algorithm.normalized()) {
         // Step by step above scale::STEPWISE_DOUBLING_ABOVE: the latency-bound choice.
         (Collective::AllReduce, Algorithm::RecursiveDoubling) => true,
@@ -587,6 +587,12 @@ fn cheap_to_price(collective: Collective, algorithm: Algorithm, bytes: usize, p:
         (Collective::AllGather | Collective::ReduceScatter, a) => a == Algorithm::Ring,
         _ => false,
     }
+}
+
+/// Whether `bytes` per rank price as fewer elements than `p` ranks: a ring all-reduce of that
+/// size has empty blocks, so it is timed on the engine rather than in closed form.
+pub fn fewer_elements_than_ranks(bytes: usize, p: usize) -> bool {
+    bytes.div_ceil(PRICE_ELEM_BYTES) < p
 }
 
 /// The size class of `bytes`: ⌈lg bytes⌉ (0 for 0 and 1).

@@ -11,7 +11,9 @@
 //! price: NCCL, taking the minimum, then ranks the algorithms as strata's model does.
 
 use strata_algorithms::schedule::Collective;
-use strata_algorithms::tuner::{CHUNK_BYTES, RUNTIME_PRICING_MAX_RANKS, Tuner, map_in_order};
+use strata_algorithms::tuner::{
+    CHUNK_BYTES, RUNTIME_PRICING_MAX_RANKS, Tuner, fewer_elements_than_ranks, map_in_order,
+};
 use strata_algorithms::{Algorithm, Hierarchy};
 use strata_topology::Tier;
 use strata_topology::fabric::Fabric;
@@ -335,10 +337,12 @@ fn work(n_ranks: usize, alg: Algorithm, k: usize) -> usize {
     n_ranks.saturating_mul(chunks)
 }
 
-/// Whether `alg` for `c` at 2^k bytes per rank is a ring all-reduce of fewer 4-byte elements
-/// than ranks.
+/// Whether `alg` for `c` at 2^k bytes per rank is a ring all-reduce of fewer elements than
+/// ranks, as the tuner prices them.
 fn sparse_ring(c: Collective, alg: Algorithm, k: usize, n_ranks: usize) -> bool {
-    c == Collective::AllReduce && alg == Algorithm::Ring && (1usize << k).div_ceil(4) < n_ranks
+    c == Collective::AllReduce
+        && alg == Algorithm::Ring
+        && fewer_elements_than_ranks(1 << k, n_ranks)
 }
 
 /// The price at log2 bytes `x` from priced points `(log2 bytes, seconds)` sorted by size: a
