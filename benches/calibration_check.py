@@ -3,7 +3,8 @@
 
 For each rank count: `collbench calibrate` writes a profile; then ROUNDS interleaved rounds
 of collbench `--algo all` and `--algo auto` per collective run with STRATA_COST_PROFILE set.
-Per (collective, algorithm, size) the median measured time is set beside collbench's own
+Each collbench run keeps collbench's own iteration counts (20 timed, 5 warm-up), as a new
+user's would. Per (collective, algorithm, size) the median measured time is set beside collbench's own
 `predicted` column, and per size auto's median beside the best fixed algorithm's median.
 
     NPS="2 3 4" ROUNDS=3 MAX=64M python3 benches/calibration_check.py
@@ -42,7 +43,7 @@ def rows(np_, op, algo, profile, tmp):
     out = os.path.join(tmp, "r.json")
     run(
         ["--np", str(np_), "--op", op, "--algo", algo, "-b", "8", "-e", MAX, "-f", "8",
-         "--no-in-place", "-c", "0", "-n", "10", "-J", out],
+         "--no-in-place", "-c", "0", "-J", out],
         {"STRATA_COST_PROFILE": profile},
     )
     with open(out) as f:

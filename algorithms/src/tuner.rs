@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use strata_topology::Tier;
 use strata_topology::fabric::TierCosts;
 
 use crate::cost::{FabricModel, price};
@@ -128,6 +129,8 @@ type ChoiceAndRival = (Algorithm, Option<Algorithm>);
 pub struct Tuner {
     hierarchy: Hierarchy,
     costs: TierCosts,
+    /// Ranks on the fullest host: whose buffers share its caches ([`TierCosts::memory`]).
+    host_ranks: usize,
     ordered: bool,
     rules: Vec<Rule>,
     /// (bytes a host's ranks keep in flight, ranks on this host) when the runtime runs the
@@ -184,6 +187,31 @@ pub fn map_in_order<T: Sync, R: Send>(
     out.into_iter().flatten().collect()
 }
 
+/// Ranks of the fullest host of `h`: the largest group of the outermost level whose ranks
+/// are all joined inside a host (the whole communicator when every pair is).
+fn fullest_host(h: &Hierarchy) -> usize {
+    if h.inner_tier() > Tier::Host {
+        return 1;
+    }
+    let mut size = 1;
+    for level in 0..h.depth() {
+        // A group of this level holds ranks joined by the tiers up to the one below it.
+        let inside = match level {
+            0 => h.inner_tier(),
+            l => h.level_tier(l - 1),
+        };
+        if inside > Tier::Host {
+            return size;
+        }
+        size = h.group_sizes(level).iter().max().map_or(1, |&n| n as usize);
+    }
+    match h.depth() {
+        0 => h.len(),
+        d if h.level_tier(d - 1) <= Tier::Host => h.len(),
+        _ => size,
+    }
+}
+
 /// How close two predicted times are for the model not to tell them apart: the accuracy its
 /// predictions are held to (±25% of measured times). The runtime times such a pair in the
 /// first calls of the size class and keeps the faster, every rank agreeing.
@@ -197,7 +225,9 @@ impl Tuner {
     /// A tuner for ranks laid out as `hierarchy` on tiers that cost `costs`; `ordered` says
     /// whether flat schedules run in topology order.
     pub fn new(hierarchy: Hierarchy, costs: TierCosts, ordered: bool) -> Self {
+        let host_ranks = fullest_host(&hierarchy);
         Self {
+            host_ranks,
             hierarchy,
             costs,
             ordered,
@@ -337,7 +367,7 @@ impl Tuner {
     ) -> scale::Query<'_> {
         scale::Query {
             hierarchy: &self.hierarchy,
-            costs: self.costs,
+            costs: self.costs_for(collective, bytes),
             ordered: self.ordered,
             collective,
             algorithm,
@@ -346,6 +376,19 @@ impl Tuner {
             root: 0,
             chunk_elems: CHUNK_BYTES / PRICE_ELEM_BYTES,
         }
+    }
+
+    /// The costs of a call of `collective` at `bytes` per rank: its buffers on the fullest
+    /// host (inputs and outputs of every rank there) against where the host's caches end
+    /// ([`TierCosts::at_working_set`]).
+    fn costs_for(&self, collective: Collective, bytes: usize) -> TierCosts {
+        if self.costs.memory.is_none() {
+            return self.costs;
+        }
+        let p = self.hierarchy.len();
+        let (input, output) = collective.buffer_elems(bytes, p, 0, 0);
+        let host_bytes = (input + output) as f64 * self.host_ranks as f64;
+        self.costs.at_working_set(host_bytes)
     }
 
     fn rule_for(&self, collective: Collective, bytes: usize) -> Option<&Rule> {
@@ -368,8 +411,11 @@ impl Tuner {
 
     /// Prices `algorithm` for `collective` at `bytes` per rank on this fabric: by the full
     /// simulation up to [`FULL_SIMULATION_MAX_RANKS`], else by fast pricing; the tiers'
-    /// `call_us` is added to every price.
+    /// `call_us` is added to every price. A call of no elements is priced as one of one: the
+    /// runtime still runs its schedule, each message a header without data, to keep every
+    /// rank's calls matched.
     pub fn price(&self, collective: Collective, algorithm: Algorithm, bytes: usize) -> Priced {
+        let bytes = bytes.max(1);
         let mut priced = self.price_messages(collective, algorithm, bytes);
         if let Ok(s) = priced.seconds.as_mut() {
             *s += self.costs.call_us * 1e-6;
@@ -393,7 +439,7 @@ impl Tuner {
         }
         let net = FabricModel {
             hierarchy: &self.hierarchy,
-            costs: self.costs,
+            costs: self.costs_for(collective, bytes),
         };
         let priced = sim::schedules_on(
             collective,
@@ -633,254 +679,4 @@ pub fn human_seconds(s: f64) -> String {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use crate::HierPart;
-    use crate::hierarchy::tests::fat_tree;
-    use strata_topology::fabric::TierLink;
-
-    /// The emulated fat tree of `scripts/fattree.sh`: 1 Gbit/s host links, 2 hosts per leaf,
-    /// 500 Mbit/s leaf uplinks (4:1), 50 µs per message.
-    pub(crate) fn emulated_costs() -> TierCosts {
-        let link = |oversubscription| TierLink {
-            bandwidth_gbps: 0.125,
-            latency_us: 50.0,
-            oversubscription,
-            shared_efficiency: 1.0,
-        };
-        TierCosts {
-            leaf: link(1.0),
-            pod: link(4.0),
-            aggregation: link(4.0),
-            ..TierCosts::default()
-        }
-    }
-
-    /// Items mapped on two threads come back in order, each mapped once.
-    #[test]
-    fn map_in_order_keeps_order_on_threads() {
-        let calls = std::sync::atomic::AtomicUsize::new(0);
-        let items: Vec<usize> = (0..100).collect();
-        let out = map_in_order(&items, EXPLAIN_THREADS, |&x| {
-            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            x * x
-        });
-        assert_eq!(out, items.iter().map(|x| x * x).collect::<Vec<_>>());
-        assert_eq!(calls.into_inner(), 100);
-        assert_eq!(map_in_order(&items[..1], 8, |&x| x + 1), vec![1]);
-        assert!(map_in_order(&items[..0], 2, |&x| x).is_empty());
-    }
-
-    fn scattered() -> Vec<usize> {
-        (0..8).map(|r| (r % 4) * 2 + r / 4).collect()
-    }
-
-    #[test]
-    fn a_ring_the_runtime_slices_wins_a_near_tie() {
-        let h = Hierarchy::single_host(4);
-        let plain = Tuner::new(h.clone(), TierCosts::default(), true);
-        let sliced = plain
-            .clone_with_rules(Vec::new())
-            .with_ring_pipeline(4 << 20, 4);
-        let big = 64 << 20;
-        // The model alone prefers recursive halving/doubling by a few latencies.
-        let e = plain.explain(Collective::AllReduce, big);
-        assert_ne!(e.chosen, Algorithm::Ring);
-        let ring = |e: &Explanation| {
-            let t = |a| {
-                e.ranked
-                    .iter()
-                    .find(|p| p.algorithm == a)
-                    .unwrap()
-                    .seconds
-                    .clone()
-            };
-            t(Algorithm::Ring).unwrap() / t(e.ranked[0].algorithm).unwrap()
-        };
-        assert!(ring(&e) <= 1.0 + SLICED_RING_TOLERANCE, "{}", e.render());
-        let e = sliced.explain(Collective::AllReduce, big);
-        assert_eq!(e.chosen, Algorithm::Ring);
-        assert!(e.reason.contains("slice by slice"), "{}", e.reason);
-        assert_eq!(sliced.choose(Collective::AllReduce, big), Algorithm::Ring);
-        // Blocks that fit the budget are not sliced: the model's choice stands; so does a
-        // rule's, and other collectives are untouched.
-        let small = 1 << 20;
-        assert_eq!(
-            sliced.explain(Collective::AllReduce, small).chosen,
-            plain.explain(Collective::AllReduce, small).chosen
-        );
-        let ruled = sliced.clone_with_rules(vec![Rule {
-            collective: Collective::AllReduce,
-            min_bytes: 0,
-            max_bytes: usize::MAX,
-            algorithm: Algorithm::Tree,
-        }]);
-        assert_eq!(ruled.choose(Collective::AllReduce, big), Algorithm::Tree);
-        assert_eq!(
-            sliced.explain(Collective::AllGather, big).chosen,
-            plain.explain(Collective::AllGather, big).chosen
-        );
-    }
-
-    #[test]
-    fn contention_makes_a_blind_ring_twice_as_slow_on_scattered_ranks() {
-        let h = fat_tree(1, 2, 4, 1, Some(&scattered()));
-        let blind = Tuner::new(h.clone(), emulated_costs(), false);
-        let ordered = Tuner::new(h, emulated_costs(), true);
-        let bytes = 64 << 20;
-        let t = |tu: &Tuner, a: Algorithm| {
-            let e = tu.explain(Collective::AllReduce, bytes);
-            let p = e.ranked.iter().find(|p| p.algorithm == a).unwrap().clone();
-            (p.seconds.unwrap(), p.max_sharing.unwrap())
-        };
-        let (blind_ring, blind_share) = t(&blind, Algorithm::Ring);
-        let (ordered_ring, ordered_share) = t(&ordered, Algorithm::Ring);
-        // Every blind hop leaves its leaf: two flows per uplink; ordered, one.
-        assert_eq!((blind_share, ordered_share), (2, 1));
-        let ratio = blind_ring / ordered_ring;
-        assert!((1.9..2.1).contains(&ratio), "{ratio}");
-        // Hierarchical all-reduce moves 1.5n across each uplink instead of the ring's 1.75n,
-        // but its phases inside the leaves come on top: (0.5n + 0.5n)/125 MB/s.
-        let (hier, hier_share) = t(&ordered, Algorithm::Hierarchical(HierPart::Ring));
-        assert_eq!(hier_share, 2, "two rails share each uplink");
-        let n = bytes as f64;
-        let want = 1.5 * n / 62.5e6 + n / 125e6;
-        assert!((hier / want - 1.0).abs() < 0.01, "{hier} vs {want}");
-        let e = ordered.explain(Collective::AllReduce, bytes);
-        assert_eq!(e.chosen, e.ranked[0].algorithm);
-        assert_eq!(ordered.choose(Collective::AllReduce, bytes), e.chosen);
-        let chosen = e.ranked[0].seconds.clone().unwrap();
-        assert!(blind_ring / chosen >= 1.9, "{}", e.render());
-        assert!(e.render().contains("choice:"), "{}", e.render());
-    }
-
-    #[test]
-    fn small_messages_choose_few_steps_and_choices_are_cached_per_class() {
-        let h = fat_tree(1, 2, 4, 1, Some(&scattered()));
-        let tu = Tuner::new(h, emulated_costs(), true);
-        let small = tu.explain(Collective::AllReduce, 8);
-        let best = small.ranked[0].clone();
-        assert!(best.steps.unwrap() <= 6, "{}", small.render());
-        assert_eq!(tu.choose(Collective::AllReduce, 5), best.algorithm);
-        assert_eq!(tu.choose(Collective::AllReduce, 8), best.algorithm);
-        assert_eq!(tu.cache.lock().unwrap().len(), 1);
-        assert_eq!((size_class(0), size_class(8), size_class(9)), (0, 3, 4));
-    }
-
-    /// On one host the flow-level model sends one-shot's messages side by side: one latency
-    /// instead of lg p. It wins small all-reduces, loses large ones to its (p − 1)-fold
-    /// traffic, and is refused, with the reason, above its rank limit.
-    #[test]
-    fn one_shot_wins_small_all_reduces_on_a_few_ranks_only() {
-        let on_host = |p| Tuner::new(Hierarchy::single_host(p), TierCosts::default(), false);
-        for p in [3, 4, 8] {
-            let tu = on_host(p);
-            let small = tu.explain(Collective::AllReduce, 8);
-            assert_eq!(small.chosen, Algorithm::OneShot, "{}", small.render());
-            let large = tu.explain(Collective::AllReduce, 64 << 20);
-            assert_ne!(large.chosen, Algorithm::OneShot, "{}", large.render());
-        }
-        let nine = on_host(9).explain(Collective::AllReduce, 8);
-        assert_ne!(nine.chosen, Algorithm::OneShot);
-        let refused = nine
-            .ranked
-            .iter()
-            .find(|p| p.algorithm == Algorithm::OneShot)
-            .unwrap();
-        let why = refused.seconds.clone().unwrap_err();
-        assert!(why.contains("at most 8 ranks, not 9"), "{why}");
-    }
-
-    #[test]
-    fn rules_override_prices_and_irregular_hierarchies_skip_hierarchical_algorithms() {
-        let h = fat_tree(1, 2, 4, 1, None);
-        let tu = Tuner::new(h, emulated_costs(), true).with_rules(vec![Rule {
-            collective: Collective::AllReduce,
-            min_bytes: 0,
-            max_bytes: 1024,
-            algorithm: Algorithm::Tree,
-        }]);
-        assert_eq!(tu.choose(Collective::AllReduce, 1000), Algorithm::Tree);
-        assert!(
-            tu.explain(Collective::AllReduce, 10)
-                .reason
-                .contains("tuning file")
-        );
-        assert_ne!(tu.choose(Collective::AllReduce, 1 << 20), Algorithm::Tree);
-        let keys: Vec<Vec<String>> = [0, 0, 1].iter().map(|h| vec![format!("h{h}")]).collect();
-        let k = keys.clone();
-        let h = Hierarchy::from_keys(&keys, move |a, b| {
-            if k[a] == k[b] {
-                strata_topology::Tier::Host
-            } else {
-                strata_topology::Tier::Leaf
-            }
-        });
-        let e = Tuner::new(h, TierCosts::default(), true).explain(Collective::AllReduce, 1 << 20);
-        let hier = e
-            .ranked
-            .iter()
-            .find(|p| p.algorithm.is_hierarchical())
-            .unwrap();
-        assert!(hier.seconds.is_err());
-        assert!(e.ranked.last().unwrap().seconds.is_err());
-        assert!(!e.chosen.is_hierarchical());
-    }
-
-    /// Above [`RUNTIME_PRICING_MAX_RANKS`] the first call of a size class prices recursive
-    /// doubling (step by step), so a small all-reduce at scale gets a latency-bound algorithm
-    /// rather than a ring of thousands of steps, and leaves a ring of fewer elements than
-    /// ranks (O(p²) to price) unpriced; a large one prices the rings again.
-    #[test]
-    fn at_scale_the_first_call_prices_recursive_doubling_and_not_sparse_rings() {
-        let h = fat_tree(8, 4, 16, 4, None);
-        assert!(h.len() > RUNTIME_PRICING_MAX_RANKS);
-        let t = Tuner::new(h, emulated_costs(), true);
-        let priced = |e: &Explanation, a: Algorithm| {
-            e.ranked
-                .iter()
-                .find(|p| p.algorithm == a)
-                .is_some_and(|p| p.seconds.is_ok())
-        };
-        let small = t.decide(Collective::AllReduce, 8, false);
-        assert_eq!(
-            small.chosen,
-            Algorithm::RecursiveDoubling,
-            "{}",
-            small.render()
-        );
-        assert!(!priced(&small, Algorithm::Ring));
-        assert!(!priced(&small, Algorithm::Tree));
-        let large = t.decide(Collective::AllReduce, 64 << 20, false);
-        assert!(priced(&large, Algorithm::Ring), "{}", large.render());
-        // Recursive doubling's own messages alone outlast the ring: not priced, and said so.
-        let rd = large
-            .ranked
-            .iter()
-            .find(|p| p.algorithm == Algorithm::RecursiveDoubling)
-            .expect("listed");
-        let why = rd.seconds.as_ref().expect_err("ruled out by its bound");
-        assert!(why.contains("own messages alone"), "{why}");
-        let bound = t
-            .lower_bound(
-                Collective::AllReduce,
-                Algorithm::RecursiveDoubling,
-                64 << 20,
-            )
-            .expect("recursive doubling has a bound");
-        let full = t.price(
-            Collective::AllReduce,
-            Algorithm::RecursiveDoubling,
-            64 << 20,
-        );
-        assert!(bound <= *full.seconds.as_ref().expect("priced"));
-        // So pricing it in full would not have changed the choice.
-        let chosen = large.ranked.first().expect("something priced");
-        assert_eq!(chosen.algorithm, large.chosen);
-        assert!(*chosen.seconds.as_ref().expect("priced") < bound);
-        assert_eq!(
-            t.choose(Collective::AllReduce, 8),
-            Algorithm::RecursiveDoubling
-        );
-    }
-}
+pub(crate) mod tests;

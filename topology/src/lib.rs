@@ -8,6 +8,7 @@
 //! ranks of a communicator ([`tiers`]), which every rank computes alike. Nothing here knows
 //! about collectives.
 
+pub mod costs;
 pub mod error;
 pub mod fabric;
 pub mod host;
@@ -22,7 +23,7 @@ pub mod sysfs;
 pub mod tiers;
 
 pub use error::TopoError;
-pub use fabric::{Fabric, Place, TierCosts, TierLink};
+pub use fabric::{Fabric, MemoryTier, Place, TierCosts, TierLink};
 pub use host::{GpuInfo, HostTopology, LinkLayer, NicInfo, PciDistance};
 pub use profile::CostProfile;
 pub use tiers::{RankPlace, TierMatrix};

@@ -9,6 +9,9 @@
 //! [tiers.host]
 //! bandwidth_gbps = 6.2
 //! latency_us = 0.28
+//! [tiers.memory]             # buffers beyond 24 MiB on a host: each byte past it 1/9 ns more
+//! cache_mib = 24.0
+//! miss_gbps = 9.0
 //! [measured]                 # how: for the reader, never priced
 //! ranks = 2
 //! hosts = 1
@@ -26,7 +29,7 @@
 //! and extrapolated past it up to four times its distance.
 
 use crate::error::TopoError;
-use crate::fabric::{TierCosts, TierLink};
+use crate::fabric::{MemoryTier, TierCosts, TierLink};
 use serde::{Deserialize, Serialize};
 
 /// Tier figures that replace some of a [`TierCosts`]; absent ones stay as they were.
@@ -57,6 +60,9 @@ pub struct TierPatch {
     /// Local copy rate, GB/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_gbps: Option<f64>,
+    /// Where the host's caches end, and what a byte beyond them costs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryTier>,
 }
 
 impl TierPatch {
@@ -80,6 +86,7 @@ impl TierPatch {
         c.reduce_gbps = self.reduce_gbps.unwrap_or(c.reduce_gbps);
         c.call_us = self.call_us.unwrap_or(c.call_us);
         c.copy_gbps = self.copy_gbps.or(c.copy_gbps);
+        c.memory = self.memory.or(c.memory);
         c
     }
 
@@ -194,6 +201,13 @@ impl CostProfile {
                 (Some(a), Some(b)) => Some(inv(a, b)),
                 (_, b) => b,
             },
+            memory: match (one.memory, far.memory) {
+                (Some(a), Some(b)) => Some(MemoryTier {
+                    cache_mib: mix(a.cache_mib, b.cache_mib).max(a.cache_mib.min(b.cache_mib)),
+                    miss_gbps: inv(a.miss_gbps, b.miss_gbps),
+                }),
+                (_, b) => b,
+            },
         }
     }
 
@@ -265,6 +279,10 @@ mod tests {
                 reduce_gbps: Some(4.0),
                 call_us: Some(0.5),
                 copy_gbps: Some(10.0),
+                memory: Some(MemoryTier {
+                    cache_mib: 16.0,
+                    miss_gbps: 8.0,
+                }),
                 ..TierPatch::default()
             },
             measured: Some(Measured {
@@ -282,6 +300,10 @@ mod tests {
                     reduce_gbps: Some(1.0),
                     call_us: Some(2.5),
                     copy_gbps: Some(2.5),
+                    memory: Some(MemoryTier {
+                        cache_mib: 8.0,
+                        miss_gbps: 2.0,
+                    }),
                     ..TierPatch::default()
                 },
                 measured: Measured::default(),
@@ -312,6 +334,10 @@ mod tests {
         assert!((half.call_us - 1.5).abs() < 1e-12);
         assert!((1.0 / half.reduce_gbps - 0.625).abs() < 1e-12);
         assert!((1.0 / half.copy_gbps.unwrap() - 0.25).abs() < 1e-12);
+        let m = half.memory.unwrap();
+        assert!((m.cache_mib - 12.0).abs() < 1e-12 && (1.0 / m.miss_gbps - 0.3125).abs() < 1e-12);
+        // Extrapolated, the cache never shrinks below the smaller of the two measured.
+        assert_eq!(p.apply(base, 100.0).memory.unwrap().cache_mib, 8.0);
         // Past the measured point it extrapolates, up to four times as far.
         let far = p.apply(base, 100.0);
         assert!((far.host.latency_us - (0.25 + 4.0 * 4.0)).abs() < 1e-9);
@@ -354,6 +380,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("call_us"), "{e}");
+        let e = parse_profile("[tiers.memory]\ncache_mib = 0.0\nmiss_gbps = 5.0\n", "p")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tiers.memory") && e.contains("cache_mib"), "{e}");
     }
 
     #[test]

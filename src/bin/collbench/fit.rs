@@ -11,7 +11,7 @@
 use strata::Collective;
 use strata::algorithms::Algorithm;
 use strata::algorithms::tuner::Tuner;
-use strata::topology::{Tier, TierCosts, TierLink};
+use strata::topology::{MemoryTier, Tier, TierCosts, TierLink};
 
 /// One figure the fit chooses.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -26,6 +26,8 @@ pub(super) enum Figure {
     Copy,
     /// Seconds per call.
     Call,
+    /// Seconds more per byte beyond the host's caches ([`TierCosts::memory`]).
+    Miss,
 }
 
 /// A timed point: what ran and its median time.
@@ -37,6 +39,15 @@ pub(super) struct Point {
     pub(super) bytes: usize,
     /// Measured seconds.
     pub(super) seconds: f64,
+}
+
+/// Where the fit assumes a host's caches end before it has looked, MiB.
+const DEFAULT_CACHE_MIB: f64 = 32.0;
+
+/// The cache sizes [`fit`] tries, MiB: every half power of two from 1/2 MiB to 1 GiB (a
+/// price is not linear in where the caches end, so that figure is searched, not solved).
+fn cache_candidates() -> impl Iterator<Item = f64> {
+    (-2..=20).map(|k| 2f64.powf(f64::from(k) / 2.0))
 }
 
 /// Fewest rounds of Gauss-Newton steps.
@@ -68,6 +79,7 @@ pub(super) fn read(costs: &TierCosts, figures: &[Figure]) -> Vec<f64> {
             Figure::Gamma => 1.0 / (costs.reduce_gbps * 1e9),
             Figure::Copy => costs.copy_gbps.map_or(0.0, |g| 1.0 / (g * 1e9)),
             Figure::Call => costs.call_us * 1e-6,
+            Figure::Miss => costs.memory.map_or(0.0, |m| 1.0 / (m.miss_gbps * 1e9)),
         })
         .collect()
 }
@@ -82,12 +94,20 @@ pub(super) fn write(base: TierCosts, figures: &[Figure], values: &[f64]) -> Tier
             Figure::Gamma => c.reduce_gbps = 1.0 / (v * 1e9),
             Figure::Copy => c.copy_gbps = Some(1.0 / (v * 1e9)),
             Figure::Call => c.call_us = v * 1e6,
+            Figure::Miss => {
+                let cache_mib = c.memory.map_or(DEFAULT_CACHE_MIB, |m| m.cache_mib);
+                c.memory = Some(MemoryTier {
+                    cache_mib,
+                    miss_gbps: 1.0 / (v * 1e9),
+                });
+            }
         }
     }
     c
 }
 
-/// The figures of a job over `tiers`: α and β of each, γ, local copies and the call.
+/// The figures of a job over `tiers`: α and β of each, γ, local copies, the call and the
+/// cost of a byte beyond the host's caches.
 pub(super) fn figures_for(tiers: &[Tier]) -> Vec<Figure> {
     let mut out = Vec::new();
     for &t in tiers {
@@ -97,6 +117,7 @@ pub(super) fn figures_for(tiers: &[Tier]) -> Vec<Figure> {
     out.push(Figure::Gamma);
     out.push(Figure::Copy);
     out.push(Figure::Call);
+    out.push(Figure::Miss);
     out
 }
 
@@ -188,13 +209,52 @@ fn multipliers(rows: &[Vec<f64>], n: usize, floor: f64) -> Option<Vec<f64>> {
 }
 
 /// The fitted costs: `base` with `figures` chosen to minimise the relative errors of the
-/// predictions at `points`.
+/// predictions at `points`. With [`Figure::Miss`] among them, every cache size of
+/// [`cache_candidates`] is fitted in turn, and so is a model without one (every byte at the
+/// same rates); the one whose predictions err least is kept.
 pub(super) fn fit(
     model: &Tuner,
     base: TierCosts,
     figures: &[Figure],
     points: &[Point],
 ) -> TierCosts {
+    if !figures.contains(&Figure::Miss) {
+        return fit_linear(model, base, figures, points);
+    }
+    let without: Vec<Figure> = figures
+        .iter()
+        .copied()
+        .filter(|f| *f != Figure::Miss)
+        .collect();
+    let flat = TierCosts {
+        memory: None,
+        ..base
+    };
+    let mut best = fit_linear(model, flat, &without, points);
+    let mut best_err = error(points, &predict(model, best, points));
+    for cache_mib in cache_candidates() {
+        let start = TierCosts {
+            memory: Some(MemoryTier {
+                cache_mib,
+                miss_gbps: base.memory.map_or(START_MISS_GBPS, |m| m.miss_gbps),
+            }),
+            ..base
+        };
+        let fitted = fit_linear(model, start, figures, points);
+        let err = error(points, &predict(model, fitted, points));
+        if err < best_err {
+            (best, best_err) = (fitted, err);
+        }
+    }
+    best
+}
+
+/// Where the cost of a byte beyond the caches starts, as a rate (GB/s).
+const START_MISS_GBPS: f64 = 20.0;
+
+/// [`fit`] for figures a price is homogeneous of degree one in (every one but where the
+/// caches end, which stays as `base` has it).
+fn fit_linear(model: &Tuner, base: TierCosts, figures: &[Figure], points: &[Point]) -> TierCosts {
     // A figure at zero (a call cost never measured, copies never priced) starts from a
     // small value.
     let start: Vec<f64> = read(&base, figures)
@@ -274,12 +334,15 @@ mod tests {
     }
 
     fn points(model: &Tuner, truth: TierCosts) -> Vec<Point> {
-        let sizes = [8usize, 512, 32 << 10, 2 << 20];
+        points_at(model, truth, &[8usize, 512, 32 << 10, 2 << 20])
+    }
+
+    fn points_at(model: &Tuner, truth: TierCosts, sizes: &[usize]) -> Vec<Point> {
         let m = model.with_costs(truth);
         let mut out = Vec::new();
         for c in [Collective::AllReduce, Collective::AllGather] {
             for &a in algorithms_for(c) {
-                for &bytes in &sizes {
+                for &bytes in sizes {
                     if let Ok(s) = m.price(c, a, bytes).seconds {
                         out.push(Point {
                             collective: c,
@@ -329,13 +392,52 @@ mod tests {
         );
     }
 
+    /// Times made with a cache edge (8 MiB of buffers, then 4 GB/s more per byte) are
+    /// fitted back to that edge and rate; a flat model could not fit them.
+    #[test]
+    fn finds_where_the_caches_end() {
+        let m = model(4);
+        let mut truth = TierCosts::default();
+        truth.host.bandwidth_gbps = 10.0;
+        truth.reduce_gbps = 5.0;
+        truth.call_us = 0.3;
+        truth.copy_gbps = Some(20.0);
+        truth.memory = Some(MemoryTier {
+            cache_mib: 8.0,
+            miss_gbps: 4.0,
+        });
+        let pts = points_at(&m, truth, &[64, 32 << 10, 256 << 10, 2 << 20, 16 << 20]);
+        let fitted = fit(&m, TierCosts::default(), &figures_for(&[Tier::Host]), &pts);
+        let worst = |c: TierCosts| {
+            pts.iter()
+                .zip(predict(&m, c, &pts))
+                .map(|(p, t)| (t.unwrap() / p.seconds - 1.0).abs())
+                .fold(0.0, f64::max)
+        };
+        assert!(worst(fitted) < 0.03, "{}: {fitted:?}", worst(fitted));
+        let mem = fitted.memory.expect("a cache edge");
+        assert_eq!(mem.cache_mib, 8.0, "{fitted:?}");
+        assert!((mem.miss_gbps / 4.0 - 1.0).abs() < 0.1, "{fitted:?}");
+        let flat = fit_linear(
+            &m,
+            TierCosts::default(),
+            &figures_for(&[Tier::Host])[..5],
+            &pts,
+        );
+        assert!(
+            worst(flat) > 0.25,
+            "a flat model fits as well: {}",
+            worst(flat)
+        );
+    }
+
     #[test]
     fn figures_read_and_write_in_seconds() {
         let figures = figures_for(&[Tier::Host, Tier::Leaf]);
         let c = write(
             TierCosts::default(),
             &figures,
-            &[1e-6, 1e-9, 5e-6, 1e-10, 2e-10, 4e-10, 3e-7],
+            &[1e-6, 1e-9, 5e-6, 1e-10, 2e-10, 4e-10, 3e-7, 1e-10],
         );
         assert!((c.copy_gbps.unwrap() - 2.5).abs() < 1e-9);
         assert_eq!(c.host.latency_us, 1.0);
@@ -343,6 +445,8 @@ mod tests {
         assert!((c.leaf.bandwidth_gbps - 10.0).abs() < 1e-9);
         assert!((c.reduce_gbps - 5.0).abs() < 1e-9);
         assert!((c.call_us - 0.3).abs() < 1e-9);
+        let m = c.memory.unwrap();
+        assert!((m.miss_gbps - 10.0).abs() < 1e-9 && m.cache_mib == DEFAULT_CACHE_MIB);
         let back = read(&c, &figures);
         assert!((back[3] - 1e-10).abs() < 1e-22);
     }
