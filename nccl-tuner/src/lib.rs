@@ -12,6 +12,7 @@
 //! takes the newest it knows. Nothing here unwinds into NCCL: every entry point catches panics
 //! and answers `ncclInternalError`, and checks its pointers.
 
+pub mod cache;
 pub mod model;
 pub mod source;
 
@@ -246,17 +247,38 @@ fn make_context(n_ranks: usize, n_nodes: usize, logger: Logger) -> Result<Contex
     let nodelist = std::env::var("SLURM_JOB_NODELIST").ok();
     let hosts = source::node_hosts(&fab, n_nodes, nodelist.as_deref())?;
     let started = std::time::Instant::now();
-    let model = Model::build(&fab, n_ranks, &hosts);
+    let dir = std::env::var_os("STRATA_NCCL_TUNER_CACHE").map(std::path::PathBuf::from);
+    let (model, origin) = cache::model_for(&fab, n_ranks, &hosts, dir.as_deref());
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let how = match &origin {
+        cache::Origin::Loaded(p) => format!("read from {} in {ms:.1} ms", p.display()),
+        cache::Origin::Priced(stored) => {
+            let kept = match stored {
+                None => String::new(),
+                Some(Ok(p)) => format!("; kept in {}", p.display()),
+                Some(Err(e)) => format!("; not kept: {e}"),
+            };
+            format!(
+                "priced in {ms:.1} ms ({} prices extrapolated from smaller sizes){kept}",
+                model.extrapolated
+            )
+        }
+        cache::Origin::Replaced(p, why, stored) => format!(
+            "priced in {ms:.1} ms, as the table in {} could not be used ({why}){}",
+            p.display(),
+            match stored {
+                Ok(()) => "; replaced".to_string(),
+                Err(e) => format!("; not replaced: {e}"),
+            }
+        ),
+    };
     log(
         logger,
         LOG_INFO,
         line!(),
         &format!(
-            "{n_ranks} ranks on {n_nodes} nodes, priced on {} in {:.1} ms ({} prices \
-             extrapolated from smaller sizes)",
-            model.described,
-            started.elapsed().as_secs_f64() * 1e3,
-            model.extrapolated
+            "{n_ranks} ranks on {n_nodes} nodes on {}: {how}",
+            model.described
         ),
     );
     Ok(Context { model: Some(model) })

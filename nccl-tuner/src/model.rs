@@ -325,7 +325,95 @@ impl Model {
     pub fn shape(&self) -> (usize, usize) {
         (self.n_ranks, self.n_nodes)
     }
+
+    /// The model as a table file ([`crate::cache`]): a first line naming the format and
+    /// `key`, the shape, then one line of prices per collective and power of two (`{:?}`, which
+    /// reads back to the same bits; NaN where unmodelled).
+    pub fn to_table(&self, key: u64) -> String {
+        let mut out = format!(
+            "{TABLE_MAGIC} {key:016x}\nranks {} nodes {} half_bandwidth_bytes {:?} extrapolated {}\n\
+             described {}\n",
+            self.n_ranks,
+            self.n_nodes,
+            self.half_bandwidth_bytes,
+            self.extrapolated,
+            self.described.replace('\n', " ")
+        );
+        for (f, rows) in self.prices.iter().enumerate() {
+            for (k, row) in rows.iter().enumerate() {
+                out.push_str(&format!("{f} {k}"));
+                for p in row {
+                    out.push_str(&format!(" {p:?}"));
+                }
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Reads [`Model::to_table`]'s text back, refusing one written for another `key`, of
+    /// another shape, or cut short.
+    pub fn from_table(text: &str, key: u64) -> Result<Model, String> {
+        let mut lines = text.lines();
+        let head = lines.next().unwrap_or_default();
+        if head != format!("{TABLE_MAGIC} {key:016x}") {
+            return Err(format!(
+                "its first line is {head:?}, not this communicator's key"
+            ));
+        }
+        let shape: Vec<&str> = lines.next().unwrap_or_default().split(' ').collect();
+        let [_, ranks, _, nodes, _, half, _, extrapolated] = shape[..] else {
+            return Err("its shape line is malformed".into());
+        };
+        let num = |s: &str| s.parse::<usize>().map_err(|e| format!("{s:?}: {e}"));
+        let (n_ranks, n_nodes, extrapolated) = (num(ranks)?, num(nodes)?, num(extrapolated)?);
+        let half_bandwidth_bytes: f64 = half.parse().map_err(|e| format!("{half:?}: {e}"))?;
+        let described = lines
+            .next()
+            .and_then(|l| l.strip_prefix("described "))
+            .ok_or("its described line is missing")?
+            .to_string();
+        let mut prices = vec![vec![[f64::NAN; algo::COUNT]; MAX_LOG2 + 1]; FUNCS.len()];
+        let mut seen = 0;
+        for line in lines {
+            let v: Vec<&str> = line.split(' ').collect();
+            let (f, k) = match v[..] {
+                [f, k, ..] if v.len() == 2 + algo::COUNT => (num(f)?, num(k)?),
+                _ => return Err(format!("price line {line:?} is malformed")),
+            };
+            let row = prices
+                .get_mut(f)
+                .and_then(|r| r.get_mut(k))
+                .ok_or(format!("price line {line:?} is out of range"))?;
+            for (slot, p) in row.iter_mut().zip(&v[2..]) {
+                *slot = p.parse().map_err(|e| format!("{p:?}: {e}"))?;
+            }
+            seen += 1;
+        }
+        if seen != FUNCS.len() * (MAX_LOG2 + 1) {
+            return Err(format!(
+                "it holds {seen} price lines, not {}",
+                FUNCS.len() * (MAX_LOG2 + 1)
+            ));
+        }
+        let ln_prices = prices
+            .iter()
+            .map(|rows| rows.iter().map(|row| row.map(f64::ln)).collect())
+            .collect();
+        Ok(Model {
+            n_ranks,
+            n_nodes,
+            prices,
+            ln_prices,
+            half_bandwidth_bytes,
+            described,
+            extrapolated,
+        })
+    }
 }
+
+/// The first word of a table file, with its format's version.
+const TABLE_MAGIC: &str = "strata-nccl-tuner-table-v1";
 
 /// Work of pricing `alg` at 2^k bytes per rank: ranks × chunks for the pipelines the
 /// simulation walks chunk by chunk, ranks for the others.

@@ -78,6 +78,7 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Run {
         .env("NCCL_TUNER_PLUGIN", "strata")
         .env_remove("STRATA_TOPO_FILE")
         .env_remove("STRATA_SLURM_TOPOLOGY")
+        .env_remove("STRATA_NCCL_TUNER_CACHE")
         .env_remove("SLURM_JOB_NODELIST");
     for (k, v) in env {
         cmd.env(k, v);
@@ -305,7 +306,7 @@ fn a_communicator_of_2048_ranks_is_priced_at_init() {
     assert!(
         r.logs
             .iter()
-            .any(|l| l.contains("2048 ranks on 256 nodes, priced on")),
+            .any(|l| l.contains("2048 ranks on 256 nodes on") && l.contains("priced in")),
         "{:?}",
         r.logs
     );
@@ -347,6 +348,36 @@ fn a_communicator_of_2048_ranks_is_priced_at_init() {
         }
         assert_eq!(nccl_choice(table, &algos), best.1, "{f} {n_bytes}");
     }
+}
+
+/// With a cache directory, the first communicator prices and keeps its table there, and the
+/// next (another process, as another job's rank would be) reads it and writes the same
+/// cost tables for every call.
+#[test]
+fn a_cached_table_is_read_instead_of_priced() {
+    let file = manifest("../examples/topology/meta-24k-h100.toml");
+    let cache = profile_dir().join(format!("nccl-tuner-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::fs::create_dir_all(&cache).unwrap();
+    let env = [
+        ("STRATA_TOPO_FILE", file.to_str().unwrap()),
+        ("STRATA_NCCL_TUNER_CACHE", cache.to_str().unwrap()),
+    ];
+    let first = run(&["2048", "256"], &env);
+    let second = run(&["2048", "256"], &env);
+    let tables = std::fs::read_dir(&cache).unwrap().count();
+    std::fs::remove_dir_all(&cache).unwrap();
+    assert_eq!((first.init, second.init), (0, 0));
+    let said = |r: &Run, what: &str| r.logs.iter().any(|l| l.contains(what));
+    assert!(
+        said(&first, "priced in") && said(&first, "kept in"),
+        "{:?}",
+        first.logs
+    );
+    assert!(said(&second, "read from"), "{:?}", second.logs);
+    assert_eq!(tables, 1);
+    assert!(!first.calls.is_empty());
+    assert_eq!(first.calls, second.calls);
 }
 
 #[test]
