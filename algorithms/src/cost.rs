@@ -82,6 +82,13 @@ pub trait Network {
         0.0
     }
 
+    /// Seconds a message of `bytes` from `from` to `to` pays before its copies overlap, on top
+    /// of its latency ([`strata_topology::SlotFill`]). The default: nothing.
+    fn fill_seconds(&self, from: usize, to: usize, bytes: f64) -> f64 {
+        let _ = (from, to, bytes);
+        0.0
+    }
+
     /// Whether schedules on this network are timed by flows sharing links over time
     /// (`fluid`) instead of step by step with sharers counted per step index. The default
     /// (step by step) is what the closed-form costs describe.
@@ -140,6 +147,13 @@ impl Network for FabricModel<'_> {
 
     fn copy_beta(&self, _: usize) -> f64 {
         self.costs.copy_gbps.map_or(0.0, |g| 1.0 / (g * 1e9))
+    }
+
+    fn fill_seconds(&self, from: usize, to: usize, bytes: f64) -> f64 {
+        match self.costs.slot_fill {
+            Some(f) if self.hierarchy.tier(from, to) <= Tier::Host => f.seconds(bytes),
+            _ => 0.0,
+        }
     }
 
     fn flow_level(&self) -> bool {

@@ -347,7 +347,9 @@ impl Engine<'_> {
         self.ranks[to].matched[j] = true;
         let link = self.net.link(from, to);
         let bytes = elems as f64 * self.elem_bytes;
-        let start = self.ranks[from].entered.max(self.ranks[to].entered) + link.alpha;
+        let start = self.ranks[from].entered.max(self.ranks[to].entered)
+            + link.alpha
+            + self.net.fill_seconds(from, to, bytes);
         let off_host = self.net.crosses_hosts(from, to);
         let mut uses = [
             self.port(Port::Send {

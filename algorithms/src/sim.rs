@@ -261,7 +261,7 @@ impl Engine<'_> {
                             beta = beta.max(up.shared_beta(k));
                         }
                     }
-                    let finish = at + link.alpha + bytes * beta;
+                    let finish = at + link.alpha + net.fill_seconds(from, to, bytes) + bytes * beta;
                     let extra = if reduces { bytes * link.gamma } else { 0.0 };
                     (finish, finish + extra)
                 }

@@ -69,6 +69,30 @@ pub struct TierCosts {
     /// size). Applied per call by [`TierCosts::at_working_set`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryTier>,
+    /// What a message inside a host pays before its copies overlap (absent: nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_fill: Option<SlotFill>,
+}
+
+/// A message through shared memory is copied into a slot by its sender and out by its
+/// receiver; past the first slot the two copies overlap, slot by slot, but the first slot's
+/// bytes are copied in and then out, one after the other. So each of a message's first
+/// `slot_kib` KiB takes `1 / gbps` longer: small messages pay it on every byte, large ones
+/// once. Priced by the full simulation (up to 64 ranks), as local copies are.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotFill {
+    /// The slot, KiB (`STRATA_SHM_SLOT_SIZE`).
+    pub slot_kib: f64,
+    /// The extra cost of each byte in it, as a rate in GB/s.
+    pub gbps: f64,
+}
+
+impl SlotFill {
+    /// Seconds a message of `bytes` inside a host pays before its copies overlap.
+    pub fn seconds(&self, bytes: f64) -> f64 {
+        bytes.min(self.slot_kib * 1024.0) / (self.gbps * 1e9)
+    }
 }
 
 /// What bytes cost once a call's buffers outgrow a host's caches: the share of them beyond
@@ -130,6 +154,7 @@ impl Default for TierCosts {
             call_us: 0.0,
             copy_gbps: None,
             memory: None,
+            slot_fill: None,
         }
     }
 }
@@ -189,14 +214,22 @@ impl TierCosts {
                 self.call_us
             ));
         }
-        if let Some(m) = self.memory {
-            let positive = |x: f64| x.is_finite() && x > 0.0;
-            if !(positive(m.cache_mib) && positive(m.miss_gbps)) {
-                return Err(format!(
-                    "tiers.memory has cache_mib {} and miss_gbps {}; expected positive numbers",
-                    m.cache_mib, m.miss_gbps
-                ));
-            }
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if let Some(f) = self.slot_fill
+            && !(positive(f.slot_kib) && positive(f.gbps))
+        {
+            return Err(format!(
+                "tiers.slot_fill has slot_kib {} and gbps {}; expected positive numbers",
+                f.slot_kib, f.gbps
+            ));
+        }
+        if let Some(m) = self.memory
+            && !(positive(m.cache_mib) && positive(m.miss_gbps))
+        {
+            return Err(format!(
+                "tiers.memory has cache_mib {} and miss_gbps {}; expected positive numbers",
+                m.cache_mib, m.miss_gbps
+            ));
         }
         Ok(())
     }

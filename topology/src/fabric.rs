@@ -9,7 +9,7 @@ use crate::{Tier, hostlist};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-pub use crate::costs::{MemoryTier, TierCosts, TierLink};
+pub use crate::costs::{MemoryTier, SlotFill, TierCosts, TierLink};
 
 /// Where a host sits in the fabric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -23,7 +23,7 @@ pub mod sysfs;
 pub mod tiers;
 
 pub use error::TopoError;
-pub use fabric::{Fabric, MemoryTier, Place, TierCosts, TierLink};
+pub use fabric::{Fabric, MemoryTier, Place, SlotFill, TierCosts, TierLink};
 pub use host::{GpuInfo, HostTopology, LinkLayer, NicInfo, PciDistance};
 pub use profile::CostProfile;
 pub use tiers::{RankPlace, TierMatrix};

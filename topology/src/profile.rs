@@ -12,6 +12,9 @@
 //! [tiers.memory]             # buffers beyond 24 MiB on a host: each byte past it 1/9 ns more
 //! cache_mib = 24.0
 //! miss_gbps = 9.0
+//! [tiers.slot_fill]          # a message's first 8 KiB inside a host: 1/20 ns more per byte
+//! slot_kib = 8.0
+//! gbps = 20.0
 //! [measured]                 # how: for the reader, never priced
 //! ranks = 2
 //! hosts = 1
@@ -29,7 +32,7 @@
 //! and extrapolated past it up to four times its distance.
 
 use crate::error::TopoError;
-use crate::fabric::{MemoryTier, TierCosts, TierLink};
+use crate::fabric::{MemoryTier, SlotFill, TierCosts, TierLink};
 use serde::{Deserialize, Serialize};
 
 /// Tier figures that replace some of a [`TierCosts`]; absent ones stay as they were.
@@ -63,6 +66,9 @@ pub struct TierPatch {
     /// Where the host's caches end, and what a byte beyond them costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryTier>,
+    /// What a message inside a host pays before its copies overlap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_fill: Option<SlotFill>,
 }
 
 impl TierPatch {
@@ -87,6 +93,7 @@ impl TierPatch {
         c.call_us = self.call_us.unwrap_or(c.call_us);
         c.copy_gbps = self.copy_gbps.or(c.copy_gbps);
         c.memory = self.memory.or(c.memory);
+        c.slot_fill = self.slot_fill.or(c.slot_fill);
         c
     }
 
@@ -208,6 +215,13 @@ impl CostProfile {
                 }),
                 (_, b) => b,
             },
+            slot_fill: match (one.slot_fill, far.slot_fill) {
+                (Some(a), Some(b)) => Some(SlotFill {
+                    slot_kib: b.slot_kib,
+                    gbps: inv(a.gbps, b.gbps),
+                }),
+                (_, b) => b,
+            },
         }
     }
 
@@ -282,6 +296,10 @@ mod tests {
                 memory: Some(MemoryTier {
                     cache_mib: 16.0,
                     miss_gbps: 8.0,
+                }),
+                slot_fill: Some(SlotFill {
+                    slot_kib: 8.0,
+                    gbps: 16.0,
                 }),
                 ..TierPatch::default()
             },
@@ -384,6 +402,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("tiers.memory") && e.contains("cache_mib"), "{e}");
+        let e = parse_profile("[tiers.slot_fill]\nslot_kib = 8.0\ngbps = -1.0\n", "p")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tiers.slot_fill"), "{e}");
     }
 
     #[test]

@@ -333,3 +333,38 @@ fn calls_of_no_elements_cost_their_messages() {
         assert_eq!(zero, one, "{c}");
     }
 }
+
+/// A message inside a host pays its first slot's bytes once more; one between hosts does not.
+#[test]
+fn a_message_inside_a_host_pays_its_first_slot() {
+    let fill = strata_topology::SlotFill {
+        slot_kib: 8.0,
+        gbps: 4.0,
+    };
+    let with = TierCosts {
+        slot_fill: Some(fill),
+        ..TierCosts::default()
+    };
+    let price = |h: Hierarchy, c: TierCosts, bytes| {
+        Tuner::new(h, c, false)
+            .price(Collective::AllGather, Algorithm::Ring, bytes)
+            .seconds
+            .unwrap()
+    };
+    // Two ranks on one host: one message of the rank's block.
+    for (bytes, paid) in [(1024usize, 1024.0), (64 << 10, 8192.0)] {
+        let extra = price(Hierarchy::single_host(2), with, bytes)
+            - price(Hierarchy::single_host(2), TierCosts::default(), bytes);
+        let want = paid / 4e9;
+        assert!(
+            (extra - want).abs() < 1e-12,
+            "{bytes} B: {extra} s, not {want}"
+        );
+    }
+    // Two hosts: the leaf carries it, and the slot is the host's.
+    let two_hosts = || fat_tree(1, 2, 1, 1, None);
+    assert_eq!(
+        price(two_hosts(), with, 1024),
+        price(two_hosts(), TierCosts::default(), 1024)
+    );
+}

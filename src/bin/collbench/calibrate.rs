@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde::Serialize;
 use strata::algorithms::tuner::human_bytes;
 use strata::topology::profile::{CostProfile, Measured, SharedCore, TierPatch, load_profile};
-use strata::topology::{Tier, TierCosts};
+use strata::topology::{SlotFill, Tier, TierCosts};
 use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp};
 
 use super::fit::{self, Point};
@@ -195,7 +195,15 @@ fn fit_and_write(
     let tiers = spanned_tiers(comm);
     let figures = fit::figures_for(&tiers);
     let fit_started = Instant::now();
-    let after_costs = fit::fit(model, before_costs, &figures, &points);
+    // The first slot a message fills is this job's shared-memory slot.
+    let start = TierCosts {
+        slot_fill: Some(SlotFill {
+            slot_kib: comm.config().shm_slot_size as f64 / 1024.0,
+            gbps: before_costs.slot_fill.map_or(100.0, |f| f.gbps),
+        }),
+        ..before_costs
+    };
+    let after_costs = fit::fit(model, start, &figures, &points);
     let fit_s = fit_started.elapsed().as_secs_f64();
     let before = fit::predict(model, before_costs, &points);
     let after = fit::predict(model, after_costs, &points);
@@ -345,6 +353,7 @@ fn patch_of(tiers: &[Tier], c: &TierCosts) -> TierPatch {
         call_us: Some(c.call_us),
         copy_gbps: c.copy_gbps,
         memory: c.memory,
+        slot_fill: c.slot_fill,
         ..TierPatch::default()
     };
     for &t in tiers {
@@ -366,7 +375,8 @@ fn write_profile(path: &std::path::Path, profile: &CostProfile) -> Result<(), St
                    STRATA_COST_PROFILE=<this file> prices with it\n\
                    latency_us: α, bandwidth_gbps: 1/β, reduce_gbps: 1/γ, call_us: every call\n\
                    memory: the share of a call's buffers on a host beyond cache_mib costs \
-                   1/miss_gbps more per byte";
+                   1/miss_gbps more per byte\n\
+                   slot_fill: a message's first slot_kib KiB inside a host cost 1/gbps more per byte";
     let tmp = path.with_extension("toml.partial");
     std::fs::write(&tmp, profile.to_toml(comment))
         .and_then(|()| std::fs::rename(&tmp, path))
@@ -446,6 +456,15 @@ fn print_figures(tiers: &[Tier], c: &TierCosts) {
         1.0 / (copy * 1e9),
         c.call_us * 1e-6
     );
+    if let Some(f) = c.slot_fill {
+        println!(
+            "# slot fill: a message's first {:.0} KiB inside a host cost {:.3e} s more per byte \
+             ({:.2} GB/s)",
+            f.slot_kib,
+            1.0 / (f.gbps * 1e9),
+            f.gbps
+        );
+    }
     match c.memory {
         Some(m) => println!(
             "# memory: buffers beyond {:.1} MiB on a host cost {:.3e} s more per byte past it \

@@ -11,7 +11,7 @@
 use strata::Collective;
 use strata::algorithms::Algorithm;
 use strata::algorithms::tuner::Tuner;
-use strata::topology::{MemoryTier, Tier, TierCosts, TierLink};
+use strata::topology::{MemoryTier, SlotFill, Tier, TierCosts, TierLink};
 
 /// One figure the fit chooses.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -28,6 +28,9 @@ pub(super) enum Figure {
     Call,
     /// Seconds more per byte beyond the host's caches ([`TierCosts::memory`]).
     Miss,
+    /// Seconds more per byte of a message's first slot inside a host
+    /// ([`TierCosts::slot_fill`]).
+    Fill,
 }
 
 /// A timed point: what ran and its median time.
@@ -43,6 +46,10 @@ pub(super) struct Point {
 
 /// Where the fit assumes a host's caches end before it has looked, MiB.
 const DEFAULT_CACHE_MIB: f64 = 32.0;
+
+/// The shared-memory slot the fit assumes when not told, KiB (`STRATA_SHM_SLOT_SIZE`'s
+/// default).
+const DEFAULT_SLOT_KIB: f64 = 8.0;
 
 /// The cache sizes [`fit`] tries, MiB: every half power of two from 1/2 MiB to 1 GiB (a
 /// price is not linear in where the caches end, so that figure is searched, not solved).
@@ -80,6 +87,7 @@ pub(super) fn read(costs: &TierCosts, figures: &[Figure]) -> Vec<f64> {
             Figure::Copy => costs.copy_gbps.map_or(0.0, |g| 1.0 / (g * 1e9)),
             Figure::Call => costs.call_us * 1e-6,
             Figure::Miss => costs.memory.map_or(0.0, |m| 1.0 / (m.miss_gbps * 1e9)),
+            Figure::Fill => costs.slot_fill.map_or(0.0, |f| 1.0 / (f.gbps * 1e9)),
         })
         .collect()
 }
@@ -101,13 +109,21 @@ pub(super) fn write(base: TierCosts, figures: &[Figure], values: &[f64]) -> Tier
                     miss_gbps: 1.0 / (v * 1e9),
                 });
             }
+            Figure::Fill => {
+                let slot_kib = c.slot_fill.map_or(DEFAULT_SLOT_KIB, |f| f.slot_kib);
+                c.slot_fill = Some(SlotFill {
+                    slot_kib,
+                    gbps: 1.0 / (v * 1e9),
+                });
+            }
         }
     }
     c
 }
 
-/// The figures of a job over `tiers`: α and β of each, γ, local copies, the call and the
-/// cost of a byte beyond the host's caches.
+/// The figures of a job over `tiers`: α and β of each, γ, local copies, the call, the cost
+/// of a message's first slot inside a host (where the job has one) and of a byte beyond the
+/// host's caches.
 pub(super) fn figures_for(tiers: &[Tier]) -> Vec<Figure> {
     let mut out = Vec::new();
     for &t in tiers {
@@ -117,6 +133,9 @@ pub(super) fn figures_for(tiers: &[Tier]) -> Vec<Figure> {
     out.push(Figure::Gamma);
     out.push(Figure::Copy);
     out.push(Figure::Call);
+    if tiers.iter().any(|&t| t <= Tier::Host) {
+        out.push(Figure::Fill);
+    }
     out.push(Figure::Miss);
     out
 }
@@ -262,7 +281,7 @@ fn fit_linear(model: &Tuner, base: TierCosts, figures: &[Figure], points: &[Poin
         .zip(figures)
         .map(|(v, f)| match f {
             Figure::Alpha(_) | Figure::Call => v.max(1e-7),
-            Figure::Copy => v.max(1e-11),
+            Figure::Copy | Figure::Fill => v.max(1e-11),
             _ => v,
         })
         .collect();
@@ -431,13 +450,58 @@ mod tests {
         );
     }
 
+    /// Times made with a slot fill (a message's first 8 KiB at 10 GB/s more) are fitted back
+    /// to that rate; without the figure, no α and β fit small and large messages at once.
+    #[test]
+    fn finds_what_a_messages_first_slot_costs() {
+        let m = model(2);
+        let mut truth = TierCosts::default();
+        truth.host.bandwidth_gbps = 20.0;
+        truth.reduce_gbps = 10.0;
+        truth.copy_gbps = Some(20.0);
+        truth.slot_fill = Some(SlotFill {
+            slot_kib: 8.0,
+            gbps: 10.0,
+        });
+        let pts = points_at(&m, truth, &[64, 4 << 10, 32 << 10, 256 << 10, 2 << 20]);
+        let start = TierCosts {
+            slot_fill: Some(SlotFill {
+                slot_kib: 8.0,
+                gbps: 100.0,
+            }),
+            ..TierCosts::default()
+        };
+        let figures = figures_for(&[Tier::Host]);
+        let worst = |c: TierCosts| {
+            pts.iter()
+                .zip(predict(&m, c, &pts))
+                .map(|(p, t)| (t.unwrap() / p.seconds - 1.0).abs())
+                .fold(0.0, f64::max)
+        };
+        let fitted = fit(&m, start, &figures, &pts);
+        assert!(worst(fitted) < 0.03, "{}: {fitted:?}", worst(fitted));
+        let f = fitted.slot_fill.unwrap();
+        assert!((f.gbps / 10.0 - 1.0).abs() < 0.1, "{fitted:?}");
+        let without: Vec<Figure> = figures
+            .iter()
+            .copied()
+            .filter(|f| *f != Figure::Fill)
+            .collect();
+        let plain = TierCosts {
+            slot_fill: None,
+            ..TierCosts::default()
+        };
+        let flat = fit(&m, plain, &without, &pts);
+        assert!(worst(flat) > 0.15, "α and β alone fit: {}", worst(flat));
+    }
+
     #[test]
     fn figures_read_and_write_in_seconds() {
         let figures = figures_for(&[Tier::Host, Tier::Leaf]);
         let c = write(
             TierCosts::default(),
             &figures,
-            &[1e-6, 1e-9, 5e-6, 1e-10, 2e-10, 4e-10, 3e-7, 1e-10],
+            &[1e-6, 1e-9, 5e-6, 1e-10, 2e-10, 4e-10, 3e-7, 5e-11, 1e-10],
         );
         assert!((c.copy_gbps.unwrap() - 2.5).abs() < 1e-9);
         assert_eq!(c.host.latency_us, 1.0);
@@ -447,6 +511,9 @@ mod tests {
         assert!((c.call_us - 0.3).abs() < 1e-9);
         let m = c.memory.unwrap();
         assert!((m.miss_gbps - 10.0).abs() < 1e-9 && m.cache_mib == DEFAULT_CACHE_MIB);
+        let f = c.slot_fill.unwrap();
+        assert!((f.gbps - 20.0).abs() < 1e-9 && f.slot_kib == DEFAULT_SLOT_KIB);
+        assert!(!figures_for(&[Tier::Leaf]).contains(&Figure::Fill));
         let back = read(&c, &figures);
         assert!((back[3] - 1e-10).abs() < 1e-22);
     }
