@@ -379,32 +379,18 @@ mod tests {
 
     #[test]
     fn bad_profiles_name_file_line_and_figure() {
-        let e = parse_profile(
-            "[tiers.host]\nbandwidth_gbps = 0.0\nlatency_us = 1.0\n",
-            "p",
-        )
-        .unwrap_err()
-        .to_string();
+        let err = |text: &str| parse_profile(text, "p").unwrap_err().to_string();
+        let e = err("[tiers.host]\nbandwidth_gbps = 0.0\nlatency_us = 1.0\n");
         assert!(e.contains("p") && e.contains("tiers.host"), "{e}");
-        let e = parse_profile("[tiers]\nrduce_gbps = 3.0\n", "p")
-            .unwrap_err()
-            .to_string();
+        let e = err("[tiers]\nrduce_gbps = 3.0\n");
         assert!(e.starts_with("p:2:") && e.contains("rduce_gbps"), "{e}");
-        let e = parse_profile("[shared_core]\nranks_per_core = 1.0\n", "p")
-            .unwrap_err()
-            .to_string();
+        let e = err("[shared_core]\nranks_per_core = 1.0\n");
         assert!(e.contains("ranks_per_core"), "{e}");
-        let e = parse_profile("[tiers]\ncall_us = -1.0\n", "p")
-            .unwrap_err()
-            .to_string();
+        let e = err("[tiers]\ncall_us = -1.0\n");
         assert!(e.contains("call_us"), "{e}");
-        let e = parse_profile("[tiers.memory]\ncache_mib = 0.0\nmiss_gbps = 5.0\n", "p")
-            .unwrap_err()
-            .to_string();
+        let e = err("[tiers.memory]\ncache_mib = 0.0\nmiss_gbps = 5.0\n");
         assert!(e.contains("tiers.memory") && e.contains("cache_mib"), "{e}");
-        let e = parse_profile("[tiers.slot_fill]\nslot_kib = 8.0\ngbps = -1.0\n", "p")
-            .unwrap_err()
-            .to_string();
+        let e = err("[tiers.slot_fill]\nslot_kib = 8.0\ngbps = -1.0\n");
         assert!(e.contains("tiers.slot_fill"), "{e}");
     }
 

@@ -352,6 +352,14 @@ mod tests {
         Tuner::new(Hierarchy::from_tiers(&tiers), TierCosts::default(), true)
     }
 
+    /// The largest |predicted / measured - 1| over `pts` with `costs`.
+    fn worst_error(model: &Tuner, costs: TierCosts, pts: &[Point]) -> f64 {
+        pts.iter()
+            .zip(predict(model, costs, pts))
+            .map(|(p, t)| (t.unwrap() / p.seconds - 1.0).abs())
+            .fold(0.0, f64::max)
+    }
+
     fn points(model: &Tuner, truth: TierCosts) -> Vec<Point> {
         points_at(model, truth, &[8usize, 512, 32 << 10, 2 << 20])
     }
@@ -390,21 +398,13 @@ mod tests {
         let pts = points(&m, truth);
         let figures = figures_for(&[Tier::Host]);
         let fitted = fit(&m, TierCosts::default(), &figures, &pts);
-        let worst = pts
-            .iter()
-            .zip(predict(&m, fitted, &pts))
-            .map(|(p, t)| (t.unwrap() / p.seconds - 1.0).abs())
-            .fold(0.0, f64::max);
+        let worst = worst_error(&m, fitted, &pts);
         assert!(worst < 0.02, "worst relative error {worst}: {fitted:?}");
         let close = |a: f64, b: f64| (a / b - 1.0).abs() < 0.05;
         assert!(close(fitted.host.latency_us, 2.5), "{fitted:?}");
         assert!(close(fitted.host.bandwidth_gbps, 3.0), "{fitted:?}");
         assert!(close(fitted.reduce_gbps, 1.5), "{fitted:?}");
-        let before = pts
-            .iter()
-            .zip(predict(&m, TierCosts::default(), &pts))
-            .map(|(p, t)| (t.unwrap() / p.seconds - 1.0).abs())
-            .fold(0.0, f64::max);
+        let before = worst_error(&m, TierCosts::default(), &pts);
         assert!(
             before > 0.5,
             "the defaults were off to start with: {before}"
@@ -427,12 +427,7 @@ mod tests {
         });
         let pts = points_at(&m, truth, &[64, 32 << 10, 256 << 10, 2 << 20, 16 << 20]);
         let fitted = fit(&m, TierCosts::default(), &figures_for(&[Tier::Host]), &pts);
-        let worst = |c: TierCosts| {
-            pts.iter()
-                .zip(predict(&m, c, &pts))
-                .map(|(p, t)| (t.unwrap() / p.seconds - 1.0).abs())
-                .fold(0.0, f64::max)
-        };
+        let worst = |c: TierCosts| worst_error(&m, c, &pts);
         assert!(worst(fitted) < 0.03, "{}: {fitted:?}", worst(fitted));
         let mem = fitted.memory.expect("a cache edge");
         assert_eq!(mem.cache_mib, 8.0, "{fitted:?}");
@@ -472,12 +467,7 @@ mod tests {
             ..TierCosts::default()
         };
         let figures = figures_for(&[Tier::Host]);
-        let worst = |c: TierCosts| {
-            pts.iter()
-                .zip(predict(&m, c, &pts))
-                .map(|(p, t)| (t.unwrap() / p.seconds - 1.0).abs())
-                .fold(0.0, f64::max)
-        };
+        let worst = |c: TierCosts| worst_error(&m, c, &pts);
         let fitted = fit(&m, start, &figures, &pts);
         assert!(worst(fitted) < 0.03, "{}: {fitted:?}", worst(fitted));
         let f = fitted.slot_fill.unwrap();
