@@ -149,10 +149,7 @@ mod tests {
         let text = m.to_table(7);
         let back = Model::from_table(&text, 7).unwrap();
         assert_eq!(bits(&back), bits(&m));
-        assert!(
-            bits(&m).iter().any(|&b| b == u64::MAX),
-            "unmodelled entries exist"
-        );
+        assert!(bits(&m).contains(&u64::MAX), "unmodelled entries exist");
         assert_eq!(back.shape(), (8, 8));
         assert!(Model::from_table(&text, 8).unwrap_err().contains("key"));
         let cut = &text[..text.len() - 40];
