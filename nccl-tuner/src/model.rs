@@ -16,7 +16,7 @@ use strata_algorithms::tuner::{
 };
 use strata_algorithms::{Algorithm, Hierarchy};
 use strata_topology::Tier;
-use strata_topology::fabric::Fabric;
+use strata_topology::fabric::{Fabric, TierCosts};
 
 /// NCCL's algorithm indices in the cost table (`NCCL_ALGO_*`).
 pub mod algo {
@@ -178,7 +178,7 @@ impl Model {
             .unwrap_or(Tier::Host)
             .max(h.inner_tier());
         let described = format!("{} ({})", h.describe(), fabric.source);
-        let tuner = Tuner::new(h, fabric.tiers, true);
+        let tuner = Tuner::new(h, nccl_tiers(fabric.tiers), true);
         let link = fabric.tiers.link(outer);
         let half_bandwidth_bytes = link.latency_us * 1e-6 * link.effective_gbps() * 1e9;
         let at_scale = n_ranks > SCALE_RANKS;
@@ -412,6 +412,17 @@ impl Model {
     }
 }
 
+/// The tier costs NCCL's schedules are priced with: the file's, without the figures that
+/// describe strata's own copies through host memory (where a host's caches end, a message's
+/// first shared-memory slot), which NCCL's kernels and its transports do not make.
+pub fn nccl_tiers(t: TierCosts) -> TierCosts {
+    TierCosts {
+        memory: None,
+        slot_fill: None,
+        ..t
+    }
+}
+
 /// The first word of a table file, with its format's version.
 const TABLE_MAGIC: &str = "strata-nccl-tuner-table-v1";
 
@@ -483,6 +494,33 @@ mod tests {
         assert_eq!(h.tier(0, 1), Tier::Host);
         assert_eq!(h.tier(3, 4), Tier::Pod);
         assert_eq!(h.tier(4, 7), Tier::Host);
+    }
+
+    /// A file's figures for strata's own host copies (a cache edge, a slot fill) leave
+    /// NCCL's prices as they were.
+    #[test]
+    fn strata_host_copy_figures_do_not_price_nccl() {
+        let plain = emulated();
+        let mut with = plain.clone();
+        with.tiers.memory = Some(strata_topology::MemoryTier {
+            cache_mib: 1.0,
+            miss_gbps: 0.1,
+        });
+        with.tiers.slot_fill = Some(strata_topology::SlotFill {
+            slot_kib: 8.0,
+            gbps: 0.1,
+        });
+        let hosts: Vec<usize> = (0..8).collect();
+        let (a, b) = (
+            Model::build(&plain, 8, &hosts),
+            Model::build(&with, 8, &hosts),
+        );
+        for k in [3usize, 16, 24] {
+            assert_eq!(
+                a.seconds(func::ALL_REDUCE, algo::RING, 1 << k),
+                b.seconds(func::ALL_REDUCE, algo::RING, 1 << k)
+            );
+        }
     }
 
     #[test]
