@@ -223,10 +223,7 @@ impl Model {
                 row[a] = log_log(&points, k as f64);
             }
         }
-        let ln_prices = prices
-            .iter()
-            .map(|rows| rows.iter().map(|row| row.map(f64::ln)).collect())
-            .collect();
+        let ln_prices = logarithms(&prices);
         Model {
             n_ranks,
             n_nodes: hosts.len(),
@@ -396,10 +393,7 @@ impl Model {
                 FUNCS.len() * (MAX_LOG2 + 1)
             ));
         }
-        let ln_prices = prices
-            .iter()
-            .map(|rows| rows.iter().map(|row| row.map(f64::ln)).collect())
-            .collect();
+        let ln_prices = logarithms(&prices);
         Ok(Model {
             n_ranks,
             n_nodes,
@@ -421,6 +415,14 @@ pub fn nccl_tiers(t: TierCosts) -> TierCosts {
         slot_fill: None,
         ..t
     }
+}
+
+/// The natural logarithm of every price, for the per-call interpolation.
+fn logarithms(prices: &[Vec<[f64; algo::COUNT]>]) -> Vec<Vec<[f64; algo::COUNT]>> {
+    prices
+        .iter()
+        .map(|rows| rows.iter().map(|row| row.map(f64::ln)).collect())
+        .collect()
 }
 
 /// The first word of a table file, with its format's version.
