@@ -37,14 +37,15 @@ fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
 }
 
 /// The key of a communicator of `n_ranks` ranks on fabric hosts `hosts` of `fab`: what its
-/// prices depend on (the file's path and name do not count).
+/// prices depend on (the file's path and name do not count, nor tier figures the plugin
+/// drops, [`crate::model::nccl_tiers`]).
 pub fn key(fab: &Fabric, n_ranks: usize, hosts: &[usize]) -> u64 {
     let what = format!(
         "{} {} {:?} {:?} {n_ranks} {hosts:?}",
         env!("CARGO_PKG_VERSION"),
         fab.gpus_per_host,
         fab.layout,
-        fab.tiers
+        crate::model::nccl_tiers(fab.tiers)
     );
     fnv1a(what.as_bytes(), 0xcbf2_9ce4_8422_2325)
 }
@@ -180,6 +181,13 @@ mod tests {
             "{origin:?}"
         );
         assert_eq!(bits(&again), bits(&first));
+        // Figures the plugin does not price with leave the key as it was.
+        let mut host_copies = fab.clone();
+        host_copies.tiers.slot_fill = Some(strata_topology::SlotFill {
+            slot_kib: 8.0,
+            gbps: 1.0,
+        });
+        assert_eq!(key(&host_copies, 8, &hosts), key(&fab, 8, &hosts));
         // Other nodes of the fabric: another key, another table.
         let other: Vec<usize> = (0..4).chain(6..10).collect();
         assert_ne!(key(&fab, 8, &other), key(&fab, 8, &hosts));
