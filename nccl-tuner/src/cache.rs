@@ -1,7 +1,7 @@
 //! Priced tables kept between communicators (`STRATA_NCCL_TUNER_CACHE=DIR`).
 //!
-//! Pricing a communicator grows with its ranks (0.5 s at 2,048, 5 s at 24,576, 19 s at
-//! 98,304 on one core of a 2-core VM), and every rank of every job on the same fabric prices
+//! Pricing a communicator grows with its ranks (0.2-0.5 s at 2,048, 3-5 s at 24,576, 13-19 s
+//! at 98,304 on a 2-core VM), and every rank of every job on the same fabric prices
 //! the same thing. With a cache directory, `init` first looks there for the table of its key
 //! (a hash of the plugin's version, the fabric's layout and tier costs, the ranks and the
 //! fabric hosts of its nodes) and reads it: a file of one line per collective and power of
