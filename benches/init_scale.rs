@@ -176,6 +176,7 @@ fn table_codec(n: usize) -> (f64, f64, usize) {
             cores: 192,
             copy_mbps: 12_345,
             reduce_mbps: 6_789,
+            bound_cpu: 7,
         },
     };
     let table: Vec<strata::PeerInfo> = (0..n)

@@ -32,6 +32,7 @@ pub(crate) fn cores_online() -> u32 {
 pub(crate) fn measure(time_rates: bool) -> HostProbe {
     let mut probe = HostProbe {
         cores: cores_online(),
+        bound_cpu: bound_cpu().map_or(0, |c| c + 1),
         ..HostProbe::default()
     };
     if !time_rates {
@@ -72,6 +73,36 @@ pub(crate) fn measure(time_rates: bool) -> HostProbe {
     probe.copy_mbps = mbps(copy);
     probe.reduce_mbps = mbps(reduce);
     probe
+}
+
+/// The CPU this thread is bound to, when its affinity is exactly one CPU (a launcher's
+/// binding, inherited by every thread the process starts).
+pub(crate) fn bound_cpu() -> Option<u32> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, filled by the call.
+    let allowed = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        set
+    };
+    // SAFETY: CPU_ISSET only reads the set, for indices below its size.
+    let mut cpus =
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &allowed) });
+    match (cpus.next(), cpus.next()) {
+        (Some(c), None) => u32::try_from(c).ok(),
+        _ => None,
+    }
+}
+
+/// Whether rank `me` shares its core with another rank of its host (`peers` of the same
+/// kernel, `me` among them), when every one of them is bound to one CPU; `None` when any
+/// is free to move, since then only the host's count of ranks and cores tells.
+pub(crate) fn shares_core(local: &[&HostProbe], me: &HostProbe) -> Option<bool> {
+    if me.bound_cpu == 0 || local.iter().any(|p| p.bound_cpu == 0) {
+        return None;
+    }
+    Some(local.iter().filter(|p| p.bound_cpu == me.bound_cpu).count() > 1)
 }
 
 /// The most ranks per core of any host (ranks grouped by kernel, as shared memory groups
@@ -168,7 +199,61 @@ mod tests {
             cores,
             copy_mbps: (copy_gbps * 1e3) as u32,
             reduce_mbps: (reduce_gbps * 1e3) as u32,
+            bound_cpu: 0,
         }
+    }
+
+    fn bound(cpu: u32) -> HostProbe {
+        HostProbe {
+            bound_cpu: cpu + 1,
+            ..probe(2, 0.0, 0.0)
+        }
+    }
+
+    #[test]
+    fn a_rank_alone_on_its_core_is_told_apart_from_two_on_one() {
+        // Three ranks on two cores, bound as `--np` binds them: 0 and 2 share core 0.
+        let (r0, r1, r2) = (bound(0), bound(1), bound(0));
+        let local = [&r0, &r1, &r2];
+        assert_eq!(shares_core(&local, &r0), Some(true));
+        assert_eq!(shares_core(&local, &r1), Some(false));
+        assert_eq!(shares_core(&local, &r2), Some(true));
+        // One rank free to move could land on any core: nobody can tell.
+        let free = probe(2, 0.0, 0.0);
+        assert_eq!(shares_core(&[&r1, &free], &r1), None);
+        assert_eq!(shares_core(&[&r1, &free], &free), None);
+    }
+
+    #[test]
+    fn the_probe_names_the_one_cpu_a_thread_is_bound_to() {
+        let (before, probed) = std::thread::spawn(|| {
+            let before = measure(false).bound_cpu;
+            let cpu = (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| {
+                    // SAFETY: as in `bound_cpu`; this thread binds only itself.
+                    unsafe {
+                        let mut one: libc::cpu_set_t = std::mem::zeroed();
+                        libc::CPU_SET(c, &mut one);
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one)
+                            == 0
+                    }
+                })
+                .expect("some CPU to bind to");
+            (before, (cpu, measure(false).bound_cpu))
+        })
+        .join()
+        .unwrap();
+        let (cpu, after) = probed;
+        assert_eq!(after, cpu as u32 + 1);
+        // A thread free to move on several CPUs names none (this machine has two or more).
+        if cores_online() > 1 && bound_cpu_of_process_is_free() {
+            assert_eq!(before, 0);
+        }
+    }
+
+    /// Whether this test process itself may run on more than one CPU.
+    fn bound_cpu_of_process_is_free() -> bool {
+        std::thread::spawn(|| bound_cpu().is_none()).join().unwrap()
     }
 
     #[test]
@@ -181,14 +266,22 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_is_three_numbers_on_the_wire() {
-        let p = peer(3, "a", probe(2, 4.0, 1.0));
+    fn a_probe_is_four_numbers_on_the_wire() {
+        let p = peer(3, "a", bound(1));
+        let p = PeerInfo {
+            probe: HostProbe {
+                copy_mbps: 4000,
+                reduce_mbps: 1000,
+                ..p.probe
+            },
+            ..p
+        };
         let text = serde_json::to_string(&p).unwrap();
-        assert!(text.contains(r#""probe":[2,4000,1000]"#), "{text}");
+        assert!(text.contains(r#""probe":[2,4000,1000,2]"#), "{text}");
         let back: PeerInfo = serde_json::from_str(&text).unwrap();
         assert_eq!(back, p);
         // A table entry without one (a rank that did not probe) reads as unknown.
-        let bare = text.replace(r#","probe":[2,4000,1000]"#, "");
+        let bare = text.replace(r#","probe":[2,4000,1000,2]"#, "");
         let old: PeerInfo = serde_json::from_str(&bare).unwrap();
         assert_eq!(old.probe, HostProbe::default());
     }

@@ -24,11 +24,13 @@ pub(crate) struct SpinPolicy {
 }
 
 impl SpinPolicy {
-    /// Spin generously when every rank of the host has a core of its own; barely at all when
-    /// ranks outnumber cores ([`host_cores`]), because a spinning rank would take the core of
-    /// the rank it waits for. `STRATA_SPIN` overrides the spin count.
-    pub fn for_host(local_ranks: usize) -> Self {
-        let oversubscribed = local_ranks > host_cores();
+    /// Spin generously when this rank has a core to itself; barely at all when it shares
+    /// one, because a spinning rank would take the core of the rank it waits for. Whether it
+    /// shares is `shares_core` where every rank of the host is bound to one CPU, else whether
+    /// its `local_ranks` outnumber the host's cores ([`host_cores`]). `STRATA_SPIN`
+    /// overrides the spin count.
+    pub fn for_rank(local_ranks: usize, shares_core: Option<bool>) -> Self {
+        let oversubscribed = shares_core.unwrap_or_else(|| local_ranks > host_cores());
         let default = if oversubscribed { 20 } else { 2000 };
         let spins = std::env::var("STRATA_SPIN")
             .ok()
@@ -287,6 +289,24 @@ pub(crate) fn check_control(conns: &mut [Option<Connection>], peers: &[PeerInfo]
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rank that has its core to itself spins where the host has more ranks than cores;
+    /// one that shares its core barely spins, even where the host has cores to spare.
+    #[test]
+    fn a_rank_spins_when_its_core_is_its_own() {
+        if std::env::var_os("STRATA_SPIN").is_some() {
+            println!("skipped: STRATA_SPIN is set, and it overrides the spin count");
+            return;
+        }
+        let crowded = 4 * host_cores();
+        let own = SpinPolicy::for_rank(crowded, Some(false));
+        let shared = SpinPolicy::for_rank(1, Some(true));
+        assert!(own.spins > 10 * shared.spins, "{own:?} vs {shared:?}");
+        assert!(own.yields > shared.yields, "{own:?} vs {shared:?}");
+        // Without bindings, the host's count decides.
+        assert_eq!(SpinPolicy::for_rank(crowded, None).spins, shared.spins);
+        assert_eq!(SpinPolicy::for_rank(1, None).spins, own.spins);
+    }
 
     #[test]
     fn cgroup_cpu_lists_and_quotas_parse() {

@@ -31,10 +31,11 @@ pub struct PeerInfo {
 }
 
 /// What a rank measured of its host at init (`crate::comm::probe`): every rank takes the
-/// same figures from the list of all of them. On the wire it is three numbers (`[cores, copy,
-/// reduce]`, about 24 bytes of a table entry's ~300), since every rank receives every rank's.
+/// same figures from the list of all of them. On the wire it is four numbers (`[cores, copy,
+/// reduce, bound cpu]`, about 30 bytes of a table entry's ~300), since every rank receives
+/// every rank's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "[u32; 3]", into = "[u32; 3]")]
+#[serde(from = "[u32; 4]", into = "[u32; 4]")]
 pub struct HostProbe {
     /// Cores online on its host (0: unknown).
     pub cores: u32,
@@ -42,6 +43,9 @@ pub struct HostProbe {
     pub copy_mbps: u32,
     /// Its rate of summing f32, MB/s of input combined (0: not measured).
     pub reduce_mbps: u32,
+    /// One more than the CPU it is bound to, when its launcher bound it to exactly one (0:
+    /// free to run on several): with it, the ranks of a host know which of them share a core.
+    pub bound_cpu: u32,
 }
 
 impl PeerInfo {
@@ -61,18 +65,19 @@ pub(crate) fn process_nonce() -> u64 {
     })
 }
 
-impl From<[u32; 3]> for HostProbe {
-    fn from([cores, copy_mbps, reduce_mbps]: [u32; 3]) -> Self {
+impl From<[u32; 4]> for HostProbe {
+    fn from([cores, copy_mbps, reduce_mbps, bound_cpu]: [u32; 4]) -> Self {
         Self {
             cores,
             copy_mbps,
             reduce_mbps,
+            bound_cpu,
         }
     }
 }
 
-impl From<HostProbe> for [u32; 3] {
+impl From<HostProbe> for [u32; 4] {
     fn from(p: HostProbe) -> Self {
-        [p.cores, p.copy_mbps, p.reduce_mbps]
+        [p.cores, p.copy_mbps, p.reduce_mbps, p.bound_cpu]
     }
 }

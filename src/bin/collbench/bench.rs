@@ -128,8 +128,13 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
             bus_factor(collective, n)
         );
         for p in comm.peers() {
+            // The CPU a launcher bound it to, where it did: ranks on one CPU share it.
+            let cpu = match p.probe.bound_cpu {
+                0 => String::new(),
+                c => format!(" cpu {}", c - 1),
+            };
             println!(
-                "#  Rank {:3} Pid {:7} on {}",
+                "#  Rank {:3} Pid {:7} on {}{cpu}",
                 p.rank, p.pid, p.host.hostname
             );
         }

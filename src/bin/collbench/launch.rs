@@ -81,12 +81,22 @@ pub(super) fn spawn_main(args: &Args) -> ExitCode {
             .env(ENV_ID, id.to_hex())
             .env(ENV_RANK, rank.to_string())
             .env(ENV_NRANKS, args.np.to_string());
-        // SAFETY: between fork and exec the child only makes two system calls.
-        unsafe { command.pre_exec(move || die_with(launcher)) };
+        let core = cores.as_ref().map(|cores| cores[rank % cores.len()]);
+        // SAFETY: between fork and exec the child only makes system calls.
+        unsafe {
+            command.pre_exec(move || {
+                // Bound before it runs a line of its own, so that what it measures at init
+                // (which CPU it has) is what it runs on; a failure is reported below.
+                if let Some(core) = core {
+                    let _ = set_affinity(0, core);
+                }
+                die_with(launcher)
+            })
+        };
         let child = command.spawn();
         match child {
             Ok(c) => {
-                if let Some(core) = cores.as_ref().map(|cores| cores[rank % cores.len()]) {
+                if let Some(core) = core {
                     bind_to_core(&c, core);
                 }
                 children.push(c)
