@@ -89,6 +89,15 @@ pub trait Network {
         0.0
     }
 
+    /// The core rank `r` shares with other ranks of its host, where it shares one (an id
+    /// unique in the job). Ranks on one core take turns: their copies through host memory
+    /// share its copy rate, and their reductions run one at a time. The default: every rank
+    /// has a core of its own.
+    fn shared_core(&self, r: usize) -> Option<u32> {
+        let _ = r;
+        None
+    }
+
     /// Whether schedules on this network are timed by flows sharing links over time
     /// (`fluid`) instead of step by step with sharers counted per step index. The default
     /// (step by step) is what the closed-form costs describe.
@@ -106,6 +115,9 @@ pub struct FabricModel<'a> {
     pub hierarchy: &'a Hierarchy,
     /// What each tier offers.
     pub costs: TierCosts,
+    /// Per rank, the core it shares with other ranks, if it does ([`Network::shared_core`]);
+    /// empty where no rank is known to share one.
+    pub shared_cores: &'a [Option<u32>],
 }
 
 impl FabricModel<'_> {
@@ -154,6 +166,10 @@ impl Network for FabricModel<'_> {
             Some(f) if self.hierarchy.tier(from, to) <= Tier::Host => f.seconds(bytes),
             _ => 0.0,
         }
+    }
+
+    fn shared_core(&self, r: usize) -> Option<u32> {
+        self.shared_cores.get(r).copied().flatten()
     }
 
     fn flow_level(&self) -> bool {

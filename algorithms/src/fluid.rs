@@ -17,6 +17,11 @@
 //!
 //! A receive that reduces finishes `bytes × γ` after its data has arrived, a local reduction
 //! holds up its step's start by as long, and a rank's reductions run one at a time.
+//!
+//! Ranks that share a core ([`Network::shared_core`]) take turns on it: the messages inside
+//! the host that they send or receive also share the core, which copies `2 / β` bytes a
+//! second (what one rank sending and receiving at once uses), and their reductions run one
+//! at a time, as one rank's do.
 
 use std::collections::{BinaryHeap, HashMap};
 
@@ -210,9 +215,17 @@ struct RankState {
 /// Which port of a rank a message uses.
 #[derive(Clone, Copy, Hash, PartialEq, Eq)]
 enum Port {
-    Send { rank: usize, off_host: bool },
-    Recv { rank: usize, off_host: bool },
+    Send {
+        rank: usize,
+        off_host: bool,
+    },
+    Recv {
+        rank: usize,
+        off_host: bool,
+    },
     Uplink(u64),
+    /// A core that ranks share.
+    Core(u32),
 }
 
 struct Engine<'a> {
@@ -229,6 +242,8 @@ struct Engine<'a> {
     ports: HashMap<Port, usize>,
     uplinks: Vec<Uplink>,
     frozen: Vec<bool>,
+    /// Per shared core, when the reductions of its ranks so far end.
+    core_free: HashMap<u32, f64>,
 }
 
 /// Runs `schedules` on `net` with flows sharing links by time and returns when each rank
@@ -251,6 +266,7 @@ pub(crate) fn time(
         ports: HashMap::new(),
         uplinks: Vec::new(),
         frozen: Vec::new(),
+        core_free: HashMap::new(),
     };
     for r in 0..schedules.len() {
         e.enter(r, 0.0);
@@ -298,14 +314,13 @@ impl Engine<'_> {
             // earlier ones and before its transfers.
             let reduced = step.elems_reduced_locally();
             let copied = step.elems_copied_locally();
-            let st = &mut self.ranks[r];
             if reduced > 0 || copied > 0 {
                 let gamma = self.net.link(r, r).gamma;
                 let delta = self.net.copy_beta(r);
-                at = at.max(st.reduce_free)
-                    + (reduced as f64 * gamma + copied as f64 * delta) * self.elem_bytes;
-                st.reduce_free = at;
+                let work = (reduced as f64 * gamma + copied as f64 * delta) * self.elem_bytes;
+                at = self.local_work(r, at, work);
             }
+            let st = &mut self.ranks[r];
             st.entered = at;
             st.end = st.end.max(at);
             st.matched = step.ops.iter().map(|op| op.peer().is_none()).collect();
@@ -360,6 +375,30 @@ impl Engine<'_> {
         ]
         .map(|u| (u, 1.0))
         .to_vec();
+        if !off_host {
+            // Copies through host memory run on the ranks' cores.
+            let copy_rate = if link.beta > 0.0 {
+                2.0 / link.beta
+            } else {
+                f64::INFINITY
+            };
+            let cores = [self.net.shared_core(from), self.net.shared_core(to)];
+            let uses_of = match cores {
+                [Some(a), Some(b)] if a == b => vec![(a, 2.0)],
+                _ => cores.into_iter().flatten().map(|c| (c, 1.0)).collect(),
+            };
+            for (c, weight) in uses_of {
+                let fresh = !self.ports.contains_key(&Port::Core(c));
+                let res = self.port(Port::Core(c));
+                let core = &mut self.resources[res];
+                core.capacity = if fresh {
+                    copy_rate
+                } else {
+                    core.capacity.max(copy_rate)
+                };
+                uses.push((res, weight));
+            }
+        }
         self.net.uplinks(from, to, &mut self.uplinks);
         for k in 0..self.uplinks.len() {
             let up = self.uplinks[k];
@@ -480,14 +519,29 @@ impl Engine<'_> {
         let mut at = self.now;
         if f.reduces {
             let gamma = self.net.link(f.from, f.to).gamma;
-            let st = &mut self.ranks[f.to];
-            at = at.max(st.reduce_free) + f.bytes * gamma;
-            st.reduce_free = at;
+            at = self.local_work(f.to, at, f.bytes * gamma);
         }
         self.done.push(Done {
             at,
             key: (f.to, f.recv_op),
         });
+    }
+
+    /// Runs `seconds` of rank `r`'s own work (a reduction or a copy) from `at` on, after its
+    /// earlier work and after that of the ranks sharing its core; returns when it ends.
+    fn local_work(&mut self, r: usize, at: f64, seconds: f64) -> f64 {
+        let core = self.net.shared_core(r);
+        let st = &mut self.ranks[r];
+        let mut start = at.max(st.reduce_free);
+        if let Some(c) = core {
+            start = start.max(self.core_free.get(&c).copied().unwrap_or(0.0));
+        }
+        let end = start + seconds;
+        st.reduce_free = end;
+        if let Some(c) = core {
+            self.core_free.insert(c, end);
+        }
+        end
     }
 
     fn complete(&mut self, d: Done) {
@@ -706,6 +760,76 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// One host, every link 100 MB/s and reductions at 1 GB/s; `cores[r]` is the core rank
+    /// `r` shares, if any.
+    struct OneHost {
+        cores: Vec<Option<u32>>,
+    }
+    impl Network for OneHost {
+        fn link(&self, _: usize, _: usize) -> LinkCost {
+            LinkCost {
+                alpha: ALPHA,
+                beta: BETA,
+                gamma: 1e-9,
+            }
+        }
+        fn crosses_hosts(&self, _: usize, _: usize) -> bool {
+            false
+        }
+        fn shared_core(&self, r: usize) -> Option<u32> {
+            self.cores.get(r).copied().flatten()
+        }
+        fn flow_level(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn ranks_on_one_core_take_turns_copying_and_reducing() {
+        let n = 1_000_000;
+        // Two pairs exchange at once; ranks 0 and 2 share a core, 1 and 3 have their own.
+        let exchange = vec![
+            sched(vec![vec![send(1, n), recv(1, n)]]),
+            sched(vec![vec![send(0, n), recv(0, n)]]),
+            sched(vec![vec![send(3, n), recv(3, n)]]),
+            sched(vec![vec![send(2, n), recv(2, n)]]),
+        ];
+        let alone = OneHost { cores: vec![] };
+        let shared = OneHost {
+            cores: vec![Some(0), None, Some(0), None],
+        };
+        let bytes = n as f64 * BETA;
+        assert!(close(finish(&exchange, &alone), ALPHA + bytes));
+        // Core 0 sends and receives for two ranks: each flow gets half its rate.
+        assert!(close(finish(&exchange, &shared), ALPHA + 2.0 * bytes));
+        // One rank of a pair on a shared core, sending only: the core has room for both.
+        let one_way = vec![
+            sched(vec![vec![send(1, n)]]),
+            sched(vec![vec![recv(0, n)]]),
+            sched(vec![vec![send(3, n)]]),
+            sched(vec![vec![recv(2, n)]]),
+        ];
+        assert!(close(finish(&one_way, &shared), ALPHA + bytes));
+        // Receives that reduce: the two ranks of core 0 reduce one after the other.
+        let reduce = |peer| Op::RecvReduce {
+            peer,
+            src: region(n),
+            dst: region(n),
+        };
+        let reducing = vec![
+            sched(vec![vec![reduce(1)]]),
+            sched(vec![vec![send(0, n)]]),
+            sched(vec![vec![reduce(3)]]),
+            sched(vec![vec![send(2, n)]]),
+        ];
+        let gamma = n as f64 * 1e-9;
+        assert!(close(finish(&reducing, &alone), ALPHA + bytes + gamma));
+        assert!(close(
+            finish(&reducing, &shared),
+            ALPHA + bytes + 2.0 * gamma
+        ));
     }
 
     #[test]

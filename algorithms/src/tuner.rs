@@ -138,6 +138,8 @@ pub struct Tuner {
     ring_pipeline: Option<(usize, usize)>,
     /// Per size class: the choice, and a rival priced within [`NEAR_TIE`] of it.
     cache: Mutex<HashMap<(Collective, u32), ChoiceAndRival>>,
+    /// Per rank, the core it shares with other ranks, if it does (empty: none known).
+    shared_cores: Vec<Option<u32>>,
 }
 
 /// Algorithms [`Tuner::explain`] prices at once above [`RUNTIME_PRICING_MAX_RANKS`] ranks
@@ -234,7 +236,15 @@ impl Tuner {
             rules: Vec::new(),
             ring_pipeline: None,
             cache: Mutex::new(HashMap::new()),
+            shared_cores: Vec::new(),
         }
+    }
+
+    /// Prices with rank `r` sharing core `cores[r]` with the other ranks on it, where that is
+    /// `Some` ([`crate::cost::Network::shared_core`]).
+    pub fn with_shared_cores(mut self, cores: Vec<Option<u32>>) -> Self {
+        self.shared_cores = cores;
+        self
     }
 
     /// Says that the runtime runs a ring all-reduce slice by slice with `pipeline_bytes` in
@@ -258,6 +268,7 @@ impl Tuner {
     pub fn clone_with_rules(&self, rules: Vec<Rule>) -> Self {
         let mut t = Self::new(self.hierarchy.clone(), self.costs, self.ordered).with_rules(rules);
         t.ring_pipeline = self.ring_pipeline;
+        t.shared_cores = self.shared_cores.clone();
         t
     }
 
@@ -267,6 +278,7 @@ impl Tuner {
         let mut t =
             Self::new(self.hierarchy.clone(), costs, self.ordered).with_rules(self.rules.clone());
         t.ring_pipeline = self.ring_pipeline;
+        t.shared_cores = self.shared_cores.clone();
         t
     }
 
@@ -440,6 +452,7 @@ impl Tuner {
         let net = FabricModel {
             hierarchy: &self.hierarchy,
             costs: self.costs_for(collective, bytes),
+            shared_cores: &self.shared_cores,
         };
         let priced = sim::schedules_on(
             collective,

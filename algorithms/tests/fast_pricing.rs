@@ -112,6 +112,7 @@ fn compare(case: &Case) -> Vec<String> {
     let net = FabricModel {
         hierarchy: h,
         costs: case.costs,
+        shared_cores: &[],
     };
     let root = h.len() / 3;
     for &c in case.collectives {

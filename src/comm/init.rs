@@ -280,7 +280,8 @@ impl Communicator {
             cfg.rank_order == RankOrder::Topology,
         )
         .with_rules(cfg.tuning_rules.clone())
-        .with_ring_pipeline(cfg.ring_pipeline_bytes, fullest_host);
+        .with_ring_pipeline(cfg.ring_pipeline_bytes, fullest_host)
+        .with_shared_cores(probe::shared_cores(&peers));
         let mut state = State {
             conns: (0..size).map(|_| None).collect(),
             seq: 0,

@@ -105,6 +105,43 @@ pub(crate) fn shares_core(local: &[&HostProbe], me: &HostProbe) -> Option<bool> 
     Some(local.iter().filter(|p| p.bound_cpu == me.bound_cpu).count() > 1)
 }
 
+/// Per rank, the core it shares with other ranks of its kernel, where every rank there is
+/// bound to one CPU and another is bound to its own (ids numbered from 0 across the job); all
+/// `None` where no rank is known to share, which leaves the tuner's model as it was.
+pub(crate) fn shared_cores(peers: &[PeerInfo]) -> Vec<Option<u32>> {
+    use std::collections::HashMap;
+    // Ranks per (kernel, CPU), and whether each kernel has every rank bound.
+    let mut on_cpu: HashMap<(&str, u32), usize> = HashMap::new();
+    let mut all_bound: HashMap<&str, bool> = HashMap::new();
+    for p in peers {
+        let kernel = p.host.boot_id.as_str();
+        if kernel.is_empty() {
+            continue;
+        }
+        *all_bound.entry(kernel).or_insert(true) &= p.probe.bound_cpu > 0;
+        *on_cpu.entry((kernel, p.probe.bound_cpu)).or_insert(0) += 1;
+    }
+    let mut ids: HashMap<(&str, u32), u32> = HashMap::new();
+    let cores: Vec<Option<u32>> = peers
+        .iter()
+        .map(|p| {
+            let key = (p.host.boot_id.as_str(), p.probe.bound_cpu);
+            let shared = !key.0.is_empty()
+                && all_bound.get(key.0) == Some(&true)
+                && on_cpu.get(&key).is_some_and(|&n| n > 1);
+            shared.then(|| {
+                let next = ids.len() as u32;
+                *ids.entry(key).or_insert(next)
+            })
+        })
+        .collect();
+    if cores.iter().all(Option::is_none) {
+        Vec::new()
+    } else {
+        cores
+    }
+}
+
 /// The most ranks per core of any host (ranks grouped by kernel, as shared memory groups
 /// them), 0 when no rank knows its cores.
 pub(crate) fn ranks_per_core(peers: &[PeerInfo]) -> f64 {
@@ -222,6 +259,40 @@ mod tests {
         let free = probe(2, 0.0, 0.0);
         assert_eq!(shares_core(&[&r1, &free], &r1), None);
         assert_eq!(shares_core(&[&r1, &free], &free), None);
+    }
+
+    #[test]
+    fn ranks_bound_to_one_cpu_share_a_core_and_no_one_else_does() {
+        // Host a: three ranks on two cores (0 and 2 share); host b: two ranks, two cores;
+        // host c: two ranks on one CPU, but a third free to move.
+        let peers = [
+            peer(0, "a", bound(0)),
+            peer(1, "a", bound(1)),
+            peer(2, "a", bound(0)),
+            peer(3, "b", bound(0)),
+            peer(4, "b", bound(1)),
+            peer(5, "c", bound(0)),
+            peer(6, "c", bound(0)),
+            peer(7, "c", probe(2, 0.0, 0.0)),
+        ];
+        let cores = shared_cores(&peers);
+        assert_eq!(cores.len(), 8);
+        assert!(cores[0].is_some() && cores[0] == cores[2], "{cores:?}");
+        assert_eq!(cores[1], None);
+        assert_eq!(&cores[3..], &[None; 5], "{cores:?}");
+        // The same CPU number on another kernel is another core.
+        let two_hosts = [
+            peer(0, "a", bound(0)),
+            peer(1, "a", bound(0)),
+            peer(2, "b", bound(0)),
+            peer(3, "b", bound(0)),
+        ];
+        let cores = shared_cores(&two_hosts);
+        assert!(cores.iter().all(Option::is_some), "{cores:?}");
+        assert_eq!((cores[0], cores[2]), (cores[1], cores[3]));
+        assert_ne!(cores[0], cores[2]);
+        // Nobody shares: nothing for the tuner to change.
+        assert!(shared_cores(&peers[3..5]).is_empty());
     }
 
     #[test]

@@ -175,6 +175,7 @@ mod tests {
         let net = FabricModel {
             hierarchy: &h,
             costs: TierCosts::default(),
+            shared_cores: &[],
         };
         let mut s = RankSchedule::default();
         let mut expected = Vec::new();

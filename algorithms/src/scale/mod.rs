@@ -131,6 +131,7 @@ pub fn price(q: &Query) -> Result<f64, String> {
         let net = FabricModel {
             hierarchy: q.hierarchy,
             costs: q.costs,
+            shared_cores: &[],
         };
         let scheds = crate::sim::schedules_on(
             q.collective,
@@ -237,6 +238,7 @@ impl<'a> Positions<'a> {
         let net = FabricModel {
             hierarchy: h,
             costs: q.costs,
+            shared_cores: &[],
         };
         let tier_cost = [
             Tier::SameDevice,
