@@ -142,10 +142,15 @@ run_job() {
     local master
     master=$(ip -n "${nss[0]}" -4 -o addr show | awk '$2 != "lo" {print $4}' | cut -d/ -f1 | head -1)
     local pids=()
+    local cpus
+    cpus=$(nproc)
     for r in $(seq 0 $((n - 1))); do
         local ns=${nss[$r]} name=${nss[$r]#st-}
+        # Every emulated host says LOCAL_RANK=0, and a rank its launcher left free is bound to
+        # CPU `local rank mod cores`: all of them would land on CPU 0. Spread them over this
+        # machine's CPUs instead, rank r on CPU r mod cores (a rank already bound stays so).
         local cmd=(ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$name"
-            timeout "$limit" env RANK="$r" WORLD_SIZE="$n" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1
+            taskset -c $((r % cpus)) timeout "$limit" env RANK="$r" WORLD_SIZE="$n" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1
             MASTER_ADDR="$master" MASTER_PORT="$PORT" STRATA_SOCKET_IFNAME="^lo"
             STRATA_INIT_TIMEOUT=60 STRATA_TIMEOUT="$limit" "${EXTRA_ENV[@]}"
             "$BIN" "$@")
