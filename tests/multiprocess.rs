@@ -96,11 +96,15 @@ fn algorithm_matrix(w: &Worker) {
         }
         w.comm.set_algorithm(c, None).unwrap();
     }
-    // A steady loop builds its schedule once (past a near-tie trial of its size class, which
-    // builds both rivals' schedules).
+    // A steady loop builds its schedule once: in its first call, or past a near-tie trial of
+    // its size class, which builds each rival's schedule.
     let send = vec![1f32; 3000];
     let mut recv = vec![0f32; 3000];
-    for _ in 0..strata::tuner_trial_calls(3000 * 4) {
+    for _ in 0..w
+        .comm
+        .tuner_trial_calls(Collective::AllReduce, 3000 * 4)
+        .max(1)
+    {
         w.comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
     }
     let built = w.comm.schedules_built();

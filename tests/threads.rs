@@ -598,7 +598,6 @@ fn sent_ahead_schedules_are_exact() {
 #[test]
 fn a_near_tie_is_timed_in_the_first_calls_and_every_rank_keeps_the_same_winner() {
     let bytes = 8;
-    let trial_calls = strata::tuner_trial_calls(bytes);
     let run = |comms: &[Communicator], calls: usize| -> Vec<Vec<String>> {
         on_all(comms, |c| {
             let before = c.flight_records().len();
@@ -623,7 +622,25 @@ fn a_near_tie_is_timed_in_the_first_calls_and_every_rank_keeps_the_same_winner()
         "the premise: a near tie at 8 B on 2 ranks\n{}",
         e.render()
     );
-    let rivals = [e.ranked[0].algorithm, e.ranked[1].algorithm];
+    // The trial's algorithms: those priced within NEAR_TIE of the cheapest, in price order,
+    // up to TRIAL_MAX.
+    let rivals: Vec<strata::Algorithm> = e
+        .ranked
+        .iter()
+        .take_while(|r| {
+            r.seconds
+                .as_ref()
+                .is_ok_and(|t| *t <= priced(0) * (1.0 + strata::algorithms::tuner::NEAR_TIE))
+        })
+        .take(strata::algorithms::tuner::TRIAL_MAX)
+        .map(|r| r.algorithm)
+        .collect();
+    let trial_calls = comms[0].tuner_trial_calls(Collective::AllReduce, bytes);
+    assert_eq!(
+        trial_calls,
+        strata::tuner_trial_calls(bytes, rivals.len()),
+        "{rivals:?}"
+    );
     let ops = run(&comms, trial_calls + 3);
     assert_eq!(
         ops[0].len(),
@@ -639,12 +656,12 @@ fn a_near_tie_is_timed_in_the_first_calls_and_every_rank_keeps_the_same_winner()
             .to_string()
     };
     for (i, op) in ops[0][..trial_calls].iter().enumerate() {
-        assert_eq!(ran(op), rivals[i % 2].name(), "call {i}: {op}");
+        assert_eq!(ran(op), rivals[i % rivals.len()].name(), "call {i}: {op}");
     }
     let agreement = &ops[0][trial_calls];
     assert!(
         agreement.contains("double")
-            && agreement.contains("2 elements")
+            && agreement.contains(&format!("{} elements", rivals.len()))
             && agreement.ends_with("; rd)"),
         "{agreement}"
     );
@@ -666,6 +683,7 @@ fn a_near_tie_is_timed_in_the_first_calls_and_every_rank_keeps_the_same_winner()
         c.set_algorithm(Collective::AllReduce, Some(strata::Algorithm::Ring))
             .unwrap()
     });
+    assert_eq!(comms[0].tuner_trial_calls(Collective::AllReduce, bytes), 0);
     let ops = run(&comms, trial_calls + 2);
     assert_eq!(ops[0].len(), trial_calls + 2);
     assert!(ops[0].iter().all(|op| ran(op) == "ring"), "{:?}", ops[0]);

@@ -122,7 +122,52 @@ impl Explanation {
 }
 
 /// A size class's choice, and its rival where the model cannot tell the two apart.
-type ChoiceAndRival = (Algorithm, Option<Algorithm>);
+/// The most algorithms a near-tie trial times: the model's choice and up to three rivals.
+pub const TRIAL_MAX: usize = 4;
+
+/// The tuner's choice for a size class, then the rivals priced within [`NEAR_TIE`] of it,
+/// cheapest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChoiceAndRivals {
+    algorithms: [Option<Algorithm>; TRIAL_MAX],
+}
+
+impl ChoiceAndRivals {
+    /// `a` with no rival.
+    fn alone(a: Algorithm) -> Self {
+        Self::new(a, &[])
+    }
+
+    /// `choice` and `rivals`, cheapest first (those past [`TRIAL_MAX`] left out).
+    pub fn new(choice: Algorithm, rivals: &[Algorithm]) -> Self {
+        let mut algorithms = [None; TRIAL_MAX];
+        algorithms[0] = Some(choice);
+        for (slot, r) in algorithms[1..].iter_mut().zip(rivals) {
+            *slot = Some(*r);
+        }
+        Self { algorithms }
+    }
+
+    /// The choice.
+    pub fn chosen(&self) -> Algorithm {
+        self.algorithms[0].expect("a choice is always set")
+    }
+
+    /// The choice and its rivals, cheapest first.
+    pub fn all(&self) -> impl Iterator<Item = Algorithm> + '_ {
+        self.algorithms.iter().map_while(|a| *a)
+    }
+
+    /// How many: 1 with no rival.
+    pub fn len(&self) -> usize {
+        self.all().count()
+    }
+
+    /// Never: a choice is always set (for clippy's `len_without_is_empty`).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
 
 /// Prices and chooses algorithms for one communicator; see the module documentation.
 #[derive(Debug)]
@@ -136,8 +181,8 @@ pub struct Tuner {
     /// (bytes a host's ranks keep in flight, ranks on this host) when the runtime runs the
     /// ring all-reduce slice by slice ([`crate::builders::ring_slice_bytes`]).
     ring_pipeline: Option<(usize, usize)>,
-    /// Per size class: the choice, and a rival priced within [`NEAR_TIE`] of it.
-    cache: Mutex<HashMap<(Collective, u32), ChoiceAndRival>>,
+    /// Per size class: the choice, and the rivals priced within [`NEAR_TIE`] of it.
+    cache: Mutex<HashMap<(Collective, u32), ChoiceAndRivals>>,
     /// Per rank, the core it shares with other ranks, if it does (empty: none known).
     shared_cores: Vec<Option<u32>>,
 }
@@ -215,8 +260,9 @@ fn fullest_host(h: &Hierarchy) -> usize {
 }
 
 /// How close two predicted times are for the model not to tell them apart: the accuracy its
-/// predictions are held to (±25% of measured times). The runtime times such a pair in the
-/// first calls of the size class and keeps the faster, every rank agreeing.
+/// predictions are held to (±25% of measured times). The runtime times such algorithms (up to
+/// [`TRIAL_MAX`]) in the first calls of the size class and keeps the fastest, every rank
+/// agreeing.
 pub const NEAR_TIE: f64 = 0.25;
 
 /// How far above the cheapest predicted time a ring all-reduce that runs sliced may be priced
@@ -300,23 +346,19 @@ impl Tuner {
     /// The algorithm for `collective` at `bytes` per rank: a rule's, else the cheapest of its
     /// size class (cached).
     pub fn choose(&self, collective: Collective, bytes: usize) -> Algorithm {
-        self.choose_with_rival(collective, bytes).0
+        self.choose_with_rivals(collective, bytes).chosen()
     }
 
-    /// [`Tuner::choose`], and the runner-up where the model cannot tell the two apart: priced
-    /// within [`NEAR_TIE`] of the choice. A rule's choice, a sliced ring's and a lone
-    /// candidate have no rival.
-    pub fn choose_with_rival(
-        &self,
-        collective: Collective,
-        bytes: usize,
-    ) -> (Algorithm, Option<Algorithm>) {
+    /// [`Tuner::choose`], and the runners-up the model cannot tell from it: up to
+    /// [`TRIAL_MAX`]` - 1` of them, the cheapest first, each priced within [`NEAR_TIE`] of the
+    /// choice. A rule's choice, a sliced ring's and a lone candidate have none.
+    pub fn choose_with_rivals(&self, collective: Collective, bytes: usize) -> ChoiceAndRivals {
         if let Some(r) = self.rule_for(collective, bytes) {
-            return (r.algorithm, None);
+            return ChoiceAndRivals::alone(r.algorithm);
         }
         let choices = algorithms_for(collective);
         if choices.len() == 1 || self.hierarchy.len() <= 1 {
-            return (choices[0], None);
+            return ChoiceAndRivals::alone(choices[0]);
         }
         let class = size_class(bytes);
         let key = (collective, class);
@@ -324,16 +366,22 @@ impl Tuner {
             return a;
         }
         let e = self.decide(collective, class_bytes(class), false);
-        let rival = match (e.ranked.first(), e.ranked.get(1)) {
-            (Some(best), Some(next)) if best.algorithm == e.chosen => {
-                match (&best.seconds, &next.seconds) {
-                    (Ok(t), Ok(u)) if *u <= *t * (1.0 + NEAR_TIE) => Some(next.algorithm),
-                    _ => None,
+        let mut chosen = ChoiceAndRivals::alone(e.chosen);
+        if let Some(Ok(t)) = e
+            .ranked
+            .first()
+            .filter(|best| best.algorithm == e.chosen)
+            .map(|best| &best.seconds)
+        {
+            for next in &e.ranked[1..] {
+                match &next.seconds {
+                    Ok(u) if *u <= *t * (1.0 + NEAR_TIE) && chosen.len() < TRIAL_MAX => {
+                        chosen.algorithms[chosen.len()] = Some(next.algorithm);
+                    }
+                    _ => break,
                 }
             }
-            _ => None,
-        };
-        let chosen = (e.chosen, rival);
+        }
         if let Ok(mut c) = self.cache.lock() {
             c.insert(key, chosen);
         }

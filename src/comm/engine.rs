@@ -54,7 +54,7 @@ impl Communicator {
             Some(last) if last.spec == spec && last.forced == forced && !last.in_trial => last,
             _ => self.derive_call(st, spec, forced, true)?,
         };
-        // A call of a size class whose two rivals are being timed ([`trial`]).
+        // A call of a size class whose rivals are being timed ([`trial`]).
         let timed = call
             .in_trial
             .then(|| (trial::key(spec.collective, spec.count * es), Instant::now()));
@@ -413,10 +413,11 @@ impl Communicator {
         match st.last_choice {
             Some((c, b, a)) if c == collective && b == bytes => (a, false),
             _ => {
-                let (a, rival) = self.inner.tuner.choose_with_rival(collective, bytes);
-                if let Some(r) = rival.filter(|_| trial && self.inner.cfg.tuner_trials) {
+                let choice = self.inner.tuner.choose_with_rivals(collective, bytes);
+                let a = choice.chosen();
+                if choice.len() > 1 && trial && self.inner.cfg.tuner_trials {
                     let key = trial::key(collective, bytes);
-                    st.trials.insert(key, trial::Trial::new([a, r], key));
+                    st.trials.insert(key, trial::Trial::new(choice, key));
                     return (a, true);
                 }
                 st.last_choice = Some((collective, bytes, a));

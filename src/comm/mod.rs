@@ -417,7 +417,7 @@ impl Communicator {
 
     /// The algorithm used for `collective` on `bytes` per rank: the chosen one (see
     /// [`Communicator::set_algorithm`] and `STRATA_ALGO`), else a tuning-file rule's, else the
-    /// faster of two the model priced alike once host calls of the size class timed both,
+    /// fastest of those the model priced alike once host calls of the size class timed them,
     /// else the tuner's cheapest for the size class ([`Communicator::explain`] says why).
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
         self.forced_algorithm(collective)
@@ -438,28 +438,44 @@ impl Communicator {
         self.inner.algo_choice[collective.code() as usize].load(Ordering::Relaxed)
     }
 
+    /// Host calls of `collective` at `bytes` per rank that a near-tie trial would take before
+    /// its winner runs, from the first call of the size class: 0 where none runs (an explicit
+    /// choice, a rule, trials off, or no rival priced near the choice).
+    pub fn tuner_trial_calls(&self, collective: Collective, bytes: usize) -> usize {
+        let choice = self.inner.tuner.choose_with_rivals(collective, bytes);
+        if choice.len() < 2
+            || !self.inner.cfg.tuner_trials
+            || self.forced_algorithm(collective).is_some()
+        {
+            return 0;
+        }
+        trial::tuner_trial_calls(bytes, choice.len())
+    }
+
     /// The tuner's ranked table for `collective` at `bytes` per rank, with predicted times on
     /// this communicator's fabric and the reason for its choice. An explicit choice
     /// (`STRATA_ALGO`, [`Communicator::set_algorithm`]) is not reflected here; see
     /// [`Communicator::algorithm_for`].
     pub fn explain(&self, collective: Collective, bytes: usize) -> Explanation {
         let mut e = self.inner.tuner.explain(collective, bytes);
+        let choice = self.inner.tuner.choose_with_rivals(collective, bytes);
         if let Some(won) = self.trial_decision(collective, bytes) {
             e.notes.push(format!(
-                "host calls of this size class timed the two priced alike and kept {won}"
+                "host calls of this size class timed the {} priced alike and kept {won}",
+                choice.len()
             ));
-        } else if let (Some(rival), true, None) = (
-            self.inner.tuner.choose_with_rival(collective, bytes).1,
-            self.inner.cfg.tuner_trials,
-            self.forced_algorithm(collective),
-        ) {
+        } else if choice.len() > 1
+            && self.inner.cfg.tuner_trials
+            && self.forced_algorithm(collective).is_none()
+        {
+            let names: Vec<String> = choice.all().map(|a| a.to_string()).collect();
             e.notes.push(format!(
-                "{} and {rival} are priced within {:.0}%: the first {} host calls of this size \
-                 class time both and keep the faster, every rank agreeing \
+                "{} are priced within {:.0}% of the choice: the first {} host calls of this \
+                 size class take turns among them and keep the fastest, every rank agreeing \
                  (STRATA_TUNER_TRIALS=0 keeps the model's choice)",
-                e.chosen,
+                names.join(", "),
                 strata_algorithms::tuner::NEAR_TIE * 100.0,
-                trial::tuner_trial_calls(bytes)
+                trial::tuner_trial_calls(bytes, choice.len())
             ));
         }
         if let Some(choice) = self.kernel_choice() {

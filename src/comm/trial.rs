@@ -1,17 +1,17 @@
-//! Near-tie trials: where the model prices two algorithms for a size class within
-//! [`NEAR_TIE`](strata_algorithms::tuner::NEAR_TIE) of each other, it cannot tell which is
-//! faster here, so the first calls of that class on host buffers alternate the two. Each rank
-//! times its own calls; after a warm-up call of each and a few timed calls of each (more for
-//! small messages, [`rounds`]), the ranks add up their medians with one all-reduce of two
-//! numbers, and every rank keeps the same one (the faster in total, the model's choice on a
-//! tie). Medians, because a call of a few microseconds on a shared machine is sometimes
+//! Near-tie trials: where the model prices algorithms for a size class within
+//! [`NEAR_TIE`](strata_algorithms::tuner::NEAR_TIE) of its choice, it cannot tell which is
+//! fastest here, so the first calls of that class on host buffers take turns among them (the
+//! choice and up to three rivals, [`TRIAL_MAX`]). Each rank times its own calls; after a
+//! warm-up call of each and a few timed calls of each (more for small messages, [`rounds`]),
+//! the ranks add up their medians with one all-reduce of one number per algorithm, and every
+//! rank keeps the same one (the fastest in total, the cheaper priced on a tie). Medians, because a call of a few microseconds on a shared machine is sometimes
 //! preempted for a millisecond. Every rank makes the same
 //! calls in the same order, so every rank runs the same algorithm in every call, trial or not.
 //! `STRATA_ALGO`, `set_algorithm` and tuning-file rules skip trials; `STRATA_TUNER_TRIALS=0`
 //! turns them off.
 
 use super::*;
-use strata_algorithms::tuner::size_class;
+use strata_algorithms::tuner::{ChoiceAndRivals, TRIAL_MAX, size_class};
 
 /// Timed calls of each rival for a size class of `class_bytes`, after one warm-up call of each
 /// (which opens its connections): 1 MiB's worth, between 4 and 32 calls. The count depends on
@@ -20,24 +20,25 @@ fn rounds(class_bytes: usize) -> u32 {
     ((1usize << 20) / class_bytes.max(1)).clamp(4, 32) as u32
 }
 
-/// Calls of a size class (holding `bytes` per rank) that a near-tie trial takes before its
-/// winner runs; the ranks agree within the last of them.
-pub fn tuner_trial_calls(bytes: usize) -> usize {
+/// Calls of a size class (holding `bytes` per rank) that a near-tie trial of `algorithms`
+/// (the choice and its rivals, 2 to [`TRIAL_MAX`]) takes before its winner runs; the ranks
+/// agree within the last of them.
+pub fn tuner_trial_calls(bytes: usize, algorithms: usize) -> usize {
     let class = strata_algorithms::tuner::class_bytes(size_class(bytes));
-    2 * (1 + rounds(class) as usize)
+    algorithms.clamp(2, TRIAL_MAX) * (1 + rounds(class) as usize)
 }
 
-/// A size class's trial: the two rivals, the calls made, this rank's times in each.
+/// A size class's trial: the algorithms, the calls made, this rank's times in each.
 #[derive(Clone, Debug)]
 pub(super) struct Trial {
-    /// The model's choice, then its rival.
-    pub rivals: [Algorithm; 2],
+    /// The model's choice, then its rivals, cheapest first.
+    pub rivals: Vec<Algorithm>,
     /// Timed calls of each.
     pub rounds: u32,
     /// Calls of the class made so far.
     pub calls: u32,
-    /// This rank's seconds in each timed call of each rival.
-    pub times: [Vec<f64>; 2],
+    /// This rank's seconds in each timed call of each algorithm.
+    pub times: Vec<Vec<f64>>,
     /// The algorithm kept, once the ranks agreed.
     pub decided: Option<Algorithm>,
 }
@@ -51,21 +52,27 @@ pub(super) fn key(collective: Collective, bytes: usize) -> TrialKey {
 }
 
 impl Trial {
-    /// A trial of `rivals` for the size class of `key`, no call made yet.
-    pub fn new(rivals: [Algorithm; 2], key: TrialKey) -> Self {
+    /// A trial of `choice`'s algorithms for the size class of `key`, no call made yet.
+    pub fn new(choice: ChoiceAndRivals, key: TrialKey) -> Self {
+        let rivals: Vec<Algorithm> = choice.all().collect();
         Self {
+            times: vec![Vec::new(); rivals.len()],
             rivals,
             rounds: rounds(strata_algorithms::tuner::class_bytes(key.1)),
             calls: 0,
-            times: [Vec::new(), Vec::new()],
             decided: None,
         }
+    }
+
+    /// The algorithm of call `i` of the trial: they take turns.
+    fn of_call(&self, i: u32) -> usize {
+        i as usize % self.rivals.len()
     }
 
     /// What the next call of the class runs.
     pub fn current(&self) -> Algorithm {
         self.decided
-            .unwrap_or(self.rivals[(self.calls % 2) as usize])
+            .unwrap_or(self.rivals[self.of_call(self.calls)])
     }
 
     /// Counts a call that took `seconds` on this rank; true once every call of the trial is
@@ -74,32 +81,41 @@ impl Trial {
         if self.decided.is_some() {
             return false;
         }
-        if self.calls >= 2 {
-            self.times[(self.calls % 2) as usize].push(seconds);
+        let n = self.rivals.len() as u32;
+        if self.calls >= n {
+            let i = self.of_call(self.calls);
+            self.times[i].push(seconds);
         }
         self.calls += 1;
-        self.calls == 2 * (1 + self.rounds)
+        self.calls == n * (1 + self.rounds)
     }
 
-    /// This rank's median time of each rival.
-    pub fn medians(&self) -> [f64; 2] {
-        self.times.clone().map(|mut t| {
-            t.sort_by(f64::total_cmp);
-            match t.len() {
-                0 => 0.0,
-                n if n % 2 == 1 => t[n / 2],
-                n => (t[n / 2 - 1] + t[n / 2]) / 2.0,
+    /// This rank's median time of each algorithm.
+    pub fn medians(&self) -> Vec<f64> {
+        self.times
+            .iter()
+            .map(|t| {
+                let mut t = t.clone();
+                t.sort_by(f64::total_cmp);
+                match t.len() {
+                    0 => 0.0,
+                    n if n % 2 == 1 => t[n / 2],
+                    n => (t[n / 2 - 1] + t[n / 2]) / 2.0,
+                }
+            })
+            .collect()
+    }
+
+    /// The algorithm kept from the times summed over every rank: the fastest, the first
+    /// (cheapest priced) of those tied.
+    pub fn winner(&self, summed: &[f64]) -> Algorithm {
+        let mut best = 0;
+        for (i, t) in summed.iter().enumerate() {
+            if *t < summed[best] {
+                best = i;
             }
-        })
-    }
-
-    /// The algorithm kept from the times summed over every rank.
-    pub fn winner(&self, summed: [f64; 2]) -> Algorithm {
-        if summed[1] < summed[0] {
-            self.rivals[1]
-        } else {
-            self.rivals[0]
         }
+        self.rivals[best]
     }
 }
 
@@ -115,37 +131,40 @@ impl Communicator {
                 None => return Ok(()),
             }
         };
+        let n = summed.len();
         let spec = CallSpec {
             collective: Collective::AllReduce,
             dtype: DataType::Float64,
-            count: 2,
+            count: n,
             op: ReduceOp::Sum,
             root: 0,
         };
         let ptr = summed.as_mut_ptr().cast::<u8>();
-        // SAFETY: `summed` is 16 bytes, read and written in place for the whole call.
-        let r = unsafe { self.run(spec, ptr, 16, ptr, 16) };
+        // SAFETY: `summed` is `n` f64s, read and written in place for the whole call.
+        let r = unsafe { self.run(spec, ptr, 8 * n, ptr, 8 * n) };
         let mut st = self.lock_state()?;
         st.agreeing = false;
         r?;
         let Some(t) = st.trials.get_mut(&key) else {
             return Ok(());
         };
-        let winner = t.winner(summed);
+        let winner = t.winner(&summed);
         t.decided = Some(winner);
-        let (rivals, rounds) = (t.rivals, t.rounds);
         if self.inner.rank == 0 {
+            let timed: Vec<String> = t
+                .rivals
+                .iter()
+                .zip(&summed)
+                .map(|(a, s)| format!("{a} {:.2} us", s * 1e6))
+                .collect();
             tracing::info!(
-                "{} of the {} B size class: {} and {} priced alike by the model; timed over {} \
-                 calls of each, their medians summed over the ranks are {:.2} us and {:.2} us; \
-                 keeping {winner}",
+                "{} of the {} B size class: {} algorithms priced alike by the model; timed over \
+                 {} calls of each, their medians summed over the ranks are {}; keeping {winner}",
                 key.0,
                 strata_algorithms::tuner::class_bytes(key.1),
-                rivals[0],
-                rivals[1],
-                rounds,
-                summed[0] * 1e6,
-                summed[1] * 1e6
+                t.rivals.len(),
+                t.rounds,
+                timed.join(", ")
             );
         }
         Ok(())
@@ -166,10 +185,10 @@ mod tests {
     fn a_trial_alternates_skips_the_warm_up_and_keeps_the_faster_median() {
         let (a, b) = (Algorithm::RecursiveDoubling, Algorithm::OneShot);
         let key = (Collective::AllReduce, size_class(1 << 20));
-        let mut t = Trial::new([a, b], key);
+        let mut t = Trial::new(ChoiceAndRivals::new(a, &[b]), key);
         assert_eq!(t.rounds, 4);
-        assert_eq!(tuner_trial_calls(1 << 20), 10);
-        assert_eq!(tuner_trial_calls(8), 66, "8 B: 32 timed calls of each");
+        assert_eq!(tuner_trial_calls(1 << 20, 2), 10);
+        assert_eq!(tuner_trial_calls(8, 2), 66, "8 B: 32 timed calls of each");
         let mut ran = Vec::new();
         let mut done = false;
         while !done {
@@ -191,14 +210,49 @@ mod tests {
             (m[0] - 0.003).abs() < 1e-12 && (m[1] - 0.002).abs() < 1e-12,
             "{m:?}"
         );
-        assert_eq!(t.winner([0.006, 0.004]), b);
+        assert_eq!(t.winner(&[0.006, 0.004]), b);
         assert_eq!(
-            t.winner([0.004, 0.004]),
+            t.winner(&[0.004, 0.004]),
             a,
             "a tie keeps the model's choice"
         );
         t.decided = Some(b);
         assert_eq!(t.current(), b);
         assert!(!t.record(1.0), "a decided trial counts no more calls");
+    }
+
+    /// Four algorithms take turns, each timed as often as two would be, and the fastest wins
+    /// wherever it stands in the model's order; a tie goes to the cheaper priced.
+    #[test]
+    fn a_trial_of_four_takes_turns_and_keeps_the_fastest() {
+        use Algorithm::*;
+        let order = [Ring, Tree, RecursiveDoubling, OneShot];
+        let key = (Collective::AllReduce, size_class(1 << 20));
+        let choice = ChoiceAndRivals::new(order[0], &order[1..]);
+        assert_eq!(choice.len(), 4);
+        let mut t = Trial::new(choice, key);
+        let mut ran = Vec::new();
+        let mut done = false;
+        while !done {
+            ran.push(t.current());
+            // The third priced runs fastest; the warm-up round is slow.
+            let secs = match t.current() {
+                _ if t.calls < 4 => 1.0,
+                RecursiveDoubling => 0.001,
+                _ => 0.002,
+            };
+            done = t.record(secs);
+        }
+        assert_eq!(ran.len(), tuner_trial_calls(1 << 20, 4));
+        assert_eq!(ran.len(), 4 * 5, "a warm-up and four timed calls of each");
+        assert!(ran.chunks(4).all(|c| c == order), "{ran:?}");
+        let m = t.medians();
+        assert_eq!(m, vec![0.002, 0.002, 0.001, 0.002]);
+        assert_eq!(t.winner(&m), RecursiveDoubling);
+        assert_eq!(t.winner(&[0.003, 0.002, 0.004, 0.002]), Tree);
+        // More rivals than a trial takes are left out; fewer than two calls count as two.
+        let five = ChoiceAndRivals::new(Ring, &[Tree, RecursiveDoubling, OneShot, Bruck]);
+        assert_eq!(five.all().collect::<Vec<_>>(), order);
+        assert_eq!(tuner_trial_calls(1 << 20, 9), tuner_trial_calls(1 << 20, 4));
     }
 }

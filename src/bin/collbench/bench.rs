@@ -495,7 +495,8 @@ pub(super) fn bench_row(
         let warmup = if args.warmup == 0 {
             0
         } else {
-            args.warmup.max(strata::tuner_trial_calls(count * es))
+            args.warmup
+                .max(comm.tuner_trial_calls(spec.collective, count * es))
         };
         for _ in 0..warmup {
             once(&mut send, &mut recv).map_err(|e| e.to_string())?;
