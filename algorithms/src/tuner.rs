@@ -121,7 +121,6 @@ impl Explanation {
     }
 }
 
-/// A size class's choice, and its rival where the model cannot tell the two apart.
 /// The most algorithms a near-tie trial times: the model's choice and up to three rivals.
 pub const TRIAL_MAX: usize = 4;
 
@@ -129,33 +128,36 @@ pub const TRIAL_MAX: usize = 4;
 /// cheapest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChoiceAndRivals {
-    algorithms: [Option<Algorithm>; TRIAL_MAX],
+    choice: Algorithm,
+    rivals: [Option<Algorithm>; TRIAL_MAX - 1],
 }
 
 impl ChoiceAndRivals {
-    /// `a` with no rival.
-    fn alone(a: Algorithm) -> Self {
-        Self::new(a, &[])
+    /// `choice` with no rival.
+    fn alone(choice: Algorithm) -> Self {
+        Self::new(choice, &[])
     }
 
     /// `choice` and `rivals`, cheapest first (those past [`TRIAL_MAX`] left out).
     pub fn new(choice: Algorithm, rivals: &[Algorithm]) -> Self {
-        let mut algorithms = [None; TRIAL_MAX];
-        algorithms[0] = Some(choice);
-        for (slot, r) in algorithms[1..].iter_mut().zip(rivals) {
+        let mut slots = [None; TRIAL_MAX - 1];
+        for (slot, r) in slots.iter_mut().zip(rivals) {
             *slot = Some(*r);
         }
-        Self { algorithms }
+        Self {
+            choice,
+            rivals: slots,
+        }
     }
 
     /// The choice.
     pub fn chosen(&self) -> Algorithm {
-        self.algorithms[0].expect("a choice is always set")
+        self.choice
     }
 
     /// The choice and its rivals, cheapest first.
     pub fn all(&self) -> impl Iterator<Item = Algorithm> + '_ {
-        self.algorithms.iter().map_while(|a| *a)
+        std::iter::once(self.choice).chain(self.rivals.iter().map_while(|a| *a))
     }
 
     /// How many: 1 with no rival.
@@ -166,6 +168,13 @@ impl ChoiceAndRivals {
     /// Never: a choice is always set (for clippy's `len_without_is_empty`).
     pub fn is_empty(&self) -> bool {
         false
+    }
+
+    /// Adds `rival` after the others, if there is room.
+    fn push(&mut self, rival: Algorithm) {
+        if let Some(slot) = self.rivals.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(rival);
+        }
     }
 }
 
@@ -376,7 +385,7 @@ impl Tuner {
             for next in &e.ranked[1..] {
                 match &next.seconds {
                     Ok(u) if *u <= *t * (1.0 + NEAR_TIE) && chosen.len() < TRIAL_MAX => {
-                        chosen.algorithms[chosen.len()] = Some(next.algorithm);
+                        chosen.push(next.algorithm);
                     }
                     _ => break,
                 }

@@ -368,3 +368,49 @@ fn a_message_inside_a_host_pays_its_first_slot() {
         price(two_hosts(), TierCosts::default(), 1024)
     );
 }
+
+/// A trial's algorithms are the choice and then the cheapest priced within NEAR_TIE of it, in
+/// price order, at most TRIAL_MAX; a rule has none.
+#[test]
+fn rivals_are_the_cheapest_within_the_near_tie_and_at_most_four() {
+    let tu = Tuner::new(Hierarchy::single_host(4), TierCosts::default(), false);
+    let mut saw_four = false;
+    for bytes in [8usize, 4 << 10, 256 << 10, 16 << 20] {
+        let choice = tu.choose_with_rivals(Collective::AllReduce, bytes);
+        let e = tu.explain(Collective::AllReduce, bytes);
+        let price = |a: Algorithm| {
+            let p = e.ranked.iter().find(|r| r.algorithm == a).unwrap();
+            *p.seconds.as_ref().unwrap()
+        };
+        let all: Vec<Algorithm> = choice.all().collect();
+        assert_eq!(all[0], e.chosen);
+        assert_eq!(all.len(), choice.len());
+        assert!(choice.len() <= TRIAL_MAX);
+        let limit = price(e.chosen) * (1.0 + NEAR_TIE);
+        for w in all.windows(2) {
+            assert!(price(w[0]) <= price(w[1]), "{bytes} B: {all:?}");
+        }
+        assert!(all.iter().all(|&a| price(a) <= limit), "{bytes} B: {all:?}");
+        // None left out that is cheaper than a rival taken, and none within the tie left
+        // out while there was room.
+        let within = e
+            .ranked
+            .iter()
+            .filter(|r| r.seconds.as_ref().is_ok_and(|t| *t <= limit))
+            .count();
+        assert_eq!(choice.len(), within.min(TRIAL_MAX), "{bytes} B: {all:?}");
+        saw_four |= choice.len() == TRIAL_MAX;
+    }
+    assert!(
+        saw_four,
+        "the premise: some size has four or more near ties on 4 ranks"
+    );
+    let ruled = tu.clone_with_rules(vec![Rule {
+        collective: Collective::AllReduce,
+        min_bytes: 0,
+        max_bytes: usize::MAX,
+        algorithm: Algorithm::Ring,
+    }]);
+    let c = ruled.choose_with_rivals(Collective::AllReduce, 8);
+    assert_eq!((c.chosen(), c.len()), (Algorithm::Ring, 1));
+}
