@@ -459,23 +459,20 @@ impl Communicator {
     pub fn explain(&self, collective: Collective, bytes: usize) -> Explanation {
         let mut e = self.inner.tuner.explain(collective, bytes);
         let choice = self.inner.tuner.choose_with_rivals(collective, bytes);
+        let trial_calls = self.tuner_trial_calls(collective, bytes);
         if let Some(won) = self.trial_decision(collective, bytes) {
             e.notes.push(format!(
                 "host calls of this size class timed the {} priced alike and kept {won}",
                 choice.len()
             ));
-        } else if choice.len() > 1
-            && self.inner.cfg.tuner_trials
-            && self.forced_algorithm(collective).is_none()
-        {
+        } else if trial_calls > 0 {
             let names: Vec<String> = choice.all().map(|a| a.to_string()).collect();
             e.notes.push(format!(
-                "{} are priced within {:.0}% of the choice: the first {} host calls of this \
-                 size class take turns among them and keep the fastest, every rank agreeing \
-                 (STRATA_TUNER_TRIALS=0 keeps the model's choice)",
+                "{} are priced within {:.0}% of the choice: the first {trial_calls} host calls \
+                 of this size class take turns among them and keep the fastest, every rank \
+                 agreeing (STRATA_TUNER_TRIALS=0 keeps the model's choice)",
                 names.join(", "),
                 strata_algorithms::tuner::NEAR_TIE * 100.0,
-                trial::tuner_trial_calls(bytes, choice.len())
             ));
         }
         if let Some(choice) = self.kernel_choice() {
