@@ -438,6 +438,21 @@ pub(super) fn print_row(r: &Row) {
     );
 }
 
+/// Fills a timed buffer with the checker's input values, repeated every 64 KiB, as
+/// nccl-tests fills its buffers. A buffer left as allocated is read from the kernel's one
+/// shared zero page, which stays in cache however large the buffer: an out-of-place send
+/// buffer never written timed a 4-rank all-gather of 4 MiB at 0.6 ms where filled buffers
+/// (calibrate's, an application's) take 1.0.
+fn fill_with_data(spec: &CallSpec, rank: usize, buf: &mut [u8]) {
+    const PERIOD: usize = 64 << 10; // a multiple of every element size
+    let first = buf.len().min(PERIOD);
+    let (head, rest) = buf.split_at_mut(first);
+    check::fill_input(spec, rank, head);
+    for chunk in rest.chunks_mut(PERIOD) {
+        chunk.copy_from_slice(&head[..chunk.len()]);
+    }
+}
+
 /// One table row: out of place, then in place, then the results checked and agreed on.
 pub(super) fn bench_row(
     args: &Args,
@@ -460,6 +475,8 @@ pub(super) fn bench_row(
     };
     let mut send = vec![0u8; in_bytes.max(count * es)];
     let mut recv = vec![0u8; out_bytes.max(in_bytes).max(count * es)];
+    fill_with_data(&spec, rank, &mut send);
+    fill_with_data(&spec, rank, &mut recv);
     // On device buffers a small call may run as one kernel instead of the algorithm's program.
     let kernel = (args.device == "cuda")
         .then(|| comm.device_kernel_for(&spec))
@@ -598,5 +615,35 @@ pub(super) fn send_recv(
     } else {
         comm.recv(r, peer)?;
         comm.send(s, peer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every page of a timed buffer holds the checker's inputs, not zeros: the first 64 KiB
+    /// as `fill_input` writes them, and the rest repeating them.
+    #[test]
+    fn timed_buffers_hold_the_inputs_on_every_page() {
+        let spec = CallSpec {
+            collective: Collective::AllReduce,
+            dtype: DataType::Float32,
+            count: 50_000,
+            op: ReduceOp::Sum,
+            root: 0,
+        };
+        let mut buf = vec![0u8; 200_000];
+        fill_with_data(&spec, 1, &mut buf);
+        let mut head = vec![0u8; 64 << 10];
+        check::fill_input(&spec, 1, &mut head);
+        assert_eq!(&buf[..head.len()], &head[..]);
+        for (k, chunk) in buf.chunks(head.len()).enumerate() {
+            assert_eq!(chunk, &head[..chunk.len()], "chunk {k}");
+        }
+        assert!(
+            buf.chunks(4096).all(|page| page.iter().any(|&b| b != 0)),
+            "a page left zero"
+        );
     }
 }
