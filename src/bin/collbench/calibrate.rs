@@ -41,6 +41,16 @@ pub(super) struct CalibrateArgs {
     /// Rounds over every point, interleaved; each point's median counts.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Timed calls per point and round (as collbench's -n, and its default): the profile
+    /// then predicts the figure collbench prints. With ranks sharing cores a point's time
+    /// falls over its first hundred or so calls; 200 calls of a small point (the count
+    /// before) timed 25-40% below collbench's 20, and 4 calls of a 4 MiB one above it. At 4
+    /// ranks on 2 cores, 8 B to 64 MiB takes about 3 minutes this way (30 s before).
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Untimed calls before each point's timed ones (as collbench's -w, and its default).
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    warmup: usize,
     /// Print the comparison but write no profile.
     #[arg(long = "no-write")]
     no_write: bool,
@@ -69,23 +79,6 @@ struct Plan {
     count: usize,
     in_bytes: usize,
     out_bytes: usize,
-    iters: usize,
-}
-
-/// Calls per round: about 16 MiB moved, between 2 and 200. With ranks sharing cores the first
-/// calls after another point are slower than the steady state collbench's 20 measure (which
-/// ranks run when settles over several calls): at 2 MiB on 4 ranks and 2 cores, 2 calls timed
-/// 1.4-2.3x what collbench measured.
-fn iters_for(size: usize) -> usize {
-    ((16usize << 20) / size.max(1)).clamp(2, 200)
-}
-
-/// Untimed calls before a point's timed ones, as collbench's default warm-up: what the point
-/// before it (another size, another algorithm) left in the caches is gone, and the time is
-/// the steady one collbench measures. Two above 8 MiB, where the buffers outgrow the caches
-/// anyway and one call takes milliseconds.
-fn warmup_for(size: usize) -> usize {
-    if size > 8 << 20 { 2 } else { 5 }
 }
 
 /// The collbench sizes: `min`, `min·f`, ... below `max`, then `max`.
@@ -144,7 +137,6 @@ fn run(a: &CalibrateArgs, comm: &Communicator) -> Result<(), String> {
                     count,
                     in_bytes,
                     out_bytes,
-                    iters: iters_for(size),
                 });
             }
         }
@@ -157,7 +149,7 @@ fn run(a: &CalibrateArgs, comm: &Communicator) -> Result<(), String> {
         );
     }
     let started = Instant::now();
-    let times = time_plans(comm, &plans, rounds)?;
+    let times = time_plans(comm, &plans, rounds, (a.warmup, a.iters.max(1)))?;
     for c in Collective::ALL {
         comm.set_algorithm(c, None).map_err(|e| e.to_string())?;
     }
@@ -286,8 +278,14 @@ fn fit_and_write(
 }
 
 /// Every plan's median seconds over `rounds` interleaved rounds, the slowest rank's time
-/// counting in each round.
-fn time_plans(comm: &Communicator, plans: &[Plan], rounds: usize) -> Result<Vec<f64>, String> {
+/// counting in each round; each point of a round makes `warmup` untimed calls, then `iters`
+/// timed ones.
+fn time_plans(
+    comm: &Communicator,
+    plans: &[Plan],
+    rounds: usize,
+    (warmup, iters): (usize, usize),
+) -> Result<Vec<f64>, String> {
     let err = |e: strata::Error| e.to_string();
     let in_max = plans.iter().map(|p| p.in_bytes).max().unwrap_or(0);
     let out_max = plans.iter().map(|p| p.out_bytes).max().unwrap_or(0);
@@ -307,15 +305,15 @@ fn time_plans(comm: &Communicator, plans: &[Plan], rounds: usize) -> Result<Vec<
             };
             let mut once =
                 || comm.call_bytes(spec, Some(&send[..p.in_bytes]), &mut recv[..p.out_bytes]);
-            for _ in 0..warmup_for(p.size) {
+            for _ in 0..warmup {
                 once().map_err(err)?;
             }
             comm.barrier().map_err(err)?;
             let t0 = Instant::now();
-            for _ in 0..p.iters {
+            for _ in 0..iters {
                 once().map_err(err)?;
             }
-            local[i * rounds + round] = t0.elapsed().as_secs_f64() / p.iters as f64;
+            local[i * rounds + round] = t0.elapsed().as_secs_f64() / iters as f64;
         }
     }
     send.clear();
@@ -489,8 +487,5 @@ mod tests {
         assert_eq!(sizes(8, 4096, 8), vec![8, 64, 512, 4096]);
         assert_eq!(sizes(8, 5000, 8), vec![8, 64, 512, 4096, 5000]);
         assert_eq!(sizes(64, 64, 8), vec![64]);
-        assert_eq!(iters_for(8), 200);
-        assert_eq!(iters_for(2 << 20), 8);
-        assert_eq!(iters_for(64 << 20), 2);
     }
 }
