@@ -17,7 +17,7 @@ use strata_topology::fabric::TierCosts;
 
 use crate::cost::{FabricModel, price};
 use crate::hierarchy::Hierarchy;
-use crate::schedule::Collective;
+use crate::schedule::{Buf, Collective, Op, RankSchedule, Region, Step};
 use crate::{Algorithm, algorithms_for};
 use crate::{scale, sim};
 
@@ -480,12 +480,16 @@ impl Tuner {
 
     /// Prices `algorithm` for `collective` at `bytes` per rank on this fabric: by the full
     /// simulation up to [`FULL_SIMULATION_MAX_RANKS`], else by fast pricing; the tiers'
-    /// `call_us` is added to every price. A call of no elements is priced as one of one: the
-    /// runtime still runs its schedule, each message a header without data, to keep every
-    /// rank's calls matched.
+    /// `call_us` is added to every price. A call of no elements moves only headers: every
+    /// rank sends its header to each peer of its schedule and to both ring neighbours at
+    /// once and waits for theirs, and no step waits on another's data, so it is priced as
+    /// that one exchange ([`headers_only`]); above the full simulation, as a call of one.
     pub fn price(&self, collective: Collective, algorithm: Algorithm, bytes: usize) -> Priced {
-        let bytes = bytes.max(1);
-        let mut priced = self.price_messages(collective, algorithm, bytes);
+        let mut priced = if bytes == 0 && self.hierarchy.len() <= FULL_SIMULATION_MAX_RANKS {
+            self.price_headers(collective, algorithm)
+        } else {
+            self.price_messages(collective, algorithm, bytes.max(1))
+        };
         if let Ok(s) = priced.seconds.as_mut() {
             *s += self.costs.call_us * 1e-6;
         }
@@ -537,6 +541,32 @@ impl Tuner {
                 steps: None,
                 max_sharing: None,
             },
+        }
+    }
+
+    /// [`Tuner::price`] of a call of no elements, without the cost of the call itself.
+    fn price_headers(&self, collective: Collective, algorithm: Algorithm) -> Priced {
+        let net = FabricModel {
+            hierarchy: &self.hierarchy,
+            costs: self.costs_for(collective, 0),
+            shared_cores: &self.shared_cores,
+        };
+        let chunk = CHUNK_BYTES / PRICE_ELEM_BYTES;
+        let priced = sim::schedules_on(
+            collective,
+            algorithm,
+            &self.hierarchy,
+            self.ordered,
+            0,
+            0,
+            chunk,
+        )
+        .and_then(|s| price(&headers_only(&s), PRICE_ELEM_BYTES, &net).map(|e| e.seconds));
+        Priced {
+            algorithm,
+            seconds: priced,
+            steps: Some(1),
+            max_sharing: None,
         }
     }
 
@@ -709,6 +739,47 @@ fn cheap_to_price(collective: Collective, algorithm: Algorithm, bytes: usize, p:
 /// size has empty blocks, so it is timed on the engine rather than in closed form.
 pub fn fewer_elements_than_ranks(bytes: usize, p: usize) -> bool {
     bytes.div_ceil(PRICE_ELEM_BYTES) < p
+}
+
+/// What the runtime does for a call of no elements under `schedules` (one per rank): one
+/// step in which every rank sends an empty message to, and receives one from, each peer its
+/// schedule talks to and both of its ring neighbours (the headers of the call).
+pub fn headers_only(schedules: &[RankSchedule]) -> Vec<RankSchedule> {
+    let p = schedules.len();
+    let empty = |buf| Region {
+        buf,
+        offset: 0,
+        len: 0,
+    };
+    schedules
+        .iter()
+        .enumerate()
+        .map(|(rank, s)| {
+            let mut peers = s.send_peers();
+            peers.extend(s.recv_peers());
+            if p > 1 {
+                peers.extend([(rank + 1) % p, (rank + p - 1) % p]);
+            }
+            peers.sort_unstable();
+            peers.dedup();
+            peers.retain(|&q| q != rank);
+            let mut ops: Vec<Op> = peers
+                .iter()
+                .map(|&peer| Op::Send {
+                    peer,
+                    src: empty(Buf::Input),
+                })
+                .collect();
+            ops.extend(peers.iter().map(|&peer| Op::Recv {
+                peer,
+                dst: empty(Buf::Output),
+            }));
+            RankSchedule {
+                steps: vec![Step { ops }],
+                scratch_elems: 0,
+            }
+        })
+        .collect()
 }
 
 /// The size class of `bytes`: ⌈lg bytes⌉ (0 for 0 and 1).
