@@ -341,6 +341,36 @@ fn is_closed(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
     matches!(
         e.kind(),
-        UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted
+        UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted | NotConnected
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A receive from any source passes over a peer whose connection is closed, by whatever
+    /// errno the transport saw it as: a socket's EOF or reset, and libfabric's ENOTCONN or
+    /// EPIPE for a peer that closed its endpoint (a rank done with its sends).
+    #[test]
+    fn a_closed_connection_is_told_by_its_errno() {
+        for errno in [
+            libc::ENOTCONN,
+            libc::EPIPE,
+            libc::ECONNRESET,
+            libc::ECONNABORTED,
+        ] {
+            assert!(
+                is_closed(&std::io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+        assert!(is_closed(&std::io::ErrorKind::UnexpectedEof.into()));
+        for errno in [libc::EIO, libc::ETIMEDOUT, libc::EINVAL] {
+            assert!(
+                !is_closed(&std::io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+    }
 }

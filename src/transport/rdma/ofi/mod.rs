@@ -563,11 +563,9 @@ impl OfiLink {
             Some(Op::Recv) => "receive",
             _ => "operation",
         };
-        let kind = if e.err == libc::ETIMEDOUT {
-            io::ErrorKind::TimedOut
-        } else {
-            io::ErrorKind::Other
-        };
+        // The errno's own kind (a peer that closed its endpoint gives ENOTCONN or EPIPE),
+        // which callers tell a closed connection by, as they do for sockets.
+        let kind = io::Error::from_raw_os_error(e.err).kind();
         io::Error::new(
             kind,
             format!(
