@@ -180,6 +180,20 @@ impl RankSchedule {
         self.peers(|op| matches!(op, Op::Recv { .. } | Op::RecvReduce { .. }))
     }
 
+    /// Ranks that rank `rank` of `p` exchanges headers with in a call of this schedule: those
+    /// it sends to or receives from, and both of its ring neighbours; sorted, without itself.
+    pub fn header_peers(&self, rank: usize, p: usize) -> Vec<usize> {
+        let mut peers = self.send_peers();
+        peers.extend(self.recv_peers());
+        if p > 1 {
+            peers.extend([(rank + 1) % p, (rank + p - 1) % p]);
+        }
+        peers.sort_unstable();
+        peers.dedup();
+        peers.retain(|&q| q != rank);
+        peers
+    }
+
     fn peers(&self, keep: impl Fn(&Op) -> bool) -> Vec<usize> {
         let mut peers: Vec<usize> = self
             .steps

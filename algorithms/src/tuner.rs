@@ -742,8 +742,8 @@ pub fn fewer_elements_than_ranks(bytes: usize, p: usize) -> bool {
 }
 
 /// What the runtime does for a call of no elements under `schedules` (one per rank): one
-/// step in which every rank sends an empty message to, and receives one from, each peer its
-/// schedule talks to and both of its ring neighbours (the headers of the call).
+/// step in which every rank sends an empty message to, and receives one from, each of its
+/// [`RankSchedule::header_peers`] (the headers of the call).
 pub fn headers_only(schedules: &[RankSchedule]) -> Vec<RankSchedule> {
     let p = schedules.len();
     let empty = |buf| Region {
@@ -755,14 +755,7 @@ pub fn headers_only(schedules: &[RankSchedule]) -> Vec<RankSchedule> {
         .iter()
         .enumerate()
         .map(|(rank, s)| {
-            let mut peers = s.send_peers();
-            peers.extend(s.recv_peers());
-            if p > 1 {
-                peers.extend([(rank + 1) % p, (rank + p - 1) % p]);
-            }
-            peers.sort_unstable();
-            peers.dedup();
-            peers.retain(|&q| q != rank);
+            let peers = s.header_peers(rank, p);
             let mut ops: Vec<Op> = peers
                 .iter()
                 .map(|&peer| Op::Send {

@@ -151,14 +151,7 @@ impl State {
 
 impl CachedPlan {
     fn new(plan: &Plan, sched: RankSchedule, rank: usize, p: usize) -> Self {
-        let mut exchange = sched.send_peers();
-        exchange.extend(sched.recv_peers());
-        if p > 1 {
-            exchange.extend([(rank + 1) % p, (rank + p - 1) % p]);
-        }
-        exchange.sort_unstable();
-        exchange.dedup();
-        exchange.retain(|&q| q != rank);
+        let exchange = sched.header_peers(rank, p);
         let small = match (plan.collective, plan.algorithm) {
             (Collective::AllReduce, Algorithm::RecursiveDoubling) => {
                 SmallDoubling::from_schedule(&sched, &exchange).map(SmallPath::Doubling)
