@@ -5,6 +5,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* Warm-up calls of a size, as collbench makes them with its default rings: at least `warmup`,
+ * and as many as lap strata's slot rings (Config::calls_to_lap_rings: 128 shared-memory slots
+ * of 8 KiB, 8 RDMA slots of 512 KiB, a call filling size/n bytes and at least one slot of
+ * each), so that both libraries are timed after the same calls. */
+static int warmup_calls(int warmup, size_t size, int n) {
+    if (warmup == 0) return 0;
+    size_t per = size / (size_t)n > 0 ? size / (size_t)n : 1;
+    size_t shm = ((size_t)128 * 8192 + per - 1) / per, rdma = ((size_t)8 * (512 << 10) + per - 1) / per;
+    if (shm > 128) shm = 128;
+    if (rdma > 8) rdma = 8;
+    size_t laps = (shm > rdma ? shm : rdma) + 1;
+    return (size_t)warmup > laps ? warmup : (int)laps;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int rank, n;
@@ -21,7 +35,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < max / 4; i++) send[i] = (float)(rank + 1);
     for (size_t size = min; size <= max; size *= 2) {
         int count = (int)(size / 4);
-        for (int i = 0; i < warmup; i++) MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        for (int i = 0; i < warmup_calls(warmup, size, n); i++) MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
         for (int i = 0; i < iters; i++) MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);

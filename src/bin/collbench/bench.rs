@@ -508,12 +508,15 @@ pub(super) fn bench_row(
                 comm.call_bytes(spec, Some(&send[..in_bytes]), &mut recv[..out_bytes])
             }
         };
-        // Past a near-tie trial of the size class too, so that the timed calls run its winner.
+        // Past a near-tie trial of the size class too, so that the timed calls run its
+        // winner, and past the first lap of every slot ring, so that they see the rings'
+        // steady state (as a training loop does) rather than their first lap.
         let warmup = if args.warmup == 0 {
             0
         } else {
             args.warmup
                 .max(comm.tuner_trial_calls(spec.collective, count * es))
+                .max(comm.config().calls_to_lap_rings(n, size))
         };
         for _ in 0..warmup {
             once(&mut send, &mut recv).map_err(|e| e.to_string())?;

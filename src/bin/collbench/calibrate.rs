@@ -48,7 +48,8 @@ pub(super) struct CalibrateArgs {
     /// ranks on 2 cores, 8 B to 64 MiB takes about 3 minutes this way (30 s before).
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
     iters: usize,
-    /// Untimed calls before each point's timed ones (as collbench's -w, and its default).
+    /// Untimed calls before each point's timed ones (as collbench's -w, and its default):
+    /// at least this many, and as many as lap the slot rings (0: none).
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
     warmup: usize,
     /// Print the comparison but write no profile.
@@ -305,7 +306,9 @@ fn time_plans(
             };
             let mut once =
                 || comm.call_bytes(spec, Some(&send[..p.in_bytes]), &mut recv[..p.out_bytes]);
-            for _ in 0..warmup {
+            // As collbench warms a row up: past the first lap of every slot ring.
+            let laps = comm.config().calls_to_lap_rings(comm.size(), p.size);
+            for _ in 0..if warmup == 0 { 0 } else { warmup.max(laps) } {
                 once().map_err(err)?;
             }
             comm.barrier().map_err(err)?;

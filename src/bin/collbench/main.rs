@@ -49,7 +49,9 @@ struct Args {
     /// Timed iterations per size.
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
     iters: usize,
-    /// Warm-up iterations per size.
+    /// Warm-up iterations per size: at least this many, and as many as a near-tie trial of
+    /// the size or the first lap of every slot ring takes, so that the timed calls see the
+    /// steady state (0: none at all).
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
     warmup: usize,
     /// Check results (1) or not (0).
