@@ -140,10 +140,30 @@ pub enum Algorithm {
 /// together, does not price that per-message work (nor its p² connections).
 pub const ONE_SHOT_MAX_RANKS: usize = 8;
 
+/// Largest all-reduce, in bytes per rank, that the runtime runs on its small path (see
+/// [`Algorithm::takes_small_path`]).
+pub const SMALL_PATH_MAX_BYTES: usize = 4096;
+
 use AllGatherPart as Ag;
 use ReduceScatterPart as Rs;
 
 impl Algorithm {
+    /// Whether the runtime runs a call of `collective` at `bytes` per rank over `nranks`
+    /// ranks on its small path, without walking the schedule step by step: an all-reduce of
+    /// 1 B to [`SMALL_PATH_MAX_BYTES`] under recursive doubling at a power-of-two rank count
+    /// (elsewhere some ranks fold in and out), or under one-shot on 2 to
+    /// [`ONE_SHOT_MAX_RANKS`] ranks. The cost model charges every other call the step
+    /// executor's own cost.
+    pub fn takes_small_path(self, collective: Collective, nranks: usize, bytes: usize) -> bool {
+        collective == Collective::AllReduce
+            && (1..=SMALL_PATH_MAX_BYTES).contains(&bytes)
+            && match self {
+                Algorithm::RecursiveDoubling => nranks.is_power_of_two() && nranks >= 2,
+                Algorithm::OneShot => (2..=ONE_SHOT_MAX_RANKS).contains(&nranks),
+                _ => false,
+            }
+    }
+
     /// Every algorithm, in a stable order (the wire code is the index).
     pub const ALL: [Algorithm; 26] = [
         Algorithm::Ring,

@@ -480,7 +480,8 @@ impl Tuner {
 
     /// Prices `algorithm` for `collective` at `bytes` per rank on this fabric: by the full
     /// simulation up to [`FULL_SIMULATION_MAX_RANKS`], else by fast pricing; the tiers'
-    /// `call_us` is added to every price. A call of no elements moves only headers: every
+    /// `call_us` is added to every price, and their `schedule_us` to that of every call the
+    /// runtime walks step by step ([`Algorithm::takes_small_path`]). A call of no elements moves only headers: every
     /// rank sends its header to each peer of its schedule and to both ring neighbours at
     /// once and waits for theirs, and no step waits on another's data, so it is priced as
     /// that one exchange ([`headers_only`]); above the full simulation, as a call of one.
@@ -490,8 +491,9 @@ impl Tuner {
         } else {
             self.price_messages(collective, algorithm, bytes.max(1))
         };
+        let walked = !algorithm.takes_small_path(collective, self.hierarchy.len(), bytes);
         if let Ok(s) = priced.seconds.as_mut() {
-            *s += self.costs.call_us * 1e-6;
+            *s += (self.costs.call_us + if walked { self.costs.schedule_us } else { 0.0 }) * 1e-6;
         }
         priced
     }

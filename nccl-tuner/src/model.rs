@@ -408,11 +408,13 @@ impl Model {
 
 /// The tier costs NCCL's schedules are priced with: the file's, without the figures that
 /// describe strata's own copies through host memory (where a host's caches end, a message's
-/// first shared-memory slot), which NCCL's kernels and its transports do not make.
+/// first shared-memory slot) and its own step executor, which NCCL's kernels and its
+/// transports do not have.
 pub fn nccl_tiers(t: TierCosts) -> TierCosts {
     TierCosts {
         memory: None,
         slot_fill: None,
+        schedule_us: 0.0,
         ..t
     }
 }

@@ -61,6 +61,12 @@ pub struct TierCosts {
     /// alike, so it changes predictions, never a choice.
     #[serde(default)]
     pub call_us: f64,
+    /// What a call that walks its schedule step by step costs on top of `call_us`, µs: the
+    /// per-peer state, header checks and step bookkeeping that the small all-reduce path
+    /// skips (`Algorithm::takes_small_path` in strata-algorithms; 0 unless a cost profile or
+    /// the file says otherwise).
+    #[serde(default)]
+    pub schedule_us: f64,
     /// How fast one rank copies inside its own memory, GB/s: what a schedule's local copies
     /// (staging, gathering into place) cost. Absent: they are free.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -152,6 +158,7 @@ impl Default for TierCosts {
             aggregation: default_net(),
             reduce_gbps: default_reduce(),
             call_us: 0.0,
+            schedule_us: 0.0,
             copy_gbps: None,
             memory: None,
             slot_fill: None,
@@ -212,6 +219,12 @@ impl TierCosts {
             return Err(format!(
                 "tiers.call_us is {}; expected a number ≥ 0",
                 self.call_us
+            ));
+        }
+        if !(self.schedule_us.is_finite() && self.schedule_us >= 0.0) {
+            return Err(format!(
+                "tiers.schedule_us is {}; expected a number ≥ 0",
+                self.schedule_us
             ));
         }
         let positive = |x: f64| x.is_finite() && x > 0.0;

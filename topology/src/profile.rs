@@ -60,6 +60,9 @@ pub struct TierPatch {
     /// Cost of a call besides its messages, µs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_us: Option<f64>,
+    /// Cost of a call walked step by step, besides `call_us`, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_us: Option<f64>,
     /// Local copy rate, GB/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_gbps: Option<f64>,
@@ -91,6 +94,7 @@ impl TierPatch {
         }
         c.reduce_gbps = self.reduce_gbps.unwrap_or(c.reduce_gbps);
         c.call_us = self.call_us.unwrap_or(c.call_us);
+        c.schedule_us = self.schedule_us.unwrap_or(c.schedule_us);
         c.copy_gbps = self.copy_gbps.or(c.copy_gbps);
         c.memory = self.memory.or(c.memory);
         c.slot_fill = self.slot_fill.or(c.slot_fill);
@@ -204,6 +208,7 @@ impl CostProfile {
             aggregation: link(one.aggregation, far.aggregation),
             reduce_gbps: inv(one.reduce_gbps, far.reduce_gbps),
             call_us: mix(one.call_us, far.call_us).max(0.0),
+            schedule_us: mix(one.schedule_us, far.schedule_us).max(0.0),
             copy_gbps: match (one.copy_gbps, far.copy_gbps) {
                 (Some(a), Some(b)) => Some(inv(a, b)),
                 (_, b) => b,

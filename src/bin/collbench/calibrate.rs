@@ -350,11 +350,12 @@ fn spanned_tiers(comm: &Communicator) -> Vec<Tier> {
     out
 }
 
-/// The fitted figures of `tiers`, γ and the call, as a profile part.
+/// The fitted figures of `tiers`, γ and the call's, as a profile part.
 fn patch_of(tiers: &[Tier], c: &TierCosts) -> TierPatch {
     let mut p = TierPatch {
         reduce_gbps: Some(c.reduce_gbps),
         call_us: Some(c.call_us),
+        schedule_us: Some(c.schedule_us),
         copy_gbps: c.copy_gbps,
         memory: c.memory,
         slot_fill: c.slot_fill,
@@ -377,7 +378,8 @@ fn patch_of(tiers: &[Tier], c: &TierCosts) -> TierPatch {
 fn write_profile(path: &std::path::Path, profile: &CostProfile) -> Result<(), String> {
     let comment = "strata cost profile, written by collbench calibrate; \
                    STRATA_COST_PROFILE=<this file> prices with it\n\
-                   latency_us: α, bandwidth_gbps: 1/β, reduce_gbps: 1/γ, call_us: every call\n\
+                   latency_us: α, bandwidth_gbps: 1/β, reduce_gbps: 1/γ, call_us: every call, \
+                   schedule_us: every call but a small all-reduce's\n\
                    memory: the share of a call's buffers on a host beyond cache_mib costs \
                    1/miss_gbps more per byte\n\
                    slot_fill: a message's first slot_kib KiB inside a host cost 1/gbps more per byte";
@@ -454,11 +456,13 @@ fn print_figures(tiers: &[Tier], c: &TierCosts) {
     let copy = c.copy_gbps.unwrap_or(f64::INFINITY);
     println!(
         "# reduction: γ {:.3e} s per byte ({:.2} GB/s); local copies {:.3e} s per byte \
-         ({copy:.2} GB/s); each call {:.3e} s",
+         ({copy:.2} GB/s); each call {:.3e} s, and {:.3e} s more walked step by step (all but \
+         a small all-reduce)",
         1.0 / (c.reduce_gbps * 1e9),
         c.reduce_gbps,
         1.0 / (copy * 1e9),
-        c.call_us * 1e-6
+        c.call_us * 1e-6,
+        c.schedule_us * 1e-6
     );
     if let Some(f) = c.slot_fill {
         println!(

@@ -1,7 +1,8 @@
 //! Fitting the cost model's figures to measured times, for `collbench calibrate`.
 //!
-//! The unknowns are α and β of every tier the job spans, γ, local copies, the cost of a call,
-//! of a message's first shared-memory slot, and of a byte beyond the host's caches. A price is
+//! The unknowns are α and β of every tier the job spans, γ, local copies, the cost of a call
+//! and of walking a schedule step by step, of a message's first shared-memory slot, and of a
+//! byte beyond the host's caches. A price is
 //! homogeneous of degree one in them and piecewise linear (a maximum over paths of sums of
 //! α, bytes·β and bytes·γ), so near any figures it is the linear form its partial derivatives
 //! give. Each Gauss-Newton step takes those derivatives by finite differences through the real
@@ -27,6 +28,9 @@ pub(super) enum Figure {
     Copy,
     /// Seconds per call.
     Call,
+    /// Seconds more per call walked step by step, not on the small all-reduce path
+    /// ([`TierCosts::schedule_us`]).
+    Schedule,
     /// Seconds more per byte beyond the host's caches ([`TierCosts::memory`]).
     Miss,
     /// Seconds more per byte of a message's first slot inside a host
@@ -87,6 +91,7 @@ pub(super) fn read(costs: &TierCosts, figures: &[Figure]) -> Vec<f64> {
             Figure::Gamma => 1.0 / (costs.reduce_gbps * 1e9),
             Figure::Copy => costs.copy_gbps.map_or(0.0, |g| 1.0 / (g * 1e9)),
             Figure::Call => costs.call_us * 1e-6,
+            Figure::Schedule => costs.schedule_us * 1e-6,
             Figure::Miss => costs.memory.map_or(0.0, |m| 1.0 / (m.miss_gbps * 1e9)),
             Figure::Fill => costs.slot_fill.map_or(0.0, |f| 1.0 / (f.gbps * 1e9)),
         })
@@ -103,6 +108,7 @@ pub(super) fn write(base: TierCosts, figures: &[Figure], values: &[f64]) -> Tier
             Figure::Gamma => c.reduce_gbps = 1.0 / (v * 1e9),
             Figure::Copy => c.copy_gbps = Some(1.0 / (v * 1e9)),
             Figure::Call => c.call_us = v * 1e6,
+            Figure::Schedule => c.schedule_us = v * 1e6,
             Figure::Miss => {
                 let cache_mib = c.memory.map_or(DEFAULT_CACHE_MIB, |m| m.cache_mib);
                 c.memory = Some(MemoryTier {
@@ -134,6 +140,7 @@ pub(super) fn figures_for(tiers: &[Tier]) -> Vec<Figure> {
     out.push(Figure::Gamma);
     out.push(Figure::Copy);
     out.push(Figure::Call);
+    out.push(Figure::Schedule);
     if tiers.iter().any(|&t| t <= Tier::Host) {
         out.push(Figure::Fill);
     }
@@ -281,7 +288,7 @@ fn fit_linear(model: &Tuner, base: TierCosts, figures: &[Figure], points: &[Poin
         .into_iter()
         .zip(figures)
         .map(|(v, f)| match f {
-            Figure::Alpha(_) | Figure::Call => v.max(1e-7),
+            Figure::Alpha(_) | Figure::Call | Figure::Schedule => v.max(1e-7),
             Figure::Copy | Figure::Fill => v.max(1e-11),
             _ => v,
         })
@@ -395,6 +402,7 @@ mod tests {
         truth.host.bandwidth_gbps = 3.0;
         truth.reduce_gbps = 1.5;
         truth.call_us = 0.8;
+        truth.schedule_us = 0.4;
         truth.copy_gbps = Some(2.0);
         let pts = points(&m, truth);
         let figures = figures_for(&[Tier::Host]);
@@ -405,6 +413,9 @@ mod tests {
         assert!(close(fitted.host.latency_us, 2.5), "{fitted:?}");
         assert!(close(fitted.host.bandwidth_gbps, 3.0), "{fitted:?}");
         assert!(close(fitted.reduce_gbps, 1.5), "{fitted:?}");
+        // Told apart by the small all-reduces (rd and one-shot up to 4 KiB), which skip it.
+        assert!(close(fitted.call_us, 0.8), "{fitted:?}");
+        assert!(close(fitted.schedule_us, 0.4), "{fitted:?}");
         let before = worst_error(&m, TierCosts::default(), &pts);
         assert!(
             before > 0.5,
@@ -492,7 +503,9 @@ mod tests {
         let c = write(
             TierCosts::default(),
             &figures,
-            &[1e-6, 1e-9, 5e-6, 1e-10, 2e-10, 4e-10, 3e-7, 5e-11, 1e-10],
+            &[
+                1e-6, 1e-9, 5e-6, 1e-10, 2e-10, 4e-10, 3e-7, 7e-7, 5e-11, 1e-10,
+            ],
         );
         assert!((c.copy_gbps.unwrap() - 2.5).abs() < 1e-9);
         assert_eq!(c.host.latency_us, 1.0);
@@ -500,6 +513,7 @@ mod tests {
         assert!((c.leaf.bandwidth_gbps - 10.0).abs() < 1e-9);
         assert!((c.reduce_gbps - 5.0).abs() < 1e-9);
         assert!((c.call_us - 0.3).abs() < 1e-9);
+        assert!((c.schedule_us - 0.7).abs() < 1e-9);
         let m = c.memory.unwrap();
         assert!((m.miss_gbps - 10.0).abs() < 1e-9 && m.cache_mib == DEFAULT_CACHE_MIB);
         let f = c.slot_fill.unwrap();
