@@ -58,6 +58,7 @@ def check(np_, tmp):
     measured = defaultdict(list)   # (op, algo, size) -> [us]
     predicted = {}
     auto = defaultdict(list)       # (op, size) -> [us]
+    auto_ran = defaultdict(set)    # (op, size) -> algorithms auto ran
     for _ in range(ROUNDS):
         for op in OPS:
             for r in rows(np_, op, "all", profile, tmp):
@@ -67,6 +68,7 @@ def check(np_, tmp):
                     predicted[k] = r["predicted_us"]
             for r in rows(np_, op, "auto", profile, tmp):
                 auto[(op, r["size_bytes"])].append(r["out_of_place"]["time_us"])
+                auto_ran[(op, r["size_bytes"])].add(r["algorithm"])
     within = [abs(predicted[k] / statistics.median(v) - 1) <= 0.25
               for k, v in measured.items() if k in predicted]
     print(f"## {np_} ranks: calibrate's own {summary[0][2:] if summary else '?'}")
@@ -74,17 +76,19 @@ def check(np_, tmp):
           f"{sum(within)}/{len(within)} ({100 * sum(within) / max(len(within), 1):.0f}%)")
     worst = []
     for (op, size), times in sorted(auto.items()):
-        best = min(statistics.median(v) for (o, a, s), v in measured.items()
-                   if o == op and s == size)
+        best, best_algo = min((statistics.median(v), a) for (o, a, s), v in measured.items()
+                              if o == op and s == size)
         a = statistics.median(times)
         ratio = a / best
         ok = ratio <= 1.10 or (size < 4096 and a - best <= 1.0)
-        worst.append((ratio, op, size, a, best, ok))
+        ran = ",".join(sorted(auto_ran[(op, size)]))
+        worst.append((ratio, op, size, a, best, ok, ran, best_algo))
     bad = [w for w in worst if not w[5]]
     print(f"   auto within 1.10x of the best fixed algorithm (or 1 us below 4 KiB): "
           f"{len(worst) - len(bad)}/{len(worst)} sizes")
-    for ratio, op, size, a, best, _ in sorted(bad, reverse=True):
-        print(f"     {op} {size} B: auto {a:.2f} us, best {best:.2f} us ({ratio:.2f}x)")
+    for ratio, op, size, a, best, _, ran, best_algo in sorted(bad, reverse=True):
+        print(f"     {op} {size} B: auto {a:.2f} us ({ran}), best {best:.2f} us ({best_algo}), "
+              f"{ratio:.2f}x")
     for (op, algo, size), v in sorted(measured.items()):
         p = predicted.get((op, algo, size))
         if p is not None and abs(p / statistics.median(v) - 1) > 0.25:
