@@ -191,15 +191,20 @@ fn collbench_status_asks_a_running_step_from_a_step_of_its_own() {
         Err(why) => return common::skip(name, &why),
     };
     // Step 0 runs a long sweep; step 1 (overlapping) asks it, with no variable set by hand.
+    // Slurm numbers steps as they register, so the asking step starts once step 0 is listed:
+    // started at once, it took number 0 itself in about a third of the runs.
     let script = cluster.dir.join("status.sh");
     std::fs::write(
         &script,
         format!(
             "#!/bin/sh\nsrun -n 2 {bin} -b 8 -e 8 -n 100000000 -w 1 \
-             >/dev/null 2>&1 &\npid=$!\n\
+             >step0.out 2>&1 &\npid=$!\n\
+             for i in $(seq 1 100); do\n\
+             squeue --steps --noheader --format=%i | grep -q '\\.0$' && break\n\
+             sleep 0.1\ndone\n\
              for i in $(seq 1 100); do\n\
              srun --overlap -n 1 {bin} status --json --within 3 --step 0 > status.json 2>status.err && break\n\
-             sleep 0.2\ndone\nkill $pid\nwait\ncat status.json status.err\n",
+             sleep 0.2\ndone\nkill $pid\nwait\ncat status.json status.err step0.out\n",
             bin = collbench().display()
         ),
     )
