@@ -622,19 +622,31 @@ fn a_near_tie_is_timed_in_the_first_calls_and_every_rank_keeps_the_same_winner()
         "the premise: a near tie at 8 B on 2 ranks\n{}",
         e.render()
     );
-    // The trial's algorithms: those priced within NEAR_TIE of the cheapest, in price order,
-    // up to TRIAL_MAX.
-    let rivals: Vec<strata::Algorithm> = e
+    // The trial's algorithms: those priced within NEAR_TIE of the cheapest, up to TRIAL_MAX,
+    // each distinct price (within PRICED_ALIKE) first, in price order. Here: rd and one_shot,
+    // priced alike, so both.
+    use strata::algorithms::tuner::{NEAR_TIE, PRICED_ALIKE, TRIAL_MAX};
+    let within: Vec<(strata::Algorithm, f64)> = e
         .ranked
         .iter()
-        .take_while(|r| {
-            r.seconds
-                .as_ref()
-                .is_ok_and(|t| *t <= priced(0) * (1.0 + strata::algorithms::tuner::NEAR_TIE))
+        .map_while(|r| match r.seconds {
+            Ok(t) if t <= priced(0) * (1.0 + NEAR_TIE) => Some((r.algorithm, t)),
+            _ => None,
         })
-        .take(strata::algorithms::tuner::TRIAL_MAX)
-        .map(|r| r.algorithm)
         .collect();
+    let mut taken: Vec<(strata::Algorithm, f64)> = Vec::new();
+    for &(a, t) in &within {
+        if taken.len() < TRIAL_MAX && taken.iter().all(|(_, v)| (t - v).abs() > PRICED_ALIKE * v) {
+            taken.push((a, t));
+        }
+    }
+    for &(a, t) in &within {
+        if taken.len() < TRIAL_MAX && taken.iter().all(|(b, _)| *b != a) {
+            taken.push((a, t));
+        }
+    }
+    taken.sort_by(|x, y| x.1.total_cmp(&y.1));
+    let rivals: Vec<strata::Algorithm> = taken.iter().map(|(a, _)| *a).collect();
     let trial_calls = comms[0].tuner_trial_calls(Collective::AllReduce, bytes);
     assert_eq!(
         trial_calls,

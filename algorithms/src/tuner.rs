@@ -274,6 +274,10 @@ fn fullest_host(h: &Hierarchy) -> usize {
 /// agreeing.
 pub const NEAR_TIE: f64 = 0.25;
 
+/// How close two predicted times are for a trial to take only the cheaper of the two
+/// ([`Tuner::choose_with_rivals`]): 0.1%, far inside the model's accuracy.
+pub const PRICED_ALIKE: f64 = 1e-3;
+
 /// How far above the cheapest predicted time a ring all-reduce that runs sliced may be priced
 /// and still be chosen: the model prices links, not the memory traffic slicing saves.
 const SLICED_RING_TOLERANCE: f64 = 0.01;
@@ -382,13 +386,37 @@ impl Tuner {
             .filter(|best| best.algorithm == e.chosen)
             .map(|best| &best.seconds)
         {
-            for next in &e.ranked[1..] {
-                match &next.seconds {
-                    Ok(u) if *u <= *t * (1.0 + NEAR_TIE) && chosen.len() < TRIAL_MAX => {
-                        chosen.push(next.algorithm);
-                    }
-                    _ => break,
+            // An algorithm priced within PRICED_ALIKE of one already taken most likely moves
+            // the same messages on this fabric (tree and hier_tree on one host; ring,
+            // ring+bruck and pairwise+ring at 3 ranks, 3e-7 apart), so each distinct price
+            // takes a place first and those priced alike fill what is left (rd and one-shot
+            // at 8 B on 2 ranks: one exchange, two code paths). At 3 ranks on 2 cores, 2 MiB,
+            // the four places had gone to tree, hier_tree, pairwise+ring and pairwise+bruck
+            // (two prices) while rhd, priced 19% above tree, ran 0.80-0.88x of tree's time.
+            let within: Vec<(Algorithm, f64)> = e.ranked[1..]
+                .iter()
+                .map_while(|r| match r.seconds {
+                    Ok(u) if u <= *t * (1.0 + NEAR_TIE) => Some((r.algorithm, u)),
+                    _ => None,
+                })
+                .collect();
+            let mut taken: Vec<(Algorithm, f64)> = vec![(e.chosen, *t)];
+            for &(a, u) in &within {
+                if taken.len() < TRIAL_MAX
+                    && taken.iter().all(|&(_, v)| (u - v).abs() > PRICED_ALIKE * v)
+                {
+                    taken.push((a, u));
                 }
+            }
+            for &(a, u) in &within {
+                if taken.len() < TRIAL_MAX && taken.iter().all(|&(b, _)| b != a) {
+                    taken.push((a, u));
+                }
+            }
+            // In price order, the choice first (stable: it is the cheapest).
+            taken.sort_by(|x, y| x.1.total_cmp(&y.1));
+            for &(a, _) in &taken[1..] {
+                chosen.push(a);
             }
         }
         if let Ok(mut c) = self.cache.lock() {

@@ -1,7 +1,7 @@
 //! Near-tie trials: where the model prices algorithms for a size class within
 //! [`NEAR_TIE`](strata_algorithms::tuner::NEAR_TIE) of its choice, it cannot tell which is
 //! fastest here, so the first calls of that class on host buffers take turns among them (the
-//! choice and up to three rivals, [`TRIAL_MAX`]). Each rank times its own calls; after a
+//! choice and up to three rivals, distinct prices first, [`TRIAL_MAX`]). Each rank times its own calls; after a
 //! warm-up call of each and a few timed calls of each (more for small messages, [`rounds`]),
 //! the ranks add up their medians with one all-reduce of one number per algorithm, and every
 //! rank keeps the same one (the fastest in total, the cheaper priced on a tie). Medians,

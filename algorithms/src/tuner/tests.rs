@@ -399,13 +399,17 @@ fn a_message_inside_a_host_pays_its_first_slot() {
     );
 }
 
-/// A trial's algorithms are the choice and then the cheapest priced within NEAR_TIE of it, in
-/// price order, at most TRIAL_MAX; a rule has none.
+/// A trial's algorithms are the choice and then those priced within NEAR_TIE of it, at most
+/// TRIAL_MAX, in price order: the cheapest of each distinct price (within PRICED_ALIKE) first,
+/// then the cheapest of the rest; a rule has none.
 #[test]
-fn rivals_are_the_cheapest_within_the_near_tie_and_at_most_four() {
-    let tu = Tuner::new(Hierarchy::single_host(4), TierCosts::default(), false);
-    let mut saw_four = false;
-    for bytes in [8usize, 4 << 10, 256 << 10, 16 << 20] {
+fn rivals_are_distinct_prices_first_within_the_near_tie_and_at_most_four() {
+    let (mut saw_four, mut saw_skipped) = (false, false);
+    for (p, bytes) in [2usize, 4, 6]
+        .into_iter()
+        .flat_map(|p| [8usize, 4 << 10, 256 << 10, 16 << 20].map(|b| (p, b)))
+    {
+        let tu = Tuner::new(Hierarchy::single_host(p), TierCosts::default(), false);
         let choice = tu.choose_with_rivals(Collective::AllReduce, bytes);
         let e = tu.explain(Collective::AllReduce, bytes);
         let price = |a: Algorithm| {
@@ -413,28 +417,49 @@ fn rivals_are_the_cheapest_within_the_near_tie_and_at_most_four() {
             *p.seconds.as_ref().unwrap()
         };
         let all: Vec<Algorithm> = choice.all().collect();
+        let what = format!("{p} ranks, {bytes} B: {all:?}");
         assert_eq!(all[0], e.chosen);
         assert_eq!(all.len(), choice.len());
         assert!(choice.len() <= TRIAL_MAX);
         let limit = price(e.chosen) * (1.0 + NEAR_TIE);
         for w in all.windows(2) {
-            assert!(price(w[0]) <= price(w[1]), "{bytes} B: {all:?}");
+            assert!(price(w[0]) <= price(w[1]), "{what}");
         }
-        assert!(all.iter().all(|&a| price(a) <= limit), "{bytes} B: {all:?}");
-        // None left out that is cheaper than a rival taken, and none within the tie left
-        // out while there was room.
-        let within = e
+        assert!(all.iter().all(|&a| price(a) <= limit), "{what}");
+        let within: Vec<f64> = e
             .ranked
             .iter()
-            .filter(|r| r.seconds.as_ref().is_ok_and(|t| *t <= limit))
-            .count();
-        assert_eq!(choice.len(), within.min(TRIAL_MAX), "{bytes} B: {all:?}");
+            .filter_map(|r| r.seconds.as_ref().ok().copied())
+            .filter(|t| *t <= limit)
+            .collect();
+        // As many as fit; every distinct price represented while there is room.
+        let same = |a: f64, b: f64| (a - b).abs() <= PRICED_ALIKE * b;
+        let distinct = |ts: &[f64]| {
+            let mut d: Vec<f64> = Vec::new();
+            for &t in ts {
+                if d.iter().all(|&v| !same(t, v)) {
+                    d.push(t);
+                }
+            }
+            d.len()
+        };
+        assert_eq!(choice.len(), within.len().min(TRIAL_MAX), "{what}");
+        let taken: Vec<f64> = all.iter().map(|&a| price(a)).collect();
+        assert_eq!(distinct(&taken), distinct(&within).min(TRIAL_MAX), "{what}");
         saw_four |= choice.len() == TRIAL_MAX;
+        // Where the cheapest four would have repeated a price and left another out.
+        let cheapest: Vec<f64> = within.iter().copied().take(TRIAL_MAX).collect();
+        saw_skipped |= distinct(&cheapest) < distinct(&taken);
     }
     assert!(
         saw_four,
-        "the premise: some size has four or more near ties on 4 ranks"
+        "the premise: some size has four or more near ties"
     );
+    assert!(
+        saw_skipped,
+        "the premise: somewhere the cheapest four repeat a price (tree, hier_tree on one host)"
+    );
+    let tu = Tuner::new(Hierarchy::single_host(4), TierCosts::default(), false);
     let ruled = tu.clone_with_rules(vec![Rule {
         collective: Collective::AllReduce,
         min_bytes: 0,
