@@ -509,10 +509,11 @@ impl Tuner {
     /// Prices `algorithm` for `collective` at `bytes` per rank on this fabric: by the full
     /// simulation up to [`FULL_SIMULATION_MAX_RANKS`], else by fast pricing; the tiers'
     /// `call_us` is added to every price, and their `schedule_us` to that of every call the
-    /// runtime walks step by step ([`Algorithm::takes_small_path`]). A call of no elements moves only headers: every
-    /// rank sends its header to each peer of its schedule and to both ring neighbours at
-    /// once and waits for theirs, and no step waits on another's data, so it is priced as
-    /// that one exchange ([`headers_only`]); above the full simulation, as a call of one.
+    /// runtime walks step by step ([`Algorithm::takes_small_path`]). A call of no elements
+    /// moves only headers: every rank sends its header to each peer of its schedule and to
+    /// both ring neighbours at once and waits for theirs, and no step waits on another's
+    /// data, so it is priced as that one exchange ([`headers_only`]); above the full
+    /// simulation, as a call of one.
     pub fn price(&self, collective: Collective, algorithm: Algorithm, bytes: usize) -> Priced {
         let mut priced = if bytes == 0 && self.hierarchy.len() <= FULL_SIMULATION_MAX_RANKS {
             self.price_headers(collective, algorithm)

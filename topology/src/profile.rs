@@ -297,6 +297,7 @@ mod tests {
                 host: Some(link(8.0, 0.25)),
                 reduce_gbps: Some(4.0),
                 call_us: Some(0.5),
+                schedule_us: Some(0.25),
                 copy_gbps: Some(10.0),
                 memory: Some(MemoryTier {
                     cache_mib: 16.0,
@@ -322,6 +323,7 @@ mod tests {
                     host: Some(link(2.0, 4.25)),
                     reduce_gbps: Some(1.0),
                     call_us: Some(2.5),
+                    schedule_us: Some(0.75),
                     copy_gbps: Some(2.5),
                     memory: Some(MemoryTier {
                         cache_mib: 8.0,
@@ -341,6 +343,7 @@ mod tests {
         assert_eq!(c.host, link(8.0, 0.25));
         assert_eq!(c.reduce_gbps, 4.0);
         assert_eq!(c.call_us, 0.5);
+        assert_eq!(c.schedule_us, 0.25);
         assert_eq!(c.leaf, base.leaf, "an unmeasured tier keeps its figures");
         assert_eq!(profile().apply(c, 1.0), c, "idempotent");
     }
@@ -355,6 +358,7 @@ mod tests {
         assert!((1.0 / half.host.bandwidth_gbps - 0.3125).abs() < 1e-12);
         assert!((half.host.latency_us - 2.25).abs() < 1e-12);
         assert!((half.call_us - 1.5).abs() < 1e-12);
+        assert!((half.schedule_us - 0.5).abs() < 1e-12);
         assert!((1.0 / half.reduce_gbps - 0.625).abs() < 1e-12);
         assert!((1.0 / half.copy_gbps.unwrap() - 0.25).abs() < 1e-12);
         let m = half.memory.unwrap();
@@ -393,6 +397,8 @@ mod tests {
         assert!(e.contains("ranks_per_core"), "{e}");
         let e = err("[tiers]\ncall_us = -1.0\n");
         assert!(e.contains("call_us"), "{e}");
+        let e = err("[tiers]\nschedule_us = -0.5\n");
+        assert!(e.contains("schedule_us"), "{e}");
         let e = err("[tiers.memory]\ncache_mib = 0.0\nmiss_gbps = 5.0\n");
         assert!(e.contains("tiers.memory") && e.contains("cache_mib"), "{e}");
         let e = err("[tiers.slot_fill]\nslot_kib = 8.0\ngbps = -1.0\n");
