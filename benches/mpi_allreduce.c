@@ -35,7 +35,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < max / 4; i++) send[i] = (float)(rank + 1);
     for (size_t size = min; size <= max; size *= 2) {
         int count = (int)(size / 4);
-        for (int i = 0; i < warmup_calls(warmup, size, n); i++) MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        int warm = warmup_calls(warmup, size, n);
+        for (int i = 0; i < warm; i++) MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
         for (int i = 0; i < iters; i++) MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
