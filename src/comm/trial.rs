@@ -1,13 +1,13 @@
 //! Near-tie trials: where the model prices algorithms for a size class within
 //! [`NEAR_TIE`](strata_algorithms::tuner::NEAR_TIE) of its choice, it cannot tell which is
 //! fastest here, so the first calls of that class on host buffers take turns among them (the
-//! choice and up to three rivals, distinct prices first, [`TRIAL_MAX`]). Each rank times its own calls; after a
-//! warm-up call of each and a few timed calls of each (more for small messages, [`rounds`]),
-//! the ranks add up their medians with one all-reduce of one number per algorithm, and every
-//! rank keeps the same one (the fastest in total, the cheaper priced on a tie). Medians,
-//! because a call of a few microseconds on a shared machine is sometimes preempted for a
-//! millisecond. Every rank makes the same calls in the same order, so every rank runs the same
-//! algorithm in every call, trial or not.
+//! choice and up to three rivals, distinct prices first, [`TRIAL_MAX`]). Each rank times its
+//! own calls; after a warm-up call of each and a few timed calls of each (more for small
+//! messages, [`rounds`]), the ranks add up their medians with one all-reduce of one number
+//! per algorithm, and every rank keeps the same one (the fastest in total, the cheaper priced
+//! on a tie). Medians, because a call of a few microseconds on a shared machine is sometimes
+//! preempted for a millisecond. Every rank makes the same calls in the same order, so every
+//! rank runs the same algorithm in every call, trial or not.
 //! `STRATA_ALGO`, `set_algorithm` and tuning-file rules skip trials; `STRATA_TUNER_TRIALS=0`
 //! turns them off.
 
