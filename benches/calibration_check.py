@@ -10,7 +10,10 @@ user's would. Per (collective, algorithm, size) the median measured time is set 
     NPS="2 3 4" ROUNDS=3 MAX=64M python3 benches/calibration_check.py
 
 Figures from a 2-core VM are noisy, above all with more ranks than cores: quote the
-medians and the command, never one run.
+medians and the command, never one run. The check also times benches/pingpong.c (a cache line
+crossing between cores 0 and 1, no library) around calibrate and around each collective's
+runs, and prints the range: where the guest's cores move between states (30, 65 and 260 ns
+on the VM this was written on), a profile fitted in one state is held to times of another.
 """
 
 import json
@@ -39,6 +42,31 @@ def run(args, env=None):
     return r.stdout
 
 
+def build_floor(tmp):
+    """Compiles benches/pingpong.c into `tmp`; None when no C compiler is at hand."""
+    exe = os.path.join(tmp, "pingpong")
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pingpong.c")
+    r = subprocess.run(["cc", "-O2", "-o", exe, src], capture_output=True, text=True)
+    return exe if r.returncode == 0 else None
+
+
+def floor_ns(exe):
+    """The cross-core floor now, in ns per exchange; None when it cannot be timed."""
+    if exe is None:
+        return None
+    r = subprocess.run([exe, "300000"], capture_output=True, text=True)
+    words = r.stdout.split()
+    try:
+        return float(words[0]) if "per" in words else None
+    except (ValueError, IndexError):
+        return None
+
+
+def floor_range(values):
+    v = [x for x in values if x is not None]
+    return f"{min(v):.0f}-{max(v):.0f} ns" if v else "not measured"
+
+
 def rows(np_, op, algo, profile, tmp):
     out = os.path.join(tmp, "r.json")
     run(
@@ -50,10 +78,13 @@ def rows(np_, op, algo, profile, tmp):
         return json.load(f)["rows"]
 
 
-def check(np_, tmp):
+def check(np_, tmp, floor_exe):
     profile = os.path.join(tmp, f"profile-{np_}.toml")
+    at_calibrate = [floor_ns(floor_exe)]
     cal = run(["calibrate", "--np", str(np_), "-e", MAX, "--rounds", CAL_ROUNDS,
                "--profile", profile])
+    at_calibrate.append(floor_ns(floor_exe))
+    during = []
     summary = [l for l in cal.splitlines() if l.startswith("# within")]
     measured = defaultdict(list)   # (op, algo, size) -> [us]
     predicted = {}
@@ -61,6 +92,7 @@ def check(np_, tmp):
     auto_ran = defaultdict(set)    # (op, size) -> algorithms auto ran
     for _ in range(ROUNDS):
         for op in OPS:
+            during.append(floor_ns(floor_exe))
             for r in rows(np_, op, "all", profile, tmp):
                 k = (op, r["algorithm"], r["size_bytes"])
                 measured[k].append(r["out_of_place"]["time_us"])
@@ -71,7 +103,10 @@ def check(np_, tmp):
                 auto_ran[(op, r["size_bytes"])].add(r["algorithm"])
     within = [abs(predicted[k] / statistics.median(v) - 1) <= 0.25
               for k, v in measured.items() if k in predicted]
+    during.append(floor_ns(floor_exe))
     print(f"## {np_} ranks: calibrate's own {summary[0][2:] if summary else '?'}")
+    print(f"   cross-core floor (benches/pingpong.c): around calibrate "
+          f"{floor_range(at_calibrate)}, around the rounds {floor_range(during)}")
     print(f"   collbench's predicted column within ±25% of the median measured time: "
           f"{sum(within)}/{len(within)} ({100 * sum(within) / max(len(within), 1):.0f}%)")
     worst = []
@@ -98,8 +133,9 @@ def check(np_, tmp):
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
+        floor_exe = build_floor(tmp)
         for np_ in NPS:
-            check(np_, tmp)
+            check(np_, tmp, floor_exe)
 
 
 if __name__ == "__main__":

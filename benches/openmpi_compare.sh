@@ -5,6 +5,12 @@
 # shared machine lands on both; each column is the median over the rounds. Prints time and
 # busbw for each and the strata/Open MPI ratios, and writes the medians as collbench JSON
 # (target/compare/median-{strata,ompi}.json) for `collbench plot`.
+#
+# Each round also times benches/pingpong.c before and after its two runs: the time for a cache
+# line to cross between cores 0 and 1 with no library around it. On a shared VM that floor
+# moves between states minutes apart (61 ns and 267 ns per exchange on the 2-core EPYC guest
+# this was written on), and small messages move with it, so each round's ratio is also printed
+# beside its floor, and the median ratio is given per state as well as over all rounds.
 #   NP=2 MIN=8 MAX=64M ITERS=100 WARMUP=20 ROUNDS=3 bash benches/openmpi_compare.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,21 +26,25 @@ if ! command -v mpicc >/dev/null; then
 fi
 out=target/compare
 mkdir -p "$out"
-rm -f "$out"/ompi-*.txt "$out"/strata-*.json
+rm -f "$out"/ompi-*.txt "$out"/strata-*.json "$out"/floor-*.txt
 mpicc -O2 -o "$out/mpi_allreduce" benches/mpi_allreduce.c
+cc -O2 -o "$out/pingpong" benches/pingpong.c
+floor() { "$out/pingpong" 300000 | awk '/ns per exchange/{print $1}'; }
 cargo build --release --bin collbench -q
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 for round in $(seq 1 "$ROUNDS"); do
+  floor > "$out/floor-$round.txt"
   mpirun --oversubscribe -np "$NP" --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo \
     "$out/mpi_allreduce" "$(bytes "$MIN")" "$(bytes "$MAX")" "$ITERS" "$WARMUP" > "$out/ompi-$round.txt"
   # Let Open MPI's daemons finish exiting: on two cores they would take one from a rank.
   sleep 2
   STRATA_SOCKET_IFNAME="=lo" target/release/collbench --np "$NP" -b "$MIN" -e "$MAX" -n "$ITERS" \
     -w "$WARMUP" -c 1 -J "$out/strata-$round.json" > /dev/null
+  floor >> "$out/floor-$round.txt"
   echo "round $round of $ROUNDS done" >&2
 done
 python3 - "$NP" "$ROUNDS" "$ITERS" "$WARMUP" "$out" <<'PY'
-import json, statistics, sys
+import json, math, statistics, sys
 np_, rounds, iters, warmup, out = sys.argv[1:]
 med = statistics.median
 ompi, strata = {}, {}
@@ -64,8 +74,45 @@ for s in sorted(strata):
     series["ompi"].append((s, ot, ob))
     series["strata"].append((s, st, sb))
 print(f"# lowest strata/Open MPI busbw ratio: {worst:.2f}")
-for name, label in (("ompi", "Open MPI MPI_Allreduce"), ("strata", "strata")):
-    rows = [{"size_bytes": s, "out_of_place": {"time_us": t, "busbw_gbs": b}} for s, t, b in series[name]]
-    json.dump({"label": f"{label}, {np_} ranks (median of {rounds})", "collective": "all_reduce",
-               "ranks": int(np_), "rows": rows}, open(f"{out}/median-{name}.json", "w"), indent=1)
+
+# The same, round by round, beside each round's cross-core floor (pingpong before and after).
+floors = []
+for r in range(1, int(rounds) + 1):
+    try:
+        vals = [float(x) for x in open(f"{out}/floor-{r}.txt").read().split()]
+    except (OSError, ValueError):
+        vals = []
+    floors.append(vals)
+known = [min(v) for v in floors if len(v) == 2]
+if not known:
+    print("# cross-core floor: not measured (pingpong needs cores 0 and 1)")
+else:
+    low = min(known)
+    def state(v):
+        # A round whose floor moved by more than a quarter between its ends straddles states;
+        # a steady one is named by its floor, to the nearest power of two above the lowest.
+        if len(v) != 2 or max(v) > 1.25 * min(v):
+            return None
+        return round(math.log2(max(v) / low))
+    states = [state(v) for v in floors]
+    sizes = [s for s in sorted(strata) if s in ompi]
+    print("# per round: cross-core floor in ns (before, after) and Open MPI/strata time ratio "
+          "(above 1: strata faster)")
+    print(f"{'round':>5} {'floor ns':>13} " + " ".join(f"{s:>8}" for s in sizes))
+    per_round = []
+    for r, v in enumerate(floors):
+        ratios = [ompi[s][r][0] / strata[s][r][0] if strata[s][r][0] > 0 else float("nan")
+                  for s in sizes]
+        per_round.append(ratios)
+        fl = "/".join(f"{x:.0f}" for x in v) or "-"
+        print(f"{r + 1:>5} {fl:>13} " + " ".join(f"{x:>8.2f}" for x in ratios))
+    for group in sorted({g for g in states if g is not None}):
+        rs = [r for r, g in enumerate(states) if g == group]
+        fl = med(x for r in rs for x in floors[r])
+        meds = [med(per_round[r][i] for r in rs) for i in range(len(sizes))]
+        print(f"# {len(rs)} round(s) with a steady floor near {fl:.0f} ns, median ratio: "
+              + ", ".join(f"{s} B {m:.2f}" for s, m in zip(sizes, meds)))
+    moved = states.count(None)
+    if moved:
+        print(f"# {moved} round(s) whose floor moved by more than a quarter are in no group")
 PY
