@@ -11,7 +11,7 @@
 # moves between states minutes apart (61 ns and 267 ns per exchange on the 2-core EPYC guest
 # this was written on), and small messages move with it, so each round's ratio is also printed
 # beside its floor, and the median ratio is given per state as well as over all rounds.
-#   NP=2 MIN=8 MAX=64M ITERS=100 WARMUP=20 ROUNDS=3 bash benches/openmpi_compare.sh
+#   NP=2 MIN=8 MAX=64M ITERS=100 WARMUP=20 ROUNDS=3 [COLLBENCH=path] bash benches/openmpi_compare.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NP=${NP:-2}; MIN=${MIN:-8}; MAX=${MAX:-64M}; ITERS=${ITERS:-100}; WARMUP=${WARMUP:-20}
@@ -30,7 +30,11 @@ rm -f "$out"/ompi-*.txt "$out"/strata-*.json "$out"/floor-*.txt
 mpicc -O2 -o "$out/mpi_allreduce" benches/mpi_allreduce.c
 cc -O2 -o "$out/pingpong" benches/pingpong.c
 floor() { "$out/pingpong" 300000 | awk '/ns per exchange/{print $1}'; }
-cargo build --release --bin collbench -q
+# COLLBENCH names another build to compare (one built from another commit, say).
+if [ -z "${COLLBENCH:-}" ]; then
+  cargo build --release --bin collbench -q
+  COLLBENCH=target/release/collbench
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 for round in $(seq 1 "$ROUNDS"); do
   floor > "$out/floor-$round.txt"
@@ -38,7 +42,7 @@ for round in $(seq 1 "$ROUNDS"); do
     "$out/mpi_allreduce" "$(bytes "$MIN")" "$(bytes "$MAX")" "$ITERS" "$WARMUP" > "$out/ompi-$round.txt"
   # Let Open MPI's daemons finish exiting: on two cores they would take one from a rank.
   sleep 2
-  STRATA_SOCKET_IFNAME="=lo" target/release/collbench --np "$NP" -b "$MIN" -e "$MAX" -n "$ITERS" \
+  STRATA_SOCKET_IFNAME="=lo" "$COLLBENCH" --np "$NP" -b "$MIN" -e "$MAX" -n "$ITERS" \
     -w "$WARMUP" -c 1 -J "$out/strata-$round.json" > /dev/null
   floor >> "$out/floor-$round.txt"
   echo "round $round of $ROUNDS done" >&2

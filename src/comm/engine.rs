@@ -6,6 +6,11 @@ use super::*;
 /// How long a timed-out call spends finding out who holds it up.
 const DIAGNOSIS_LIMIT: Duration = Duration::from_secs(5);
 
+/// `ticks` of a clock at `seconds_per_tick` as time (zero where the rate is unknown).
+fn ticks_to_time(ticks: u64, seconds_per_tick: f64) -> Duration {
+    Duration::try_from_secs_f64(ticks as f64 * seconds_per_tick).unwrap_or_default()
+}
+
 impl Communicator {
     pub(super) fn lock_state(&self) -> Result<std::sync::MutexGuard<'_, State>> {
         // A call made on this thread after stream-ordered calls follows them on every rank:
@@ -63,7 +68,6 @@ impl Communicator {
             seq: st.seq,
             ..call.header
         };
-        let began = crate::watchdog::stragglers::coarse_now();
         st.exec.stalls.begin_call();
         let mut encoded = call.encoded;
         encoded[Header::SEQ_BYTES].copy_from_slice(&st.seq.to_le_bytes());
@@ -159,9 +163,9 @@ impl Communicator {
                 .with_headers(&cached.exchange, &cached.exchange, &[])
                 .run(&cached.sched, &bufs)
         })();
-        let r = self.conclude(st, &local, result);
+        let (r, ticks) = self.conclude_timed(st, &local, result);
         if r.is_ok() {
-            let (took, stalled) = self.note_stalls(st, &local, began);
+            let (took, stalled) = self.note_stalls(st, &local, ticks);
             if let Some(m) = inner.metrics.as_ref().filter(|_| !st.agreeing) {
                 m.record(
                     spec.collective,
@@ -203,13 +207,33 @@ impl Communicator {
     }
 
     /// Feeds a finished call's stalls to the straggler view, and says so when a peer becomes,
-    /// or stops being, persistently slow. Returns how long the call took (on the coarse
-    /// clock) and how long it stalled.
-    fn note_stalls(&self, st: &mut State, call: &Header, began: Duration) -> (Duration, Duration) {
+    /// or stops being, persistently slow. `ticks` is how long the call ran by the flight
+    /// recorder's stamps. Returns how long it took (zero for a quiet call when no metrics
+    /// are kept, which then reads no clock) and how long it stalled.
+    fn note_stalls(&self, st: &mut State, call: &Header, ticks: u64) -> (Duration, Duration) {
         use crate::watchdog::stragglers::{Change, coarse_now};
         let log = &mut st.exec.stalls;
+        // A quiet call is set aside with the flight recorder's two stamps for its time, and
+        // no clock read of its own: the fold below reads the clocks for a batch.
+        if log.stalls.is_empty() && log.stalled.is_zero() && st.stragglers.set_aside(ticks) {
+            let took = if self.inner.metrics.is_some() {
+                ticks_to_time(ticks, self.seconds_per_tick(st))
+            } else {
+                Duration::ZERO
+            };
+            return (took, Duration::ZERO);
+        }
+        // The counter's rate, measured against a baseline that grows with the communicator's
+        // age: again at the 1st, 2nd, 4th, 8th ... fold, where it has had time to settle.
+        st.folds += 1;
+        if st.folds.is_power_of_two() || st.seconds_per_tick <= 0.0 {
+            st.seconds_per_tick = self.inner.health.seconds_per_tick().unwrap_or(0.0);
+        }
+        let per_tick = st.seconds_per_tick;
+        st.stragglers.settle(per_tick);
+        let log = &mut st.exec.stalls;
         let now = coarse_now();
-        let took = now.saturating_sub(began);
+        let took = ticks_to_time(ticks, per_tick);
         let changes =
             st.stragglers
                 .observe((now, took, log.stalled), &log.stalls, &log.peer_shares);
@@ -467,21 +491,41 @@ impl Communicator {
         local: &Header,
         result: Result<()>,
     ) -> Result<()> {
+        self.conclude_timed(st, local, result).0
+    }
+
+    /// [`Communicator::conclude`], and how long the call ran in ticks of the flight
+    /// recorder's clock ([`Communicator::seconds_per_tick`]).
+    fn conclude_timed(
+        &self,
+        st: &mut State,
+        local: &Header,
+        result: Result<()>,
+    ) -> (Result<()>, u64) {
         let seq = local.call_seq();
         let result = result.map_err(|e| match e {
             Error::Aborted(None) => self.async_error().unwrap_or(Error::Aborted(None)),
             e @ Error::Timeout { .. } if seq > 0 => self.diagnose(e),
             e => e,
         });
-        self.inner.health.op_finished(seq, result.as_ref().err());
+        let ticks = self.inner.health.op_finished(seq, result.as_ref().err());
         if let Err(e) = &result
             && let Some(earlier) = self.fail(st, e, &local.describe())
         {
             // Another error broke the communicator first (this one is likely its echo):
             // every rank reports that one.
-            return Err(earlier);
+            return (Err(earlier), ticks);
         }
-        result
+        (result, ticks)
+    }
+
+    /// Seconds per tick of the flight recorder's clock, as last measured (at the last fold
+    /// of the straggler accounting), measured now if never.
+    fn seconds_per_tick(&self, st: &mut State) -> f64 {
+        if st.seconds_per_tick <= 0.0 {
+            st.seconds_per_tick = self.inner.health.seconds_per_tick().unwrap_or(0.0);
+        }
+        st.seconds_per_tick
     }
 
     /// Opens (as the lower rank) or waits for (as the higher rank) every connection needed.

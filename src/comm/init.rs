@@ -288,6 +288,8 @@ impl Communicator {
             device_seq: 0,
             stragglers: Default::default(),
             stragglers_published: Duration::ZERO,
+            seconds_per_tick: 0.0,
+            folds: 0,
             p2p_sent: HashMap::new(),
             p2p_received: HashMap::new(),
             scratch: Vec::new(),

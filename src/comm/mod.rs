@@ -84,6 +84,12 @@ struct State {
     ///
     /// [`coarse_now`]: crate::watchdog::stragglers::coarse_now
     stragglers_published: Duration,
+    /// Seconds per tick of the flight recorder's clock, as the straggler accounting last
+    /// measured it (0 before it has).
+    seconds_per_tick: f64,
+    /// Calls the straggler accounting has folded in (not set aside), which time the
+    /// measurements of `seconds_per_tick`.
+    folds: u64,
     p2p_sent: HashMap<usize, u64>,
     p2p_received: HashMap<usize, u64>,
     scratch: Vec<u64>,

@@ -14,7 +14,7 @@ use crate::wire::{HEADER_BYTES, Header};
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Operations the flight recorder keeps per communicator.
 const FLIGHT_RECORDS: usize = 256;
@@ -39,12 +39,16 @@ pub(super) fn now_us() -> u64 {
 struct Clock {
     /// (counter, wall-clock µs) when the recorder started; `None`: stamps are wall clock.
     origin: Option<(u64, u64)>,
+    /// The monotonic clock when the recorder started, against which the counter's rate is
+    /// measured for [`Clock::seconds_per_tick`].
+    since: Instant,
 }
 
 impl Default for Clock {
     fn default() -> Self {
         Self {
             origin: invariant_tsc().then(|| (tsc(), now_us())),
+            since: Instant::now(),
         }
     }
 }
@@ -55,6 +59,18 @@ impl Clock {
             Some(_) => tsc(),
             None => now_us(),
         }
+    }
+
+    /// Seconds per tick of [`Clock::stamp`]: a microsecond for the wall clock; for the
+    /// counter, its rate against the monotonic clock since the recorder started (two clock
+    /// reads; the longer the recorder has run, the closer), or `None` until it has ticked.
+    fn seconds_per_tick(&self) -> Option<f64> {
+        let Some((t0, _)) = self.origin else {
+            return Some(1e-6);
+        };
+        let elapsed = self.since.elapsed().as_secs_f64();
+        let ticks = tsc().saturating_sub(t0);
+        (ticks > 0 && elapsed > 0.0).then(|| elapsed / ticks as f64)
     }
 
     /// Turns stamps into microseconds since the epoch, at the counter's rate measured once,
@@ -255,15 +271,19 @@ impl Recorder {
         }
     }
 
-    /// The operation [`Recorder::start`] announced ended.
-    pub fn finish(&self, seq: u64, error: Option<&Error>) {
+    /// The operation [`Recorder::start`] announced ended; returns how long it ran, in ticks
+    /// of the recorder's clock ([`Recorder::seconds_per_tick`]): the straggler accounting
+    /// times calls with these stamps instead of reading a clock of its own.
+    pub fn finish(&self, seq: u64, error: Option<&Error>) -> u64 {
         let n = self.recorded.load(Ordering::Relaxed);
         if n == 0 {
-            return;
+            return 0;
         }
         let end = self.clock.stamp().max(1);
-        self.entry(n - 1)
-            .write(|e| e.end.store(end, Ordering::Relaxed));
+        let entry = self.entry(n - 1);
+        // The one writer reads back the start it wrote.
+        let ran = end.saturating_sub(entry.start.load(Ordering::Relaxed));
+        entry.write(|e| e.end.store(end, Ordering::Relaxed));
         match error {
             Some(error) => {
                 if let Ok(mut errors) = self.errors.lock() {
@@ -276,6 +296,13 @@ impl Recorder {
             None if seq > 0 => self.finished.store(seq, Ordering::Release),
             None => {}
         }
+        ran
+    }
+
+    /// Seconds per tick of the lengths [`Recorder::finish`] returns (`None` until the clock
+    /// has ticked since the recorder started). Reads two clocks: callers keep the figure.
+    pub fn seconds_per_tick(&self) -> Option<f64> {
+        self.clock.seconds_per_tick()
     }
 
     /// What the rank is doing now.
@@ -358,6 +385,30 @@ mod tests {
     fn start(r: &Recorder, seq: u64) {
         let h = call(seq);
         r.start(h.call_seq(), &h.encode());
+    }
+
+    /// What `finish` returns is the call's length on the recorder's clock: at the rate
+    /// `seconds_per_tick` gives, at least the time slept inside the call, and the same
+    /// length as the record's own start and end.
+    #[test]
+    fn finish_returns_the_calls_length_in_ticks_of_the_recorders_clock() {
+        let r = Recorder::default();
+        start(&r, 1);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let ran = r.finish(1, None);
+        let per_tick = r.seconds_per_tick().expect("the clock has ticked");
+        let seconds = ran as f64 * per_tick;
+        assert!(seconds >= 0.019, "{seconds} s for a call that slept 20 ms");
+        assert!(seconds < 60.0, "{seconds} s");
+        let rec = &r.records()[0];
+        let end = rec.end_us.expect("ended");
+        let by_record = (end - rec.start_us) as f64 * 1e-6;
+        assert!(
+            (by_record - seconds).abs() <= 0.001 + 0.05 * seconds,
+            "{by_record} s by the record against {seconds} s"
+        );
+        // Nothing started: nothing ran.
+        assert_eq!(Recorder::default().finish(0, None), 0);
     }
 
     #[test]

@@ -88,8 +88,16 @@ impl Health {
     }
 
     /// The call that [`Health::op_started`] announced ended. Callers hold the state lock.
-    pub fn op_finished(&self, seq: u64, error: Option<&Error>) {
-        self.recorder.finish(seq, error);
+    /// Returns how long the call ran, in ticks of the recorder's clock
+    /// ([`Health::seconds_per_tick`]).
+    pub fn op_finished(&self, seq: u64, error: Option<&Error>) -> u64 {
+        self.recorder.finish(seq, error)
+    }
+
+    /// Seconds per tick of what [`Health::op_finished`] returns (`None` until the clock
+    /// has ticked); reads two clocks.
+    pub fn seconds_per_tick(&self) -> Option<f64> {
+        self.recorder.seconds_per_tick()
     }
 
     /// A call on device buffers was enqueued (header `encoded`); its number for

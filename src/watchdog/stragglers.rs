@@ -109,6 +109,9 @@ pub struct Stragglers {
     /// their time. Folding them in one at a time cost more than a small call's messages.
     pending_calls: u32,
     pending_time: Duration,
+    /// The time of quiet calls set aside by [`Stragglers::set_aside`], in ticks of the
+    /// caller's clock, not yet turned into `pending_time` ([`Stragglers::settle`]).
+    pending_ticks: u64,
 }
 
 /// Quiet calls kept aside before they are folded into the window together: the window's
@@ -127,6 +130,28 @@ impl Stragglers {
             (self.stalled_s / self.time_s).min(1.0)
         } else {
             0.0
+        }
+    }
+
+    /// A quiet call (no stall, so nothing for anyone can change) that ran `ticks` of the
+    /// caller's clock, set aside without a clock read when it may be: nobody is named and
+    /// fewer than [`PENDING_CALLS`] are waiting. Returns false when the call must go through
+    /// [`Stragglers::observe`] instead (after [`Stragglers::settle`]).
+    pub fn set_aside(&mut self, ticks: u64) -> bool {
+        if !self.named.is_empty() || self.pending_calls >= PENDING_CALLS {
+            return false;
+        }
+        self.seen += 1;
+        self.pending_calls += 1;
+        self.pending_ticks = self.pending_ticks.saturating_add(ticks);
+        true
+    }
+
+    /// Turns the ticks of the calls set aside into time, at `seconds_per_tick`.
+    pub fn settle(&mut self, seconds_per_tick: f64) {
+        let ticks = std::mem::take(&mut self.pending_ticks);
+        if let Ok(t) = Duration::try_from_secs_f64(ticks as f64 * seconds_per_tick) {
+            self.pending_time += t;
         }
     }
 
@@ -307,6 +332,56 @@ mod tests {
             let stalled = stalls.iter().map(|s| s.1).max().unwrap_or_default();
             self.s.observe((self.t, ms(took), stalled), &stalls, shares)
         }
+    }
+
+    /// Quiet calls set aside by their clock ticks ([`Stragglers::set_aside`], as the runtime
+    /// does) count as the same calls observed with their time: the same calls seen, the same
+    /// time and stall shares, the same peer named.
+    #[test]
+    fn calls_set_aside_by_ticks_count_as_the_same_calls_observed() {
+        let mut by_time = Run::new();
+        let mut by_ticks = Stragglers::default();
+        let mut t = Duration::ZERO;
+        let mut named = (Vec::new(), Vec::new());
+        for i in 0..600 {
+            // Quiet, then a stall of 3 ms on rank 2 in three calls of 4 ms out of four, then
+            // quiet again.
+            let stalls: &[(usize, u64)] = if (150..450).contains(&i) && i % 4 != 0 {
+                &[(2, 3)]
+            } else {
+                &[]
+            };
+            let shares: &[(usize, u16)] = &[(2, 10)];
+            named.0.extend(by_time.call(4, stalls, shares));
+            t += ms(4);
+            let d: Vec<(usize, Duration)> = stalls.iter().map(|&(p, d)| (p, ms(d))).collect();
+            let stalled = d.iter().map(|s| s.1).max().unwrap_or_default();
+            // 4 ms as 4,000 ticks of a microsecond.
+            if !(d.is_empty() && by_ticks.set_aside(4000)) {
+                by_ticks.settle(1e-6);
+                named
+                    .1
+                    .extend(by_ticks.observe((t, ms(4), stalled), &d, shares));
+            }
+        }
+        assert!(
+            !named.0.is_empty(),
+            "the pattern names rank 2 at some point"
+        );
+        assert_eq!(named.0, named.1);
+        assert_eq!(by_ticks.seen, by_time.s.seen);
+        assert!(by_ticks.pending_calls <= PENDING_CALLS);
+        by_ticks.settle(1e-6);
+        assert!(
+            (by_ticks.time_s - by_time.s.time_s).abs() < 1e-9,
+            "{} against {}",
+            by_ticks.time_s,
+            by_time.s.time_s
+        );
+        assert_eq!(
+            by_ticks.own_share_per_mille(),
+            by_time.s.own_share_per_mille()
+        );
     }
 
     /// Quiet calls are set aside and folded in later: every call counts, the window's
