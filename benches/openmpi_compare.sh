@@ -8,9 +8,9 @@
 #
 # Each round also times benches/pingpong.c before and after its two runs: the time for a cache
 # line to cross between cores 0 and 1 with no library around it. On a shared VM that floor
-# moves between states minutes apart (61 ns and 267 ns per exchange on the 2-core EPYC guest
-# this was written on), and small messages move with it, so each round's ratio is also printed
-# beside its floor, and the median ratio is given per state as well as over all rounds.
+# moves between states within seconds (about 30, 65 and 265 ns per exchange on the 2-core EPYC
+# guest this was written on), and small messages move with it, so each round's ratio is also
+# printed beside its floor, with the median ratio over the rounds of each steady floor.
 #   NP=2 MIN=8 MAX=64M ITERS=100 WARMUP=20 ROUNDS=3 [COLLBENCH=path] bash benches/openmpi_compare.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
