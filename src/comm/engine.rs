@@ -6,11 +6,6 @@ use super::*;
 /// How long a timed-out call spends finding out who holds it up.
 const DIAGNOSIS_LIMIT: Duration = Duration::from_secs(5);
 
-/// `ticks` of a clock at `seconds_per_tick` as time (zero where the rate is unknown).
-fn ticks_to_time(ticks: u64, seconds_per_tick: f64) -> Duration {
-    Duration::try_from_secs_f64(ticks as f64 * seconds_per_tick).unwrap_or_default()
-}
-
 impl Communicator {
     pub(super) fn lock_state(&self) -> Result<std::sync::MutexGuard<'_, State>> {
         // A call made on this thread after stream-ordered calls follows them on every rank:
@@ -211,13 +206,13 @@ impl Communicator {
     /// recorder's stamps. Returns how long it took (zero for a quiet call when no metrics
     /// are kept, which then reads no clock) and how long it stalled.
     fn note_stalls(&self, st: &mut State, call: &Header, ticks: u64) -> (Duration, Duration) {
-        use crate::watchdog::stragglers::{Change, coarse_now};
+        use crate::watchdog::stragglers::{Change, coarse_now, ticks_to_time};
         let log = &mut st.exec.stalls;
         // A quiet call is set aside with the flight recorder's two stamps for its time, and
         // no clock read of its own: the fold below reads the clocks for a batch.
-        if log.stalls.is_empty() && log.stalled.is_zero() && st.stragglers.set_aside(ticks) {
+        if st.stragglers.set_aside(ticks, log.stalled, &log.stalls) {
             let took = if self.inner.metrics.is_some() {
-                ticks_to_time(ticks, self.seconds_per_tick(st))
+                ticks_to_time(ticks, self.seconds_per_tick(st, false))
             } else {
                 Duration::ZERO
             };
@@ -226,10 +221,7 @@ impl Communicator {
         // The counter's rate, measured against a baseline that grows with the communicator's
         // age: again at the 1st, 2nd, 4th, 8th ... fold, where it has had time to settle.
         st.folds += 1;
-        if st.folds.is_power_of_two() || st.seconds_per_tick <= 0.0 {
-            st.seconds_per_tick = self.inner.health.seconds_per_tick().unwrap_or(0.0);
-        }
-        let per_tick = st.seconds_per_tick;
+        let per_tick = self.seconds_per_tick(st, st.folds.is_power_of_two());
         st.stragglers.settle(per_tick);
         let log = &mut st.exec.stalls;
         let now = coarse_now();
@@ -519,10 +511,10 @@ impl Communicator {
         (result, ticks)
     }
 
-    /// Seconds per tick of the flight recorder's clock, as last measured (at the last fold
-    /// of the straggler accounting), measured now if never.
-    fn seconds_per_tick(&self, st: &mut State) -> f64 {
-        if st.seconds_per_tick <= 0.0 {
+    /// Seconds per tick of the flight recorder's clock, as last measured; measured now if
+    /// `again` or never (the straggler accounting measures again at some of its folds).
+    fn seconds_per_tick(&self, st: &mut State, again: bool) -> f64 {
+        if again || st.seconds_per_tick <= 0.0 {
             st.seconds_per_tick = self.inner.health.seconds_per_tick().unwrap_or(0.0);
         }
         st.seconds_per_tick

@@ -41,6 +41,11 @@ pub fn coarse_now() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
+/// `ticks` of a clock at `seconds_per_tick` as time (zero where the rate is unknown).
+pub fn ticks_to_time(ticks: u64, seconds_per_tick: f64) -> Duration {
+    Duration::try_from_secs_f64(ticks as f64 * seconds_per_tick).unwrap_or_default()
+}
+
 /// The window's length in time, seconds.
 const WINDOW_S: f64 = 4.0;
 /// The window's least length in calls.
@@ -133,12 +138,27 @@ impl Stragglers {
         }
     }
 
-    /// A quiet call (no stall, so nothing for anyone can change) that ran `ticks` of the
-    /// caller's clock, set aside without a clock read when it may be: nobody is named and
-    /// fewer than [`PENDING_CALLS`] are waiting. Returns false when the call must go through
-    /// [`Stragglers::observe`] instead (after [`Stragglers::settle`]).
-    pub fn set_aside(&mut self, ticks: u64) -> bool {
-        if !self.named.is_empty() || self.pending_calls >= PENDING_CALLS {
+    /// Whether a call that stalled `stalled` in `stalls` is set aside rather than folded in:
+    /// it did not stall, nobody is named (so nothing for anyone can change), and fewer than
+    /// [`PENDING_CALLS`] are waiting.
+    fn may_set_aside(&self, stalled: Duration, stalls: &[(usize, Duration)]) -> bool {
+        stalls.is_empty()
+            && stalled.is_zero()
+            && self.named.is_empty()
+            && self.pending_calls < PENDING_CALLS
+    }
+
+    /// A call that ran `ticks` of the caller's clock and stalled `stalled` in `stalls`, set
+    /// aside without a clock read where [`Stragglers::observe`] would set it aside. Returns
+    /// false when the call must go through `observe` instead (after
+    /// [`Stragglers::settle`]).
+    pub fn set_aside(
+        &mut self,
+        ticks: u64,
+        stalled: Duration,
+        stalls: &[(usize, Duration)],
+    ) -> bool {
+        if !self.may_set_aside(stalled, stalls) {
             return false;
         }
         self.seen += 1;
@@ -150,9 +170,7 @@ impl Stragglers {
     /// Turns the ticks of the calls set aside into time, at `seconds_per_tick`.
     pub fn settle(&mut self, seconds_per_tick: f64) {
         let ticks = std::mem::take(&mut self.pending_ticks);
-        if let Ok(t) = Duration::try_from_secs_f64(ticks as f64 * seconds_per_tick) {
-            self.pending_time += t;
-        }
+        self.pending_time += ticks_to_time(ticks, seconds_per_tick);
     }
 
     /// One collective call that ended at `now` ([`coarse_now`]) and took `took`, of which
@@ -167,11 +185,7 @@ impl Stragglers {
     ) -> Vec<Change> {
         self.seen += 1;
         // A quiet call is set aside: nothing can change for anyone until a stall or a name.
-        if stalls.is_empty()
-            && stalled.is_zero()
-            && self.named.is_empty()
-            && self.pending_calls < PENDING_CALLS
-        {
+        if self.may_set_aside(stalled, stalls) {
             self.pending_calls += 1;
             self.pending_time += took;
             return Vec::new();
@@ -357,7 +371,7 @@ mod tests {
             let d: Vec<(usize, Duration)> = stalls.iter().map(|&(p, d)| (p, ms(d))).collect();
             let stalled = d.iter().map(|s| s.1).max().unwrap_or_default();
             // 4 ms as 4,000 ticks of a microsecond.
-            if !(d.is_empty() && by_ticks.set_aside(4000)) {
+            if !by_ticks.set_aside(4000, stalled, &d) {
                 by_ticks.settle(1e-6);
                 named
                     .1
