@@ -120,6 +120,9 @@ pub(crate) struct OpRun<'a> {
     pub progress_events: u64,
     /// (progress_events, when) at which a waited-on peer was first seen to have said goodbye.
     pub goodbye_seen: Option<(u64, Instant)>,
+    /// Whether an idle wait has seen the abort flag once: the loop then gets one more round,
+    /// so that what peers delivered before the fault (a mismatching header) is still read.
+    pub abort_seen: bool,
     /// Idle polls spent spinning, then yielding, before sleeping.
     pub spin: SpinPolicy,
     /// Where sends of the next step may start during the current one ([`ahead`]), the count

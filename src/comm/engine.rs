@@ -470,6 +470,7 @@ impl Communicator {
             reuse: &mut st.exec,
             progress_events: 0,
             goodbye_seen: None,
+            abort_seen: false,
             spin: inner.spin,
             sent_ahead: inner.cfg.send_ahead.then_some(&inner.sent_ahead),
         }
@@ -503,6 +504,7 @@ impl Communicator {
         let ticks = self.inner.health.op_finished(seq, result.as_ref().err());
         if let Err(e) = &result
             && let Some(earlier) = self.fail(st, e, &local.describe())
+            && !outranks(e, &earlier)
         {
             // Another error broke the communicator first (this one is likely its echo):
             // every rank reports that one.
@@ -712,5 +714,34 @@ impl Communicator {
             c.send_control(&frame);
         }
         None
+    }
+}
+
+/// Whether a call's own error is reported before the fault recorded `earlier`: a mismatch
+/// the call read in a peer's header is a cause, where a peer's failure is often its echo
+/// (the peer that found the mismatch too has exited).
+fn outranks(own: &Error, earlier: &Error) -> bool {
+    matches!(own, Error::Mismatch(_)) && !matches!(earlier, Error::Mismatch(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mismatch_the_call_read_outranks_a_peer_failure_recorded_first() {
+        let mismatch = Error::Mismatch("rank 1 sent int32, this rank float".into());
+        let exited = Error::PeerFailed {
+            rank: 1,
+            host: "h".into(),
+            pid: 7,
+            reason: "its listener did not take the watchdog link".into(),
+        };
+        assert!(outranks(&mismatch, &exited));
+        assert!(outranks(&mismatch, &Error::Aborted(None)));
+        // Between two mismatches, and for any other error, the first recorded stands.
+        assert!(!outranks(&mismatch, &mismatch.clone()));
+        assert!(!outranks(&exited, &mismatch));
+        assert!(!outranks(&Error::Aborted(None), &exited));
     }
 }

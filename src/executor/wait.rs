@@ -114,7 +114,14 @@ impl OpRun<'_> {
     /// Waits for progress: spin, then yield, then sleep on what the blocked transfers wait for.
     fn idle_wait(&mut self, idle: u32, waits: &[(usize, Direction)]) -> Result<()> {
         if self.abort.load(Ordering::Acquire) {
-            return Err(Error::Aborted(None));
+            // A peer that found a mismatch may exit at once, and the watchdog's fault for its
+            // exit can beat the mismatching header it had already delivered: one more round
+            // reads what has arrived before the call gives up.
+            if self.abort_seen {
+                return Err(Error::Aborted(None));
+            }
+            self.abort_seen = true;
+            return Ok(());
         }
         if idle < self.spin.spins {
             // The first polls go back at once: data usually arrives within a few hundred
@@ -306,6 +313,57 @@ mod tests {
         // Without bindings, the host's count decides.
         assert_eq!(SpinPolicy::for_rank(crowded, None).spins, shared.spins);
         assert_eq!(SpinPolicy::for_rank(1, None).spins, own.spins);
+    }
+
+    /// A wait that finds the call aborted lets the loop read once more (a peer's last
+    /// header may have arrived with the fault) and ends the call at the next idle wait.
+    #[test]
+    fn an_abort_ends_the_call_after_one_more_round() {
+        use strata_algorithms::{Algorithm, Collective};
+        let abort = std::sync::atomic::AtomicBool::new(false);
+        let mut reuse = super::super::ExecBuffers::default();
+        let local = super::super::Header {
+            collective: Collective::AllReduce,
+            seq: 1,
+            dtype: crate::dtype::DataType::Float32,
+            count: 64,
+            op: 0,
+            param: 0,
+            algorithm: Algorithm::RecursiveDoubling,
+        };
+        let mut run = OpRun {
+            rank: 0,
+            peers: &[],
+            conns: &mut [],
+            dtype: local.dtype,
+            combine: crate::reduce::Combine::Sum,
+            divide_by: None,
+            hdr_out: &[],
+            hdr_in: &[],
+            wire_out: local,
+            wire_in: local,
+            per_peer: &[],
+            local,
+            timeout: Duration::from_secs(60),
+            clock: None,
+            abort: &abort,
+            reuse: &mut reuse,
+            progress_events: 0,
+            goodbye_seen: None,
+            abort_seen: false,
+            spin: SpinPolicy {
+                spins: 4,
+                yields: 0,
+            },
+            sent_ahead: None,
+        };
+        assert!(run.idle_wait(1, &[]).is_ok());
+        abort.store(true, Ordering::Release);
+        assert!(run.idle_wait(2, &[]).is_ok(), "no round after the abort");
+        assert!(
+            matches!(run.idle_wait(3, &[]), Err(Error::Aborted(None))),
+            "the call went on after its last round"
+        );
     }
 
     #[test]
