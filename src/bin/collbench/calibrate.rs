@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use strata::algorithms::tuner::human_bytes;
 use strata::topology::profile::{CostProfile, Measured, SharedCore, TierPatch, load_profile};
 use strata::topology::{SlotFill, Tier, TierCosts};
@@ -58,10 +58,15 @@ pub(super) struct CalibrateArgs {
     /// Also write every point as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Fit the measured times of an earlier `--json` file instead of timing anything (the
+    /// same ranks, layout and sizes): how a change to the model is judged on the same points,
+    /// whatever the host's state is now.
+    #[arg(long)]
+    refit: Option<PathBuf>,
 }
 
 /// One timed point as the JSON file holds it.
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct JsonPoint {
     collective: String,
     algorithm: String,
@@ -150,7 +155,11 @@ fn run(a: &CalibrateArgs, comm: &Communicator) -> Result<(), String> {
         );
     }
     let started = Instant::now();
-    let times = time_plans(comm, &plans, rounds, (a.warmup, a.iters.max(1)))?;
+    let times = match &a.refit {
+        Some(path) if rank == 0 => read_times(path, &plans)?,
+        Some(_) => Vec::new(),
+        None => time_plans(comm, &plans, rounds, (a.warmup, a.iters.max(1)))?,
+    };
     for c in Collective::ALL {
         comm.set_algorithm(c, None).map_err(|e| e.to_string())?;
     }
@@ -336,6 +345,32 @@ fn time_plans(
             }
         })
         .collect())
+}
+
+/// Every plan's measured seconds from an earlier `--json` file; an error names the first
+/// plan it lacks.
+fn read_times(path: &std::path::Path, plans: &[Plan]) -> Result<Vec<f64>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let rows: Vec<JsonPoint> =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    plans
+        .iter()
+        .map(|p| {
+            let (c, alg) = (p.collective.to_string(), p.algorithm.name());
+            rows.iter()
+                .find(|r| r.collective == c && r.algorithm == alg && r.size_bytes == p.size)
+                .filter(|r| r.measured_us.is_finite() && r.measured_us > 0.0)
+                .map(|r| r.measured_us * 1e-6)
+                .ok_or_else(|| {
+                    format!(
+                        "{} has no measured time of {c} {alg} at {} B: refit it with the ranks, \
+                         sizes and collectives it was timed with",
+                        path.display(),
+                        p.size
+                    )
+                })
+        })
+        .collect()
 }
 
 /// The tiers between rank 0 and the others, narrowest first.
