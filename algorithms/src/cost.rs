@@ -32,6 +32,28 @@ pub struct LinkCost {
     pub beta: f64,
     /// Seconds per byte reduced at the receiver.
     pub gamma: f64,
+    /// Of `gamma`, the seconds per byte that a receive reducing beside its data does not
+    /// hide behind it ([`reduced_at`]): none on a host, all of it on GPUs.
+    pub gamma_serial: f64,
+}
+
+/// The piece a receive that reduces trails its data by: the runtime reduces what has arrived
+/// as it arrives (a shared-memory slot, `STRATA_SHM_SLOT_SIZE`'s default, or what one socket
+/// read returns), so the last piece is reduced after the last byte.
+pub const REDUCE_PIECE_BYTES: f64 = 8192.0;
+
+/// When a receive that reduces `bytes` over `link` is done, in the flow-level engines: its
+/// data moves from `start` to `arrive`, and its receiver's reductions are free from `free`.
+/// The runtime reduces each piece as it arrives, so the reduction runs beside the data and
+/// ends after the later of the whole reduction (from when both data and receiver are there)
+/// and one piece's after the last byte. The part it cannot hide (`gamma_serial`) comes after
+/// that. A message of one piece or less is reduced after it has arrived, as the step engine
+/// and the closed forms price every reducing receive.
+pub fn reduced_at(link: &LinkCost, bytes: f64, (start, arrive): (f64, f64), free: f64) -> f64 {
+    let cached = (link.gamma - link.gamma_serial).max(0.0);
+    let whole = start.max(free) + bytes * cached;
+    let last_piece = arrive.max(free) + bytes.min(REDUCE_PIECE_BYTES) * cached;
+    whole.max(last_piece) + bytes * link.gamma.min(link.gamma_serial)
 }
 
 /// A shared uplink on the path of a message.
@@ -121,13 +143,24 @@ pub struct FabricModel<'a> {
 }
 
 impl FabricModel<'_> {
-    /// The α, β, γ of `tier`.
+    /// The α, β, γ of `tier`. On a host, a receive's reduction runs beside its data
+    /// ([`reduced_at`]): the receiving core reduces each piece while the sending core copies
+    /// the next. On GPUs (a fabric with an NVLink tier)
+    /// it does not: the units that move a byte also reduce it, and pricing the two one after
+    /// the other is what puts NCCL's ring on NVLink at its measured 365-370 GB/s of bus
+    /// bandwidth (docs/topology.md).
     pub fn tier_cost(&self, tier: Tier) -> LinkCost {
         let l = self.costs.link(tier);
+        let gamma = 1.0 / (self.costs.reduce_gbps * 1e9);
         LinkCost {
             alpha: l.latency_us * 1e-6,
             beta: 1.0 / (l.bandwidth_gbps * 1e9),
-            gamma: 1.0 / (self.costs.reduce_gbps * 1e9),
+            gamma,
+            gamma_serial: if self.costs.nvlink.is_some() {
+                gamma
+            } else {
+                0.0
+            },
         }
     }
 }
@@ -300,6 +333,7 @@ mod tests {
         alpha: 1.7e-6,
         beta: 1.0 / 12.5e9,
         gamma: 1.0 / 40e9,
+        gamma_serial: 0.0,
     };
 
     fn close(a: f64, b: f64) -> bool {
@@ -345,6 +379,56 @@ mod tests {
                 assert!(close(got, want), "binomial p={p} n={n}: {got} vs {want}");
             }
         }
+    }
+
+    /// A receive that reduces beside its data ends one piece's reduction after its last
+    /// byte, or its whole reduction after its first, whichever is later; what it cannot hide
+    /// comes after. Hosts hide it all; GPUs (a fabric with NVLink) none of it.
+    #[test]
+    fn a_reduction_runs_beside_its_data_on_hosts_and_after_it_on_gpus() {
+        let piece = REDUCE_PIECE_BYTES;
+        let link = |gamma, gamma_serial| LinkCost {
+            alpha: 0.0,
+            beta: 1e-9,
+            gamma,
+            gamma_serial,
+        };
+        let bytes = 1e6;
+        // Data 1 ms (from 1 to 1.001 s): the faster reduction ends a piece after it.
+        let fast = link(1e-10, 0.0);
+        let t = reduced_at(&fast, bytes, (1.0, 1.001), 0.0);
+        assert!((t - (1.001 + piece * 1e-10)).abs() < 1e-15, "{t}");
+        // The slower one ends its whole reduction after the first byte.
+        let slow = link(3e-9, 0.0);
+        let t = reduced_at(&slow, bytes, (1.0, 1.001), 0.0);
+        assert!((t - 1.003).abs() < 1e-12, "{t}");
+        // Nor before the receiver is free.
+        let t = reduced_at(&slow, bytes, (1.0, 1.001), 1.5);
+        assert!((t - 1.503).abs() < 1e-12, "{t}");
+        // None of it hidden: after the data, as the step engine prices it.
+        let serial = link(1e-10, 1e-10);
+        let t = reduced_at(&serial, bytes, (1.0, 1.001), 0.0);
+        assert!((t - (1.001 + bytes * 1e-10)).abs() < 1e-12, "{t}");
+        // A message of one piece is reduced after it has arrived.
+        let t = reduced_at(&fast, 1000.0, (1.0, 1.000001), 0.0);
+        assert!((t - (1.000001 + 1000.0 * 1e-10)).abs() < 1e-15, "{t}");
+
+        let h = Hierarchy::single_host(2);
+        let host = FabricModel {
+            hierarchy: &h,
+            costs: TierCosts::default(),
+            shared_cores: &[],
+        };
+        assert_eq!(host.link(0, 1).gamma_serial, 0.0);
+        let gpus = FabricModel {
+            costs: TierCosts {
+                nvlink: Some(TierCosts::default().host),
+                ..TierCosts::default()
+            },
+            ..host.clone()
+        };
+        let l = gpus.link(0, 1);
+        assert_eq!(l.gamma_serial, l.gamma);
     }
 
     #[test]

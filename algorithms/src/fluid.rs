@@ -15,8 +15,10 @@
 //!   that leave the host, one for those that stay on it),
 //! * every shared uplink it crosses ([`Network::uplinks`]).
 //!
-//! A receive that reduces finishes `bytes × γ` after its data has arrived, a local reduction
-//! holds up its step's start by as long, and a rank's reductions run one at a time.
+//! A receive that reduces runs its reduction beside its data, as the runtime reduces each
+//! piece as it arrives: it finishes after the whole `bytes × γ` and one piece's after its
+//! last byte ([`crate::cost::reduced_at`]). A local reduction holds up its step's start by
+//! `bytes × γ`, and a rank's reductions run one at a time.
 //!
 //! Ranks that share a core ([`Network::shared_core`]) take turns on it: the messages inside
 //! the host that they send or receive also share the core, which copies `2 / β` bytes a
@@ -25,7 +27,7 @@
 
 use std::collections::{BinaryHeap, HashMap};
 
-use crate::cost::{Network, Uplink};
+use crate::cost::{LinkCost, Network, Uplink};
 use crate::schedule::{Op, RankSchedule};
 use crate::sim::Earliest;
 
@@ -518,8 +520,8 @@ impl Engine<'_> {
         });
         let mut at = self.now;
         if f.reduces {
-            let gamma = self.net.link(f.from, f.to).gamma;
-            at = self.local_work(f.to, at, f.bytes * gamma);
+            let link = self.net.link(f.from, f.to);
+            at = self.reduce_received(f.to, &link, f.bytes, (f.start, at));
         }
         self.done.push(Done {
             at,
@@ -530,15 +532,31 @@ impl Engine<'_> {
     /// Runs `seconds` of rank `r`'s own work (a reduction or a copy) from `at` on, after its
     /// earlier work and after that of the ranks sharing its core; returns when it ends.
     fn local_work(&mut self, r: usize, at: f64, seconds: f64) -> f64 {
-        let core = self.net.shared_core(r);
-        let st = &mut self.ranks[r];
-        let mut start = at.max(st.reduce_free);
-        if let Some(c) = core {
-            start = start.max(self.core_free.get(&c).copied().unwrap_or(0.0));
+        let end = at.max(self.work_free(r)) + seconds;
+        self.busy_until(r, end)
+    }
+
+    /// Rank `r`'s reduction of `bytes` that came over `link`, their data having moved from
+    /// `start` to `arrive`, run beside the data ([`crate::cost::reduced_at`]) after its
+    /// earlier work and that of the ranks sharing its core. Returns when it ends.
+    fn reduce_received(&mut self, r: usize, link: &LinkCost, bytes: f64, moved: (f64, f64)) -> f64 {
+        let end = crate::cost::reduced_at(link, bytes, moved, self.work_free(r));
+        self.busy_until(r, end)
+    }
+
+    /// When rank `r` (and the core it shares, if it does) is free for its own work.
+    fn work_free(&self, r: usize) -> f64 {
+        let own = self.ranks[r].reduce_free;
+        match self.net.shared_core(r) {
+            Some(c) => own.max(self.core_free.get(&c).copied().unwrap_or(0.0)),
+            None => own,
         }
-        let end = start + seconds;
-        st.reduce_free = end;
-        if let Some(c) = core {
+    }
+
+    /// Rank `r` (and its shared core) busy with its own work until `end`; returns `end`.
+    fn busy_until(&mut self, r: usize, end: f64) -> f64 {
+        self.ranks[r].reduce_free = end;
+        if let Some(c) = self.net.shared_core(r) {
             self.core_free.insert(c, end);
         }
         end
@@ -579,6 +597,7 @@ mod tests {
                 alpha: ALPHA,
                 beta: BETA,
                 gamma: 0.0,
+                gamma_serial: 0.0,
             }
         }
         fn uplinks(&self, from: usize, to: usize, out: &mut Vec<Uplink>) {
@@ -741,6 +760,7 @@ mod tests {
             alpha: ALPHA,
             beta: BETA,
             gamma: 1e-9,
+            gamma_serial: 0.0,
         };
         for algorithm in [
             Algorithm::Ring,
@@ -773,6 +793,7 @@ mod tests {
                 alpha: ALPHA,
                 beta: BETA,
                 gamma: 1e-9,
+                gamma_serial: 0.0,
             }
         }
         fn crosses_hosts(&self, _: usize, _: usize) -> bool {
@@ -824,11 +845,64 @@ mod tests {
             sched(vec![vec![reduce(3)]]),
             sched(vec![vec![send(2, n)]]),
         ];
-        let gamma = n as f64 * 1e-9;
-        assert!(close(finish(&reducing, &alone), ALPHA + bytes + gamma));
+        // Each reduces beside its data (10 times slower than the reduction), so alone a
+        // receive ends one piece's reduction after its last byte; on core 0 the second rank's
+        // reduction waits for the first's.
+        let (gamma, piece) = (n as f64 * 1e-9, crate::cost::REDUCE_PIECE_BYTES * 1e-9);
+        assert!(close(finish(&reducing, &alone), ALPHA + bytes + piece));
         assert!(close(
             finish(&reducing, &shared),
-            ALPHA + bytes + 2.0 * gamma
+            ALPHA + bytes + piece + gamma
+        ));
+    }
+
+    /// A receive that reduces runs its reduction beside its data: it ends one piece's
+    /// reduction after its last byte where the data is the slower, and its whole reduction
+    /// after its first byte where the reduction is; a message of one piece is reduced after
+    /// it has arrived.
+    #[test]
+    fn a_reducing_receive_reduces_beside_its_data() {
+        struct Reduces(f64);
+        impl Network for Reduces {
+            fn link(&self, _: usize, _: usize) -> LinkCost {
+                LinkCost {
+                    alpha: ALPHA,
+                    beta: BETA,
+                    gamma: self.0,
+                    gamma_serial: 0.0,
+                }
+            }
+            fn flow_level(&self) -> bool {
+                true
+            }
+        }
+        let reducing = |n: usize| {
+            vec![
+                sched(vec![vec![Op::RecvReduce {
+                    peer: 1,
+                    src: region(n),
+                    dst: region(n),
+                }]]),
+                sched(vec![vec![send(0, n)]]),
+            ]
+        };
+        let piece = crate::cost::REDUCE_PIECE_BYTES;
+        let n = 1_000_000;
+        let data = n as f64 * BETA;
+        // The data is the slower: one piece is left when it has all arrived.
+        let fast = Reduces(BETA / 10.0);
+        assert!(close(
+            finish(&reducing(n), &fast),
+            ALPHA + data + piece * BETA / 10.0
+        ));
+        // The reduction is the slower: it ends when it has reduced every byte.
+        let slow = Reduces(3.0 * BETA);
+        assert!(close(finish(&reducing(n), &slow), ALPHA + 3.0 * data));
+        // One piece: data, then its reduction.
+        let small = 1000;
+        assert!(close(
+            finish(&reducing(small), &fast),
+            ALPHA + small as f64 * (BETA + BETA / 10.0)
         ));
     }
 

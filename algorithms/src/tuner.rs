@@ -479,12 +479,24 @@ impl Tuner {
     /// host (inputs and outputs of every rank there) against where the host's caches end
     /// ([`TierCosts::at_working_set`]).
     fn costs_for(&self, collective: Collective, bytes: usize) -> TierCosts {
+        self.costs_with_scratch(collective, bytes, 0)
+    }
+
+    /// The costs of a call of `bytes` per rank whose schedule also uses `scratch_bytes` of
+    /// scratch per rank ([`RankSchedule::scratch_elems`]): its fullest host's inputs, outputs
+    /// and scratch are what the caches must hold ([`TierCosts::at_working_set`]).
+    fn costs_with_scratch(
+        &self,
+        collective: Collective,
+        bytes: usize,
+        scratch_bytes: usize,
+    ) -> TierCosts {
         if self.costs.memory.is_none() {
             return self.costs;
         }
         let p = self.hierarchy.len();
         let (input, output) = collective.buffer_elems(bytes, p, 0, 0);
-        let host_bytes = (input + output) as f64 * self.host_ranks as f64;
+        let host_bytes = (input + output + scratch_bytes) as f64 * self.host_ranks as f64;
         self.costs.at_working_set(host_bytes)
     }
 
@@ -541,11 +553,6 @@ impl Tuner {
                 max_sharing: None,
             };
         }
-        let net = FabricModel {
-            hierarchy: &self.hierarchy,
-            costs: self.costs_for(collective, bytes),
-            shared_cores: &self.shared_cores,
-        };
         let priced = sim::schedules_on(
             collective,
             algorithm,
@@ -556,15 +563,23 @@ impl Tuner {
             chunk,
         )
         .and_then(|s| {
+            // One-shot's p slots of scratch take cache as its buffers do.
+            let scratch = s.iter().map(|x| x.scratch_elems).max().unwrap_or(0);
+            let net = FabricModel {
+                hierarchy: &self.hierarchy,
+                costs: self.costs_with_scratch(collective, bytes, scratch * PRICE_ELEM_BYTES),
+                shared_cores: &self.shared_cores,
+            };
             let est = price(&s, PRICE_ELEM_BYTES, &net)?;
-            Ok((est.seconds, s))
+            let sharing = sim::max_sharing(&s, &net);
+            Ok((est.seconds, s, sharing))
         });
         match priced {
-            Ok((seconds, s)) => Priced {
+            Ok((seconds, s, sharing)) => Priced {
                 algorithm,
                 seconds: Ok(seconds),
                 steps: Some(s.iter().map(|x| x.message_steps()).max().unwrap_or(0)),
-                max_sharing: Some(sim::max_sharing(&s, &net)),
+                max_sharing: Some(sharing),
             },
             Err(e) => Priced {
                 algorithm,

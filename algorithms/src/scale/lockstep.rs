@@ -25,7 +25,7 @@ use std::collections::HashMap;
 
 pub(crate) use super::compact::{Compact, Kind, Transfer};
 use super::sharing::{Scratch, Shared, processor_sharing};
-use crate::cost::{Network, Uplink};
+use crate::cost::{Network, Uplink, reduced_at};
 
 /// Where a rank is in its schedule. The current step's transfers are held here, so that a
 /// match reads each end's state and transfers and nothing else.
@@ -496,7 +496,7 @@ impl<'a> Engine<'a> {
         }
         let recv_end = if reduces {
             let st = &mut self.ranks[to];
-            st.reduce_free = st.reduce_free.max(arrive) + bytes * link.gamma;
+            st.reduce_free = reduced_at(&link, bytes, (start, arrive), st.reduce_free);
             st.reduce_free
         } else {
             arrive

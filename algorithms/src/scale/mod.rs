@@ -58,7 +58,7 @@ use strata_topology::Tier;
 use strata_topology::fabric::TierCosts;
 
 use crate::builders::{self, Blocks, block, hier};
-use crate::cost::{FabricModel, Network, Uplink};
+use crate::cost::{FabricModel, Network, Uplink, reduced_at};
 use crate::hierarchy::Hierarchy;
 use crate::schedule::{Buf, Collective, RankSchedule};
 use crate::{Algorithm, AllGatherPart, HierPart, Plan, PlanError, ReduceScatterPart, plan_on};
@@ -410,7 +410,11 @@ impl<'a> Pricer<'a> {
                 k += 1;
                 let bytes = len[x].div_ceil(d) as f64 * eb;
                 let send = link.alpha + bytes * beta;
-                let recv = send + if reduces { bytes * link.gamma } else { 0.0 };
+                let recv = if reduces {
+                    reduced_at(&link, bytes, (link.alpha, send), 0.0)
+                } else {
+                    send
+                };
                 // Member i's step holds its send; member i + 1's, its receive from i.
                 w = w.max(send).max(recv);
             }

@@ -17,6 +17,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use super::classes::Folded;
 use super::lockstep::{Compact, Kind};
+use crate::cost::reduced_at;
 use crate::fluid::{Demand, Resource, share};
 use crate::sim::Earliest;
 
@@ -27,6 +28,8 @@ struct Flow {
     class: u32,
     op: u32,
     bytes: f64,
+    /// When it starts to move data.
+    start: f64,
     /// Bytes left at `updated`, moving at `demand.rate` since.
     remaining: f64,
     updated: f64,
@@ -209,6 +212,7 @@ impl Engine<'_> {
             class: c as u32,
             op: t as u32,
             bytes,
+            start,
             remaining: bytes,
             updated: start,
             version: 0,
@@ -402,7 +406,7 @@ impl Engine<'_> {
             let mut at = self.now;
             if rs.transfers[j as usize].kind() == Kind::RecvReduce {
                 let st = &mut self.state[to];
-                at = at.max(st.reduce_free) + f.bytes * flow.link.gamma;
+                at = reduced_at(&flow.link, f.bytes, (f.start, at), st.reduce_free);
                 st.reduce_free = at;
             }
             self.done.push(Earliest {

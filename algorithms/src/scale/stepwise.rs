@@ -4,7 +4,7 @@
 
 use super::{Positions, Pricer};
 use crate::builders::{Fold, block};
-use crate::cost::{Network, Uplink};
+use crate::cost::{Network, Uplink, reduced_at};
 use crate::hierarchy::Hierarchy;
 
 /// What [`Pricer::exchange_step`] reuses from step to step.
@@ -118,7 +118,7 @@ impl Pricer<'_> {
                     step = step.max(top.alpha + bytes * beta);
                 }
             }
-            total_time += step + bytes * top.gamma;
+            total_time += reduced_at(&top, bytes, (top.alpha, step), 0.0);
         }
         let start = self.finish();
         self.free.iter_mut().for_each(|t| *t = start + total_time);
@@ -157,10 +157,15 @@ impl Pricer<'_> {
         for (m, &(x, y, bytes)) in messages.iter().enumerate() {
             let link = self.net.link(x, y);
             let beta = s.beta(m, link.beta);
-            let arrive = self.free[x].max(self.free[y]) + link.alpha + bytes * beta;
-            let gamma = if reduce { bytes * link.gamma } else { 0.0 };
+            let start = self.free[x].max(self.free[y]) + link.alpha;
+            let arrive = start + bytes * beta;
+            let done = if reduce {
+                reduced_at(&link, bytes, (start, arrive), start)
+            } else {
+                arrive
+            };
             s.next[x] = s.next[x].max(arrive);
-            s.next[y] = s.next[y].max(arrive + gamma);
+            s.next[y] = s.next[y].max(done);
         }
         std::mem::swap(&mut self.free, &mut s.next);
     }
@@ -176,8 +181,8 @@ impl Pricer<'_> {
         for (m, &(x, y)) in pairs.iter().enumerate() {
             let link = self.net.link(x, y);
             let beta = s.beta(m, link.beta);
-            let arrive = self.free[x].max(self.free[y]) + link.alpha + bytes * beta;
-            let done = arrive + bytes * link.gamma;
+            let start = self.free[x].max(self.free[y]) + link.alpha;
+            let done = reduced_at(&link, bytes, (start, start + bytes * beta), start);
             self.free[x] = self.free[x].max(done);
             self.free[y] = self.free[y].max(done);
         }
@@ -224,7 +229,12 @@ pub(super) fn doubling_own_messages(net: &Positions, p: usize, bytes: f64) -> f6
     let me = fold.real(0);
     let cost = |x: usize, y: usize, reduce: bool| {
         let l = net.link(x, y);
-        l.alpha + bytes * l.beta + if reduce { bytes * l.gamma } else { 0.0 }
+        let arrive = l.alpha + bytes * l.beta;
+        if reduce {
+            reduced_at(&l, bytes, (l.alpha, arrive), 0.0)
+        } else {
+            arrive
+        }
     };
     // The rank before it hands its input over, and gets the result back.
     let mut t = if fold.rem > 0 {

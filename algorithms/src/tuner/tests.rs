@@ -318,6 +318,41 @@ fn buffers_beyond_the_cache_cost_their_miss_rate() {
     );
 }
 
+/// One-shot's scratch (a slot per rank) takes cache as the buffers do: where it pushes the
+/// working set past the caches, one-shot pays the miss rate. With the slots uncounted and
+/// every reduction priced after its data, one-shot of 2-64 MiB at 2 ranks was priced at
+/// 0.73-0.74 of its time on the 2-core VM (`collbench calibrate --np 2`); with both mended
+/// ([`crate::cost::reduced_at`]), at 0.89-1.04 of the same times.
+#[test]
+fn one_shots_scratch_counts_in_the_working_set() {
+    let plain = TierCosts {
+        copy_gbps: Some(10.0),
+        ..TierCosts::default()
+    };
+    let cached = TierCosts {
+        memory: Some(strata_topology::MemoryTier {
+            cache_mib: 16.0,
+            miss_gbps: 5.0,
+        }),
+        ..plain
+    };
+    let two = |c| Tuner::new(Hierarchy::single_host(2), c, false);
+    let (a, b) = (two(plain), two(cached));
+    let price = |t: &Tuner, alg, bytes| t.price(Collective::AllReduce, alg, bytes).seconds.unwrap();
+    // 3 MiB: 2 ranks × (input + output) = 12 MiB fits; with one-shot's 2 slots, 24 does not.
+    let bytes = 3 << 20;
+    assert_eq!(b.costs_for(Collective::AllReduce, bytes).host, plain.host);
+    let ratio = price(&b, Algorithm::OneShot, bytes) / price(&a, Algorithm::OneShot, bytes);
+    assert!(ratio > 1.1, "{ratio}");
+    let with_slots = b.costs_with_scratch(Collective::AllReduce, bytes, 2 * bytes);
+    assert!(with_slots.host.bandwidth_gbps < plain.host.bandwidth_gbps);
+    // 1 MiB: 8 MiB with the slots, in cache.
+    assert_eq!(
+        price(&a, Algorithm::OneShot, 1 << 20),
+        price(&b, Algorithm::OneShot, 1 << 20)
+    );
+}
+
 /// A call of no elements moves only its headers, all at once: one exchange with the
 /// schedule's peers and ring neighbours, the same for every algorithm, where a call of one
 /// element walks its steps. At 3 ranks on 2 cores `collbench --op all_gather -b 8` (no
