@@ -8,7 +8,9 @@
 //! bytes·γ more. A step ends when its last operation does; local copies are free, and local
 //! reductions take bytes·γ each when their step starts. On a flat network this reproduces
 //! the textbook closed forms ([`closed_form`]) exactly, and because α, β and γ are per pair,
-//! the same function prices a schedule on a tiered fabric.
+//! the same function prices a schedule on a tiered fabric. The flow-level engines that price
+//! a [`FabricModel`] (`fluid`, and the fast pricing checked against it) run a host's reducing
+//! receive beside its data instead, as the runtime does ([`reduced_at`]).
 //!
 //! Contention: the messages that cross one shared uplink ([`Network::uplinks`]) in the same
 //! step of their senders' schedules are counted from the schedules before timing; each such
