@@ -174,6 +174,67 @@ fn calibrate_writes_a_profile_the_tuner_then_prices_with() {
     assert_eq!(again.shared_core, prof.shared_core);
 }
 
+/// `--refit FILE` fits an earlier run's measured times without timing anything: the same
+/// measured column, a fit no worse than its start; a file without a point asked for is named
+/// with the point.
+#[test]
+fn refit_fits_an_earlier_runs_times() {
+    let dir = TempDir::new("refit");
+    let profile = dir.path().join("profile.toml");
+    let (first, second) = (
+        dir.path().join("first.json"),
+        dir.path().join("second.json"),
+    );
+    let p = profile.to_str().unwrap();
+    let out = quick_calibration(p, &["--no-write", "--json", first.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = quick_calibration(
+        p,
+        &[
+            "--no-write",
+            "--refit",
+            first.to_str().unwrap(),
+            "--json",
+            second.to_str().unwrap(),
+        ],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(!profile.exists(), "--no-write wrote {p}");
+    let (a, b) = (points(&first), points(&second));
+    assert_eq!(a.len(), b.len(), "{t}");
+    for (x, y) in a.iter().zip(&b) {
+        let (mx, my) = (
+            x["measured_us"].as_f64().unwrap(),
+            y["measured_us"].as_f64().unwrap(),
+        );
+        assert!((mx / my - 1.0).abs() < 1e-9, "{x} against {y}");
+    }
+    assert!(squared_error(&b, "after_us") <= squared_error(&b, "before_us"));
+    // Sizes it never timed.
+    let out = collbench(
+        &[
+            "calibrate",
+            "--np",
+            "2",
+            "-e",
+            "512",
+            "--rounds",
+            "1",
+            "--no-write",
+            "--refit",
+            first.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("has no measured time of") && t.contains("512 B"),
+        "{t}"
+    );
+}
+
 #[test]
 fn a_bad_profile_is_named_and_never_overwritten() {
     let dir = TempDir::new("bad-profile");
