@@ -147,7 +147,7 @@ pub struct FabricModel<'a> {
 impl FabricModel<'_> {
     /// The α, β, γ of `tier`. On a host, a receive's reduction runs beside its data
     /// ([`reduced_at`]): the receiving core reduces each piece while the sending core copies
-    /// the next. On GPUs (a fabric with an NVLink tier)
+    /// the next. On GPUs ([`TierCosts::device_reductions`], or a fabric with an NVLink tier)
     /// it does not: the units that move a byte also reduce it, and pricing the two one after
     /// the other is what puts NCCL's ring on NVLink at its measured 365-370 GB/s of bus
     /// bandwidth (docs/topology.md).
@@ -158,7 +158,7 @@ impl FabricModel<'_> {
             alpha: l.latency_us * 1e-6,
             beta: 1.0 / (l.bandwidth_gbps * 1e9),
             gamma,
-            gamma_serial: if self.costs.nvlink.is_some() {
+            gamma_serial: if self.costs.device_reductions || self.costs.nvlink.is_some() {
                 gamma
             } else {
                 0.0
@@ -430,6 +430,16 @@ mod tests {
             ..host.clone()
         };
         let l = gpus.link(0, 1);
+        assert_eq!(l.gamma_serial, l.gamma);
+        // GPUs without NVLink (one per host, or a file without the tier) reduce alike.
+        let devices = FabricModel {
+            costs: TierCosts {
+                device_reductions: true,
+                ..TierCosts::default()
+            },
+            ..host.clone()
+        };
+        let l = devices.link(0, 1);
         assert_eq!(l.gamma_serial, l.gamma);
     }
 

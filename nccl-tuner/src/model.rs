@@ -409,12 +409,13 @@ impl Model {
 /// The tier costs NCCL's schedules are priced with: the file's, without the figures that
 /// describe strata's own copies through host memory (where a host's caches end, a message's
 /// first shared-memory slot) and its own step executor, which NCCL's kernels and its
-/// transports do not have.
+/// transports do not have; its ranks reduce on GPUs ([`TierCosts::device_reductions`]).
 pub fn nccl_tiers(t: TierCosts) -> TierCosts {
     TierCosts {
         memory: None,
         slot_fill: None,
         schedule_us: 0.0,
+        device_reductions: true,
         ..t
     }
 }
@@ -531,9 +532,10 @@ mod tests {
     fn prices_follow_strata_and_keep_protocol_ratios() {
         let fab = emulated();
         let m = Model::build(&fab, 8, &(0..8).collect::<Vec<_>>());
+        // strata's model of the same GPUs: reductions after their data.
         let tuner = Tuner::new(
             hierarchy(&fab, 8, &(0..8).collect::<Vec<_>>()),
-            fab.tiers,
+            nccl_tiers(fab.tiers),
             true,
         );
         for k in [3usize, 12, 20, 26] {

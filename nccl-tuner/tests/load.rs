@@ -174,9 +174,10 @@ fn check_against_strata(file: &Path) -> HashMap<(i32, usize), usize> {
         r.logs
     );
     let fab = fabric::load_file(file).unwrap();
+    // strata's model of the same GPUs: reductions after their data.
     let tuner = Tuner::new(
         model::hierarchy(&fab, 8, &(0..8).collect::<Vec<_>>()),
-        fab.tiers,
+        model::nccl_tiers(fab.tiers),
         true,
     );
     let mut choices = HashMap::new();

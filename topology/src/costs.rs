@@ -78,6 +78,12 @@ pub struct TierCosts {
     /// What a message inside a host pays before its copies overlap (absent: nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_fill: Option<SlotFill>,
+    /// Whether the ranks reduce on GPUs, where the units that move a byte also reduce it, so
+    /// a receive's reduction follows its data instead of running beside it (set by what
+    /// prices GPU collectives, such as the tuner plugin for NCCL; a fabric with an NVLink tier
+    /// implies it). Never in a file.
+    #[serde(skip)]
+    pub device_reductions: bool,
 }
 
 /// A message through shared memory is copied into a slot by its sender and out by its
@@ -162,6 +168,7 @@ impl Default for TierCosts {
             copy_gbps: None,
             memory: None,
             slot_fill: None,
+            device_reductions: false,
         }
     }
 }

@@ -227,6 +227,7 @@ impl CostProfile {
                 }),
                 (_, b) => b,
             },
+            device_reductions: far.device_reductions,
         }
     }
 
