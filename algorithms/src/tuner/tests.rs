@@ -273,10 +273,9 @@ fn fullest_host_counts_the_ranks_that_share_a_hosts_caches() {
     assert_eq!(fullest_host(&h), 3);
 }
 
-/// With `memory`, a call whose buffers outgrow the caches is priced as the share beyond
-/// them costs more per byte; one that fits, and a model without `memory`, are unchanged.
-#[test]
-fn buffers_beyond_the_cache_cost_their_miss_rate() {
+/// Costs with local copies at 10 GB/s, without and with caches that end at 16 MiB (5 GB/s
+/// more per byte beyond).
+fn with_and_without_a_cache() -> (TierCosts, TierCosts) {
     let plain = TierCosts {
         copy_gbps: Some(10.0),
         ..TierCosts::default()
@@ -288,6 +287,14 @@ fn buffers_beyond_the_cache_cost_their_miss_rate() {
         }),
         ..plain
     };
+    (plain, cached)
+}
+
+/// With `memory`, a call whose buffers outgrow the caches is priced as the share beyond
+/// them costs more per byte; one that fits, and a model without `memory`, are unchanged.
+#[test]
+fn buffers_beyond_the_cache_cost_their_miss_rate() {
+    let (plain, cached) = with_and_without_a_cache();
     let two = |c| Tuner::new(Hierarchy::single_host(2), c, false);
     let (a, b) = (two(plain), two(cached));
     let price = |t: &Tuner, bytes| {
@@ -325,17 +332,7 @@ fn buffers_beyond_the_cache_cost_their_miss_rate() {
 /// ([`crate::cost::reduced_at`]), at 0.89-1.04 of the same times.
 #[test]
 fn one_shots_scratch_counts_in_the_working_set() {
-    let plain = TierCosts {
-        copy_gbps: Some(10.0),
-        ..TierCosts::default()
-    };
-    let cached = TierCosts {
-        memory: Some(strata_topology::MemoryTier {
-            cache_mib: 16.0,
-            miss_gbps: 5.0,
-        }),
-        ..plain
-    };
+    let (plain, cached) = with_and_without_a_cache();
     let two = |c| Tuner::new(Hierarchy::single_host(2), c, false);
     let (a, b) = (two(plain), two(cached));
     let price = |t: &Tuner, alg, bytes| t.price(Collective::AllReduce, alg, bytes).seconds.unwrap();
