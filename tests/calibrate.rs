@@ -176,7 +176,7 @@ fn calibrate_writes_a_profile_the_tuner_then_prices_with() {
 
 /// `--refit FILE` fits an earlier run's measured times without timing anything: the same
 /// measured column, a fit no worse than its start; a file without a point asked for is named
-/// with the point.
+/// with the point, and every rank fails with its own error.
 #[test]
 fn refit_fits_an_earlier_runs_times() {
     let dir = TempDir::new("refit");
@@ -233,6 +233,8 @@ fn refit_fits_an_earlier_runs_times() {
         t.contains("has no measured time of") && t.contains("512 B"),
         "{t}"
     );
+    // Rank 1 is told, rather than left to see rank 0's exit as a failure.
+    assert!(t.contains("rank 0 could not refit"), "{t}");
 }
 
 #[test]

@@ -156,8 +156,7 @@ fn run(a: &CalibrateArgs, comm: &Communicator) -> Result<(), String> {
     }
     let started = Instant::now();
     let times = match &a.refit {
-        Some(path) if rank == 0 => read_times(path, &plans)?,
-        Some(_) => Vec::new(),
+        Some(path) => refit_times(comm, path, &plans)?,
         None => time_plans(comm, &plans, rounds, (a.warmup, a.iters.max(1)))?,
     };
     for c in Collective::ALL {
@@ -345,6 +344,29 @@ fn time_plans(
             }
         })
         .collect())
+}
+
+/// For `--refit`: rank 0 reads every plan's measured seconds from `path` (the other ranks
+/// get none), and every rank learns whether it could, so that no rank waits on one that gave
+/// up: each fails with its own error.
+fn refit_times(
+    comm: &Communicator,
+    path: &std::path::Path,
+    plans: &[Plan],
+) -> Result<Vec<f64>, String> {
+    let read = (comm.rank() == 0).then(|| read_times(path, plans));
+    let failed = [f64::from(u8::from(matches!(read, Some(Err(_)))))];
+    let mut any = [0.0];
+    comm.all_reduce(&failed, &mut any, ReduceOp::Max)
+        .map_err(|e| e.to_string())?;
+    match read {
+        Some(r) => r,
+        None if any[0] > 0.0 => Err(format!(
+            "rank 0 could not refit {} (its error says why)",
+            path.display()
+        )),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// Every plan's measured seconds from an earlier `--json` file; an error names the first
