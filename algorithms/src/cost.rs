@@ -34,9 +34,9 @@ pub struct LinkCost {
     pub beta: f64,
     /// Seconds per byte reduced at the receiver.
     pub gamma: f64,
-    /// Of `gamma`, the seconds per byte that a receive reducing beside its data does not
-    /// hide behind it ([`reduced_at`]): none on a host, all of it on GPUs.
-    pub gamma_serial: f64,
+    /// Whether a receive that reduces does so after its data rather than beside it
+    /// ([`reduced_at`]): false on a host, true on GPUs.
+    pub reduces_after_data: bool,
 }
 
 /// The piece a receive that reduces trails its data by: the runtime reduces what has arrived
@@ -48,14 +48,17 @@ pub const REDUCE_PIECE_BYTES: f64 = 8192.0;
 /// data moves from `start` to `arrive`, and its receiver's reductions are free from `free`.
 /// The runtime reduces each piece as it arrives, so the reduction runs beside the data and
 /// ends after the later of the whole reduction (from when both data and receiver are there)
-/// and one piece's after the last byte. The part it cannot hide (`gamma_serial`) comes after
-/// that. A message of one piece or less is reduced after it has arrived, as the step engine
-/// and the closed forms price every reducing receive.
+/// and one piece's after the last byte. A link that reduces after its data
+/// (`reduces_after_data`, GPUs) starts the whole reduction at the last byte. A message of one
+/// piece or less is reduced after it has arrived, as the step engine and the closed forms price
+/// every reducing receive.
 pub fn reduced_at(link: &LinkCost, bytes: f64, (start, arrive): (f64, f64), free: f64) -> f64 {
-    let cached = (link.gamma - link.gamma_serial).max(0.0);
-    let whole = start.max(free) + bytes * cached;
-    let last_piece = arrive.max(free) + bytes.min(REDUCE_PIECE_BYTES) * cached;
-    whole.max(last_piece) + bytes * link.gamma.min(link.gamma_serial)
+    if link.reduces_after_data {
+        return arrive.max(free) + bytes * link.gamma;
+    }
+    let whole = start.max(free) + bytes * link.gamma;
+    let last_piece = arrive.max(free) + bytes.min(REDUCE_PIECE_BYTES) * link.gamma;
+    whole.max(last_piece)
 }
 
 /// A shared uplink on the path of a message.
@@ -122,6 +125,14 @@ pub trait Network {
         None
     }
 
+    /// Seconds a message waits, after its latency, for a turn on a shared core: where a rank
+    /// at either end shares its core ([`Network::shared_core`]) with a rank outside the message
+    /// that has messages of its own in flight, the core runs that rank first. Priced by the
+    /// flow-level engine only. The default: nothing.
+    fn core_wait(&self) -> f64 {
+        0.0
+    }
+
     /// Whether schedules on this network are timed by flows sharing links over time
     /// (`fluid`) instead of step by step with sharers counted per step index. The default
     /// (step by step) is what the closed-form costs describe.
@@ -158,11 +169,7 @@ impl FabricModel<'_> {
             alpha: l.latency_us * 1e-6,
             beta: 1.0 / (l.bandwidth_gbps * 1e9),
             gamma,
-            gamma_serial: if self.costs.device_reductions || self.costs.nvlink.is_some() {
-                gamma
-            } else {
-                0.0
-            },
+            reduces_after_data: self.costs.device_reductions || self.costs.nvlink.is_some(),
         }
     }
 }
@@ -205,6 +212,10 @@ impl Network for FabricModel<'_> {
 
     fn shared_core(&self, r: usize) -> Option<u32> {
         self.shared_cores.get(r).copied().flatten()
+    }
+
+    fn core_wait(&self) -> f64 {
+        self.costs.core_wait_us * 1e-6
     }
 
     fn flow_level(&self) -> bool {
@@ -335,7 +346,7 @@ mod tests {
         alpha: 1.7e-6,
         beta: 1.0 / 12.5e9,
         gamma: 1.0 / 40e9,
-        gamma_serial: 0.0,
+        reduces_after_data: false,
     };
 
     fn close(a: f64, b: f64) -> bool {
@@ -389,26 +400,26 @@ mod tests {
     #[test]
     fn a_reduction_runs_beside_its_data_on_hosts_and_after_it_on_gpus() {
         let piece = REDUCE_PIECE_BYTES;
-        let link = |gamma, gamma_serial| LinkCost {
+        let link = |gamma, reduces_after_data| LinkCost {
             alpha: 0.0,
             beta: 1e-9,
             gamma,
-            gamma_serial,
+            reduces_after_data,
         };
         let bytes = 1e6;
         // Data 1 ms (from 1 to 1.001 s): the faster reduction ends a piece after it.
-        let fast = link(1e-10, 0.0);
+        let fast = link(1e-10, false);
         let t = reduced_at(&fast, bytes, (1.0, 1.001), 0.0);
         assert!((t - (1.001 + piece * 1e-10)).abs() < 1e-15, "{t}");
         // The slower one ends its whole reduction after the first byte.
-        let slow = link(3e-9, 0.0);
+        let slow = link(3e-9, false);
         let t = reduced_at(&slow, bytes, (1.0, 1.001), 0.0);
         assert!((t - 1.003).abs() < 1e-12, "{t}");
         // Nor before the receiver is free.
         let t = reduced_at(&slow, bytes, (1.0, 1.001), 1.5);
         assert!((t - 1.503).abs() < 1e-12, "{t}");
         // None of it hidden: after the data, as the step engine prices it.
-        let serial = link(1e-10, 1e-10);
+        let serial = link(1e-10, true);
         let t = reduced_at(&serial, bytes, (1.0, 1.001), 0.0);
         assert!((t - (1.001 + bytes * 1e-10)).abs() < 1e-12, "{t}");
         // A message of one piece is reduced after it has arrived.
@@ -421,7 +432,7 @@ mod tests {
             costs: TierCosts::default(),
             shared_cores: &[],
         };
-        assert_eq!(host.link(0, 1).gamma_serial, 0.0);
+        assert!(!host.link(0, 1).reduces_after_data);
         let gpus = FabricModel {
             costs: TierCosts {
                 nvlink: Some(TierCosts::default().host),
@@ -429,8 +440,7 @@ mod tests {
             },
             ..host.clone()
         };
-        let l = gpus.link(0, 1);
-        assert_eq!(l.gamma_serial, l.gamma);
+        assert!(gpus.link(0, 1).reduces_after_data);
         // GPUs without NVLink (one per host, or a file without the tier) reduce alike.
         let devices = FabricModel {
             costs: TierCosts {
@@ -439,8 +449,7 @@ mod tests {
             },
             ..host.clone()
         };
-        let l = devices.link(0, 1);
-        assert_eq!(l.gamma_serial, l.gamma);
+        assert!(devices.link(0, 1).reduces_after_data);
     }
 
     #[test]

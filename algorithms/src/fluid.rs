@@ -45,8 +45,10 @@ struct Flow {
     recv_op: usize,
     bytes: f64,
     reduces: bool,
-    /// When it starts to move data (both ends ready, plus α).
+    /// When it starts to move data (both ends ready, plus α, plus a turn on a shared core).
     start: f64,
+    /// Whether its wait for a shared core's turn has been priced.
+    core_checked: bool,
     remaining: f64,
     demand: Demand,
 }
@@ -212,6 +214,8 @@ struct RankState {
     matched: Vec<bool>,
     reduce_free: f64,
     finished: bool,
+    /// Its flows matched and not yet delivered.
+    in_flight: usize,
 }
 
 /// Which port of a rank a message uses.
@@ -246,6 +250,11 @@ struct Engine<'a> {
     frozen: Vec<bool>,
     /// Per shared core, when the reductions of its ranks so far end.
     core_free: HashMap<u32, f64>,
+    /// Per shared core, its ranks (empty where no rank shares one or nothing waits for a
+    /// turn).
+    core_ranks: HashMap<u32, Vec<usize>>,
+    /// What a message waits for its turn on a shared core ([`Network::core_wait`]).
+    core_wait: f64,
 }
 
 /// Runs `schedules` on `net` with flows sharing links by time and returns when each rank
@@ -269,7 +278,16 @@ pub(crate) fn time(
         uplinks: Vec::new(),
         frozen: Vec::new(),
         core_free: HashMap::new(),
+        core_ranks: HashMap::new(),
+        core_wait: net.core_wait(),
     };
+    if e.core_wait > 0.0 {
+        for r in 0..schedules.len() {
+            if let Some(c) = net.shared_core(r) {
+                e.core_ranks.entry(c).or_default().push(r);
+            }
+        }
+    }
     for r in 0..schedules.len() {
         e.enter(r, 0.0);
     }
@@ -362,6 +380,8 @@ impl Engine<'_> {
         let reduces = matches!(self.ops(to)[j], Op::RecvReduce { .. });
         self.ranks[from].matched[i] = true;
         self.ranks[to].matched[j] = true;
+        self.ranks[from].in_flight += 1;
+        self.ranks[to].in_flight += 1;
         let link = self.net.link(from, to);
         let bytes = elems as f64 * self.elem_bytes;
         let start = self.ranks[from].entered.max(self.ranks[to].entered)
@@ -417,6 +437,7 @@ impl Engine<'_> {
             bytes,
             reduces,
             start,
+            core_checked: false,
             remaining: bytes,
             demand: Demand {
                 cap: if link.beta > 0.0 {
@@ -482,7 +503,23 @@ impl Engine<'_> {
                     k += 1;
                 }
             }
-            // Flows whose α has elapsed start moving data.
+            // Flows whose α has elapsed wait for a turn on a shared core where one is due
+            // (all judged before any of them moves, so their order does not count) ...
+            if self.core_wait > 0.0 {
+                for k in 0..self.waiting.len() {
+                    let f = &self.waiting[k];
+                    if f.start <= self.now + tol && !f.core_checked {
+                        let waits = self.waits_for_core(f);
+                        let f = &mut self.waiting[k];
+                        f.core_checked = true;
+                        if waits {
+                            f.start = self.now + self.core_wait;
+                            changed = true;
+                        }
+                    }
+                }
+            }
+            // ... and then start moving data.
             let mut k = 0;
             while k < self.waiting.len() {
                 if self.waiting[k].start <= self.now + tol {
@@ -512,8 +549,26 @@ impl Engine<'_> {
         }
     }
 
+    /// Whether `f` waits for a turn on a core: a rank at either end shares its core with a
+    /// rank outside the message that has messages of its own in flight (checked when its α
+    /// has elapsed, so the messages of the same moment are all there). A message between the
+    /// two ranks of one core is a hand-over between them, with no third party to wait for.
+    fn waits_for_core(&self, f: &Flow) -> bool {
+        [f.from, f.to].into_iter().any(|e| {
+            self.net.shared_core(e).is_some_and(|c| {
+                self.core_ranks.get(&c).is_some_and(|ranks| {
+                    ranks
+                        .iter()
+                        .any(|&q| q != f.from && q != f.to && self.ranks[q].in_flight > 0)
+                })
+            })
+        })
+    }
+
     /// A flow has delivered its last byte at `self.now`.
     fn finish(&mut self, f: Flow) {
+        self.ranks[f.from].in_flight -= 1;
+        self.ranks[f.to].in_flight -= 1;
         self.done.push(Done {
             at: self.now,
             key: (f.from, f.send_op),
@@ -597,7 +652,7 @@ mod tests {
                 alpha: ALPHA,
                 beta: BETA,
                 gamma: 0.0,
-                gamma_serial: 0.0,
+                reduces_after_data: false,
             }
         }
         fn uplinks(&self, from: usize, to: usize, out: &mut Vec<Uplink>) {
@@ -760,7 +815,7 @@ mod tests {
             alpha: ALPHA,
             beta: BETA,
             gamma: 1e-9,
-            gamma_serial: 0.0,
+            reduces_after_data: false,
         };
         for algorithm in [
             Algorithm::Ring,
@@ -783,9 +838,10 @@ mod tests {
     }
 
     /// One host, every link 100 MB/s and reductions at 1 GB/s; `cores[r]` is the core rank
-    /// `r` shares, if any.
+    /// `r` shares, if any, and a message waits `core_wait` for a turn on a busy one.
     struct OneHost {
         cores: Vec<Option<u32>>,
+        core_wait: f64,
     }
     impl Network for OneHost {
         fn link(&self, _: usize, _: usize) -> LinkCost {
@@ -793,7 +849,7 @@ mod tests {
                 alpha: ALPHA,
                 beta: BETA,
                 gamma: 1e-9,
-                gamma_serial: 0.0,
+                reduces_after_data: false,
             }
         }
         fn crosses_hosts(&self, _: usize, _: usize) -> bool {
@@ -801,6 +857,9 @@ mod tests {
         }
         fn shared_core(&self, r: usize) -> Option<u32> {
             self.cores.get(r).copied().flatten()
+        }
+        fn core_wait(&self) -> f64 {
+            self.core_wait
         }
         fn flow_level(&self) -> bool {
             true
@@ -817,9 +876,13 @@ mod tests {
             sched(vec![vec![send(3, n), recv(3, n)]]),
             sched(vec![vec![send(2, n), recv(2, n)]]),
         ];
-        let alone = OneHost { cores: vec![] };
+        let alone = OneHost {
+            cores: vec![],
+            core_wait: 0.0,
+        };
         let shared = OneHost {
             cores: vec![Some(0), None, Some(0), None],
+            core_wait: 0.0,
         };
         let bytes = n as f64 * BETA;
         assert!(close(finish(&exchange, &alone), ALPHA + bytes));
@@ -856,6 +919,37 @@ mod tests {
         ));
     }
 
+    /// Three ranks, 0 and 2 on one core: in a ring step every rank has a message in flight,
+    /// so the messages of 0 and 2 to and from rank 1 wait for the core's other rank; rd's
+    /// fold and unfold hand over between 0 and 2, and its exchange finds rank 2 idle, so none
+    /// of its messages waits.
+    #[test]
+    fn a_message_waits_its_turn_while_its_cores_other_rank_has_messages_in_flight() {
+        const WAIT: f64 = 3e-6;
+        let ring_step = vec![
+            sched(vec![vec![send(1, 0), recv(2, 0)]]),
+            sched(vec![vec![send(2, 0), recv(0, 0)]]),
+            sched(vec![vec![send(0, 0), recv(1, 0)]]),
+        ];
+        let rd = vec![
+            sched(vec![
+                vec![recv(2, 0)],
+                vec![send(1, 0), recv(1, 0)],
+                vec![send(2, 0)],
+            ]),
+            sched(vec![vec![send(0, 0), recv(0, 0)]]),
+            sched(vec![vec![send(0, 0)], vec![recv(0, 0)]]),
+        ];
+        let host = |cores: Vec<Option<u32>>, core_wait| OneHost { cores, core_wait };
+        let shared = host(vec![Some(0), None, Some(0)], WAIT);
+        assert!(close(finish(&ring_step, &shared), ALPHA + WAIT));
+        assert!(close(finish(&rd, &shared), 3.0 * ALPHA));
+        // Cores of their own, or no wait measured: α alone.
+        assert!(close(finish(&ring_step, &host(vec![], WAIT)), ALPHA));
+        let unmeasured = host(vec![Some(0), None, Some(0)], 0.0);
+        assert!(close(finish(&ring_step, &unmeasured), ALPHA));
+    }
+
     /// A receive that reduces runs its reduction beside its data: it ends one piece's
     /// reduction after its last byte where the data is the slower, and its whole reduction
     /// after its first byte where the reduction is; a message of one piece is reduced after
@@ -869,7 +963,7 @@ mod tests {
                     alpha: ALPHA,
                     beta: BETA,
                     gamma: self.0,
-                    gamma_serial: 0.0,
+                    reduces_after_data: false,
                 }
             }
             fn flow_level(&self) -> bool {

@@ -306,6 +306,11 @@ impl Tuner {
         self
     }
 
+    /// Whether it knows of ranks that share a core ([`Tuner::with_shared_cores`]).
+    pub fn shares_cores(&self) -> bool {
+        self.shared_cores.iter().any(Option::is_some)
+    }
+
     /// Says that the runtime runs a ring all-reduce slice by slice with `pipeline_bytes` in
     /// flight per host of `local_ranks` ranks. Where that ring is sliced and priced within 1%
     /// of the cheapest, it is chosen: slicing sends what a rank reduced on from cache, which

@@ -409,12 +409,14 @@ impl Model {
 /// The tier costs NCCL's schedules are priced with: the file's, without the figures that
 /// describe strata's own copies through host memory (where a host's caches end, a message's
 /// first shared-memory slot) and its own step executor, which NCCL's kernels and its
-/// transports do not have; its ranks reduce on GPUs ([`TierCosts::device_reductions`]).
+/// transports do not have, nor the turns ranks sharing a CPU core take; its ranks reduce on
+/// GPUs ([`TierCosts::device_reductions`]).
 pub fn nccl_tiers(t: TierCosts) -> TierCosts {
     TierCosts {
         memory: None,
         slot_fill: None,
         schedule_us: 0.0,
+        core_wait_us: 0.0,
         device_reductions: true,
         ..t
     }

@@ -27,6 +27,10 @@ fn one() -> f64 {
     1.0
 }
 
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
 impl TierLink {
     /// Bandwidth per endpoint when every endpoint below sends across this tier at once.
     pub fn effective_gbps(&self) -> f64 {
@@ -78,6 +82,11 @@ pub struct TierCosts {
     /// What a message inside a host pays before its copies overlap (absent: nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_fill: Option<SlotFill>,
+    /// What a message pays, µs, while a rank at either end shares its core with a rank that
+    /// has messages of its own in flight: the turn the core gives that rank first (0 unless a
+    /// cost profile says otherwise; priced where the model knows which ranks share a core).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub core_wait_us: f64,
     /// Whether the ranks reduce on GPUs, where the units that move a byte also reduce it, so
     /// a receive's reduction follows its data instead of running beside it (set by what
     /// prices GPU collectives, such as the tuner plugin for NCCL; a fabric with an NVLink tier
@@ -168,6 +177,7 @@ impl Default for TierCosts {
             copy_gbps: None,
             memory: None,
             slot_fill: None,
+            core_wait_us: 0.0,
             device_reductions: false,
         }
     }
@@ -232,6 +242,12 @@ impl TierCosts {
             return Err(format!(
                 "tiers.schedule_us is {}; expected a number ≥ 0",
                 self.schedule_us
+            ));
+        }
+        if !(self.core_wait_us.is_finite() && self.core_wait_us >= 0.0) {
+            return Err(format!(
+                "tiers.core_wait_us is {}; expected a number ≥ 0",
+                self.core_wait_us
             ));
         }
         let positive = |x: f64| x.is_finite() && x > 0.0;

@@ -21,6 +21,8 @@
 //! cores = 2
 //! [shared_core]              # the same, measured with more ranks than cores on a host
 //! ranks_per_core = 2.0
+//! [shared_core.tiers]        # a message waits 0.6 µs for its turn on a busy shared core
+//! core_wait_us = 0.6
 //! [shared_core.tiers.host]
 //! bandwidth_gbps = 3.0
 //! latency_us = 4.5
@@ -72,6 +74,9 @@ pub struct TierPatch {
     /// What a message inside a host pays before its copies overlap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_fill: Option<SlotFill>,
+    /// What a message pays while its core's other rank has messages in flight, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_wait_us: Option<f64>,
 }
 
 impl TierPatch {
@@ -98,6 +103,7 @@ impl TierPatch {
         c.copy_gbps = self.copy_gbps.or(c.copy_gbps);
         c.memory = self.memory.or(c.memory);
         c.slot_fill = self.slot_fill.or(c.slot_fill);
+        c.core_wait_us = self.core_wait_us.unwrap_or(c.core_wait_us);
         c
     }
 
@@ -180,7 +186,9 @@ impl CostProfile {
     /// starting from `base` (the topology file's or the defaults). Applying it to its own
     /// result gives the same result.
     pub fn apply(&self, base: TierCosts, ranks_per_core: f64) -> TierCosts {
-        let one = self.tiers.apply(base);
+        let mut one = self.tiers.apply(base);
+        // With a core per rank no message waits for a turn on one, whatever `base` says.
+        one.core_wait_us = self.tiers.core_wait_us.unwrap_or(0.0);
         let Some(shared) = self.shared_core.as_ref() else {
             return one;
         };
@@ -227,6 +235,7 @@ impl CostProfile {
                 }),
                 (_, b) => b,
             },
+            core_wait_us: mix(one.core_wait_us, far.core_wait_us).max(0.0),
             device_reductions: far.device_reductions,
         }
     }
@@ -330,6 +339,7 @@ mod tests {
                         cache_mib: 8.0,
                         miss_gbps: 2.0,
                     }),
+                    core_wait_us: Some(0.6),
                     ..TierPatch::default()
                 },
                 measured: Measured::default(),
@@ -360,6 +370,9 @@ mod tests {
         assert!((half.host.latency_us - 2.25).abs() < 1e-12);
         assert!((half.call_us - 1.5).abs() < 1e-12);
         assert!((half.schedule_us - 0.5).abs() < 1e-12);
+        // No rank waits for a core's turn at one rank per core.
+        assert_eq!(p.apply(base, 1.0).core_wait_us, 0.0);
+        assert!((half.core_wait_us - 0.3).abs() < 1e-12);
         assert!((1.0 / half.reduce_gbps - 0.625).abs() < 1e-12);
         assert!((1.0 / half.copy_gbps.unwrap() - 0.25).abs() < 1e-12);
         let m = half.memory.unwrap();
@@ -400,6 +413,9 @@ mod tests {
         assert!(e.contains("call_us"), "{e}");
         let e = err("[tiers]\nschedule_us = -0.5\n");
         assert!(e.contains("schedule_us"), "{e}");
+        let e =
+            err("[shared_core]\nranks_per_core = 2.0\n[shared_core.tiers]\ncore_wait_us = -1.0\n");
+        assert!(e.contains("shared_core.tiers.core_wait_us"), "{e}");
         let e = err("[tiers.memory]\ncache_mib = 0.0\nmiss_gbps = 5.0\n");
         assert!(e.contains("tiers.memory") && e.contains("cache_mib"), "{e}");
         let e = err("[tiers.slot_fill]\nslot_kib = 8.0\ngbps = -1.0\n");

@@ -14,7 +14,7 @@ use strata::topology::profile::{CostProfile, Measured, SharedCore, TierPatch, lo
 use strata::topology::{SlotFill, Tier, TierCosts};
 use strata::{CallSpec, Collective, Communicator, DataType, ReduceOp};
 
-use super::fit::{self, Point};
+use super::fit::{self, Figure, Point};
 use super::{LaunchArgs, parse_algos, parse_size, shape};
 
 /// Options of `collbench calibrate`.
@@ -197,7 +197,10 @@ fn fit_and_write(
     let model = comm.cost_model();
     let before_costs = model.costs();
     let tiers = spanned_tiers(comm);
-    let figures = fit::figures_for(&tiers);
+    let mut figures = fit::figures_for(&tiers);
+    if model.shares_cores() {
+        figures.push(Figure::CoreWait);
+    }
     let fit_started = Instant::now();
     // The first slot a message fills is this job's shared-memory slot.
     let start = TierCosts {
@@ -416,6 +419,7 @@ fn patch_of(tiers: &[Tier], c: &TierCosts) -> TierPatch {
         copy_gbps: c.copy_gbps,
         memory: c.memory,
         slot_fill: c.slot_fill,
+        core_wait_us: (c.core_wait_us > 0.0).then_some(c.core_wait_us),
         ..TierPatch::default()
     };
     for &t in tiers {
@@ -528,6 +532,13 @@ fn print_figures(tiers: &[Tier], c: &TierCosts) {
             f.slot_kib,
             1.0 / (f.gbps * 1e9),
             f.gbps
+        );
+    }
+    if c.core_wait_us > 0.0 {
+        println!(
+            "# core wait: a message whose core's other rank has messages in flight waits \
+             {:.3e} s for its turn",
+            c.core_wait_us * 1e-6
         );
     }
     match c.memory {

@@ -36,6 +36,8 @@ pub(super) enum Figure {
     /// Seconds more per byte of a message's first slot inside a host
     /// ([`TierCosts::slot_fill`]).
     Fill,
+    /// Seconds a message waits for a turn on a shared core ([`TierCosts::core_wait_us`]).
+    CoreWait,
 }
 
 /// A timed point: what ran and its median time.
@@ -94,6 +96,7 @@ pub(super) fn read(costs: &TierCosts, figures: &[Figure]) -> Vec<f64> {
             Figure::Schedule => costs.schedule_us * 1e-6,
             Figure::Miss => costs.memory.map_or(0.0, |m| 1.0 / (m.miss_gbps * 1e9)),
             Figure::Fill => costs.slot_fill.map_or(0.0, |f| 1.0 / (f.gbps * 1e9)),
+            Figure::CoreWait => costs.core_wait_us * 1e-6,
         })
         .collect()
 }
@@ -109,6 +112,7 @@ pub(super) fn write(base: TierCosts, figures: &[Figure], values: &[f64]) -> Tier
             Figure::Copy => c.copy_gbps = Some(1.0 / (v * 1e9)),
             Figure::Call => c.call_us = v * 1e6,
             Figure::Schedule => c.schedule_us = v * 1e6,
+            Figure::CoreWait => c.core_wait_us = v * 1e6,
             Figure::Miss => {
                 let cache_mib = c.memory.map_or(DEFAULT_CACHE_MIB, |m| m.cache_mib);
                 c.memory = Some(MemoryTier {
@@ -288,7 +292,7 @@ fn fit_linear(model: &Tuner, base: TierCosts, figures: &[Figure], points: &[Poin
         .into_iter()
         .zip(figures)
         .map(|(v, f)| match f {
-            Figure::Alpha(_) | Figure::Call | Figure::Schedule => v.max(1e-7),
+            Figure::Alpha(_) | Figure::Call | Figure::Schedule | Figure::CoreWait => v.max(1e-7),
             Figure::Copy | Figure::Fill => v.max(1e-11),
             _ => v,
         })
@@ -423,6 +427,32 @@ mod tests {
         );
     }
 
+    /// At 3 ranks with ranks 0 and 2 on one core, times priced with a turn on that core
+    /// are fitted back to it and to α: rings (every rank busy in every step) and rd (its fold
+    /// and unfold hand over between 0 and 2) tell the two apart.
+    #[test]
+    fn recovers_a_turn_on_a_shared_core() {
+        let m = model(3).with_shared_cores(vec![Some(0), None, Some(0)]);
+        assert!(m.shares_cores() && !model(3).shares_cores());
+        let mut truth = TierCosts::default();
+        truth.host.latency_us = 0.7;
+        truth.host.bandwidth_gbps = 5.0;
+        truth.call_us = 1.5;
+        truth.core_wait_us = 0.6;
+        let pts = points_at(&m, truth, &[8, 512, 4096]);
+        let mut figures = figures_for(&[Tier::Host]);
+        figures.push(Figure::CoreWait);
+        let fitted = fit(&m, TierCosts::default(), &figures, &pts);
+        let worst = worst_error(&m, fitted, &pts);
+        assert!(worst < 0.02, "worst relative error {worst}: {fitted:?}");
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 0.05;
+        assert!(close(fitted.core_wait_us, 0.6), "{fitted:?}");
+        assert!(close(fitted.host.latency_us, 0.7), "{fitted:?}");
+        // Without the figure, no α and call fit both kinds of schedule.
+        let without = fit(&m, TierCosts::default(), &figures_for(&[Tier::Host]), &pts);
+        assert!(worst_error(&m, without, &pts) > 0.1, "{without:?}");
+    }
+
     /// Times made with a cache edge (8 MiB of buffers, then 4 GB/s more per byte) are
     /// fitted back to that edge and rate; a flat model could not fit them.
     #[test]
@@ -519,6 +549,9 @@ mod tests {
         let f = c.slot_fill.unwrap();
         assert!((f.gbps - 20.0).abs() < 1e-9 && f.slot_kib == DEFAULT_SLOT_KIB);
         assert!(!figures_for(&[Tier::Leaf]).contains(&Figure::Fill));
+        let waits = write(c, &[Figure::CoreWait], &[6e-7]);
+        assert!((waits.core_wait_us - 0.6).abs() < 1e-12);
+        assert_eq!(read(&waits, &[Figure::CoreWait]), vec![6e-7]);
         let back = read(&c, &figures);
         assert!((back[3] - 1e-10).abs() < 1e-22);
     }
