@@ -443,7 +443,9 @@ fn write_profile(path: &std::path::Path, profile: &CostProfile) -> Result<(), St
                    schedule_us: every call but a small all-reduce's\n\
                    memory: the share of a call's buffers on a host beyond cache_mib costs \
                    1/miss_gbps more per byte\n\
-                   slot_fill: a message's first slot_kib KiB inside a host cost 1/gbps more per byte";
+                   slot_fill: a message's first slot_kib KiB inside a host cost 1/gbps more per byte\n\
+                   core_wait_us: what a message waits for its turn on a core whose other rank \
+                   has messages in flight";
     let tmp = path.with_extension("toml.partial");
     std::fs::write(&tmp, profile.to_toml(comment))
         .and_then(|()| std::fs::rename(&tmp, path))
