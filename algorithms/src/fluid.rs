@@ -23,7 +23,9 @@
 //! Ranks that share a core ([`Network::shared_core`]) take turns on it: the messages inside
 //! the host that they send or receive also share the core, which copies `2 / β` bytes a
 //! second (what one rank sending and receiving at once uses), and their reductions run one
-//! at a time, as one rank's do.
+//! at a time, as one rank's do. A message whose sender or receiver shares its core with a rank
+//! outside the message that has messages of its own in flight waits, after its α, for a turn
+//! on that core ([`Network::core_wait`]).
 
 use std::collections::{BinaryHeap, HashMap};
 

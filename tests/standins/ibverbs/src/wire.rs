@@ -22,6 +22,14 @@ use strata_ibverbs_abi::*;
 /// Bytes of a write's header on the wire.
 const HEADER: usize = 24;
 
+/// What a responder sends while a write with immediate data waits for a posted receive: an RNR
+/// NAK. The initiator's ACK timer starts again on it, as a NIC's does (with `rnr_retry` 7 it
+/// retries for ever), so a receiver slow to post is never taken for a dead peer.
+const RNR_NAK: u32 = u32::MAX;
+
+/// How often a responder waiting for a receive sends an RNR NAK.
+const RNR_EVERY: Duration = Duration::from_millis(50);
+
 /// The port every device listens on (RoCE v2's UDP port, here TCP).
 pub(crate) const PORT: u16 = 4791;
 
@@ -130,8 +138,14 @@ fn respond(mut s: TcpStream) -> io::Result<()> {
         } else {
             write_region(qp.pd, addr, rkey, &payload)
         };
-        if status == wc_status::SUCCESS && flags & 1 != 0 && !deliver_imm(&qp, len, imm) {
-            // The QP was destroyed or failed while waiting for a receive: no acknowledgement.
+        if status == wc_status::SUCCESS
+            && flags & 1 != 0
+            && !deliver_imm(&qp, len, imm, &mut || {
+                s.write_all(&RNR_NAK.to_le_bytes()).is_ok()
+            })
+        {
+            // The QP was destroyed or failed while waiting for a receive, or the initiator is
+            // gone: no acknowledgement.
             continue;
         }
         s.write_all(&status.to_le_bytes())?;
@@ -159,11 +173,13 @@ fn write_region(pd: usize, addr: u64, rkey: u32, data: &[u8]) -> u32 {
 }
 
 /// Consumes a posted receive for a write with immediate data, waiting for one (infinite RNR
-/// retries). False if the QP went away meanwhile.
-fn deliver_imm(qp: &QpInner, len: u32, imm: u32) -> bool {
+/// retries), and calls `nak` every [`RNR_EVERY`] it waits. False if the QP went away
+/// meanwhile, or `nak` could not reach the initiator.
+fn deliver_imm(qp: &QpInner, len: u32, imm: u32, nak: &mut dyn FnMut() -> bool) -> bool {
     let Ok(mut st) = qp.st.lock() else {
         return false;
     };
+    let mut last_nak = Instant::now();
     loop {
         if st.destroyed || st.state == qp_state::ERR {
             return false;
@@ -181,10 +197,21 @@ fn deliver_imm(qp: &QpInner, len: u32, imm: u32) -> bool {
             qp.recv_cq.push(e);
             return true;
         }
-        st = match qp.cv.wait_timeout(st, Duration::from_millis(50)) {
+        st = match qp.cv.wait_timeout(st, RNR_EVERY) {
             Ok((g, _)) => g,
             Err(_) => return false,
         };
+        if last_nak.elapsed() >= RNR_EVERY {
+            drop(st);
+            if !nak() {
+                return false;
+            }
+            last_nak = Instant::now();
+            st = match qp.st.lock() {
+                Ok(g) => g,
+                Err(_) => return false,
+            };
+        }
     }
 }
 
@@ -348,6 +375,11 @@ fn transmit(
     }
     s.set_read_timeout(give_up)?;
     let mut ack = [0u8; 4];
-    s.read_exact(&mut ack)?;
-    Ok(u32::from_le_bytes(ack))
+    loop {
+        s.read_exact(&mut ack)?;
+        let ack = u32::from_le_bytes(ack);
+        if ack != RNR_NAK {
+            return Ok(ack);
+        }
+    }
 }
