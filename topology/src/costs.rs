@@ -232,23 +232,14 @@ impl TierCosts {
                 "tiers.copy_gbps is {c}; expected a positive number"
             ));
         }
-        if !(self.call_us.is_finite() && self.call_us >= 0.0) {
-            return Err(format!(
-                "tiers.call_us is {}; expected a number ≥ 0",
-                self.call_us
-            ));
-        }
-        if !(self.schedule_us.is_finite() && self.schedule_us >= 0.0) {
-            return Err(format!(
-                "tiers.schedule_us is {}; expected a number ≥ 0",
-                self.schedule_us
-            ));
-        }
-        if !(self.core_wait_us.is_finite() && self.core_wait_us >= 0.0) {
-            return Err(format!(
-                "tiers.core_wait_us is {}; expected a number ≥ 0",
-                self.core_wait_us
-            ));
+        for (name, v) in [
+            ("call_us", self.call_us),
+            ("schedule_us", self.schedule_us),
+            ("core_wait_us", self.core_wait_us),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("tiers.{name} is {v}; expected a number ≥ 0"));
+            }
         }
         let positive = |x: f64| x.is_finite() && x > 0.0;
         if let Some(f) = self.slot_fill
