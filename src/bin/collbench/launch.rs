@@ -163,7 +163,7 @@ fn die_with(launcher: libc::pid_t) -> std::io::Result<()> {
 }
 
 /// The cores this process may run on.
-fn allowed_cores() -> Vec<usize> {
+pub(super) fn allowed_cores() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set, filled by the call.
     unsafe {
         let mut allowed: libc::cpu_set_t = std::mem::zeroed();

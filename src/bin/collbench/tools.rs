@@ -132,7 +132,7 @@ pub(super) fn scattered_devices(n: usize, seed: u64) -> Vec<usize> {
 pub(super) fn explain_main(a: &ExplainArgs) -> ExitCode {
     use strata::algorithms::tuner::human_bytes;
     let run = || -> Result<String, String> {
-        let (tuner, source) = explain_tuner(a)?;
+        let (tuner, source) = explain_tuner(a, &ExplainHost::here()?)?;
         if let Some(path) = &a.write_tuning {
             return write_tuning(a, &tuner, path);
         }
@@ -162,9 +162,57 @@ pub(super) fn explain_main(a: &ExplainArgs) -> ExitCode {
     }
 }
 
+/// What `collbench explain` knows of the host it runs on, as init would: the cores a job of
+/// `--np` ranks spreads over, and the cost profile `STRATA_COST_PROFILE` names.
+struct ExplainHost {
+    /// The cores this process may run on (`--np` binds rank r to the (r mod n)th of them).
+    cores: usize,
+    /// The profile and its file's name, where one is named.
+    profile: Option<(strata::topology::profile::CostProfile, String)>,
+}
+
+impl ExplainHost {
+    /// This host's cores, and the profile `STRATA_COST_PROFILE` names (an error where it does
+    /// not load, as init fails).
+    fn here() -> Result<Self, String> {
+        let profile = match std::env::var_os("STRATA_COST_PROFILE") {
+            Some(path) => {
+                let path = std::path::PathBuf::from(path);
+                let p = strata::topology::profile::load_profile(&path)
+                    .map_err(|e| format!("STRATA_COST_PROFILE {e}"))?;
+                Some((p, path.display().to_string()))
+            }
+            None => None,
+        };
+        Ok(Self {
+            cores: super::launch::allowed_cores().len(),
+            profile,
+        })
+    }
+}
+
+/// Per rank of `np` bound as `--np` binds them (rank r on core r mod `cores`), the core it
+/// shares with another rank; all `None` where none shares one.
+fn shared_cores_of_np(np: usize, cores: usize) -> Vec<Option<u32>> {
+    if cores == 0 || np <= cores {
+        return vec![None; np];
+    }
+    // Core c holds the ranks c, c + cores, ...: more than one wherever np > cores + c.
+    (0..np)
+        .map(|r| {
+            let c = r % cores;
+            (np > cores + c).then_some(c as u32)
+        })
+        .collect()
+}
+
 /// The tuner of the communicator `collbench explain` describes, and where its fabric came
-/// from.
-fn explain_tuner(a: &ExplainArgs) -> Result<(strata::algorithms::tuner::Tuner, String), String> {
+/// from. On one host its ranks share cores as `--np` would bind them on `host`; the
+/// profile, where there is one, prices as init prices with it.
+fn explain_tuner(
+    a: &ExplainArgs,
+    host: &ExplainHost,
+) -> Result<(strata::algorithms::tuner::Tuner, String), String> {
     use strata::algorithms::Hierarchy;
     use strata::algorithms::tuner::Tuner;
     use strata::topology::{TierCosts, fabric};
@@ -172,7 +220,10 @@ fn explain_tuner(a: &ExplainArgs) -> Result<(strata::algorithms::tuner::Tuner, S
         .topo_file
         .clone()
         .or_else(|| std::env::var_os("STRATA_TOPO_FILE").map(Into::into));
-    let (hierarchy, costs, source, local) = match path {
+    // Ranks per core and the cores ranks share: a fabric's ranks have a device each.
+    let mut ranks_per_core = 1.0;
+    let mut shared = Vec::new();
+    let (hierarchy, costs, mut source, local) = match path {
         Some(path) => {
             let fab = fabric::load_file(&path).map_err(|e| e.to_string())?;
             let np = a.np.unwrap_or(fab.ranks().min(256));
@@ -190,6 +241,10 @@ fn explain_tuner(a: &ExplainArgs) -> Result<(strata::algorithms::tuner::Tuner, S
         }
         None => {
             let np = a.np.unwrap_or(8);
+            if host.cores > 0 {
+                ranks_per_core = np as f64 / host.cores as f64;
+            }
+            shared = shared_cores_of_np(np, host.cores);
             (
                 Hierarchy::single_host(np),
                 TierCosts::default(),
@@ -206,7 +261,22 @@ fn explain_tuner(a: &ExplainArgs) -> Result<(strata::algorithms::tuner::Tuner, S
             .map_err(|_| format!("STRATA_RING_PIPELINE={v} is not a number of bytes"))?,
         Err(_) => strata::config::RING_PIPELINE_BYTES,
     };
-    let tuner = Tuner::new(hierarchy, costs, !a.launcher_order).with_ring_pipeline(pipeline, local);
+    let costs = match &host.profile {
+        Some((profile, file)) => {
+            source.push_str(&format!(", priced with the profile {file}"));
+            profile.apply(costs, ranks_per_core)
+        }
+        None => costs,
+    };
+    if shared.iter().any(Option::is_some) {
+        source.push_str(&format!(
+            ", {ranks_per_core:.2} ranks per core (rank r on core r mod {})",
+            host.cores
+        ));
+    }
+    let tuner = Tuner::new(hierarchy, costs, !a.launcher_order)
+        .with_ring_pipeline(pipeline, local)
+        .with_shared_cores(shared);
     Ok((tuner, source))
 }
 
@@ -559,7 +629,11 @@ mod tests {
             "--write-tuning",
             path.to_str().unwrap(),
         ]);
-        let (tuner, _) = explain_tuner(&cli.explain).unwrap();
+        let here = ExplainHost {
+            cores: 2,
+            profile: None,
+        };
+        let (tuner, _) = explain_tuner(&cli.explain, &here).unwrap();
         let report = write_tuning(&cli.explain, &tuner, &path).unwrap();
         assert!(report.contains("rules written"), "{report}");
         let text = std::fs::read_to_string(&path).unwrap();
@@ -583,5 +657,67 @@ mod tests {
             );
         }
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// On one host explain prices what `--np` would run: its ranks share cores as `--np`
+    /// binds them, and a profile prices with its figures for that many ranks per core.
+    #[test]
+    fn explain_on_one_host_prices_its_shared_cores_with_the_profile() {
+        use strata::topology::{TierCosts, profile::parse_profile};
+        assert_eq!(shared_cores_of_np(3, 2), vec![Some(0), None, Some(0)]);
+        assert_eq!(
+            shared_cores_of_np(4, 2),
+            vec![Some(0), Some(1), Some(0), Some(1)]
+        );
+        assert_eq!(shared_cores_of_np(2, 2), vec![None, None]);
+        assert_eq!(shared_cores_of_np(5, 0), vec![None; 5]);
+        let text = "[tiers]\ncall_us = 1.0\n[tiers.host]\nlatency_us = 0.5\nbandwidth_gbps = 10.0\n\
+                    [shared_core]\nranks_per_core = 2.0\n[shared_core.tiers]\ncore_wait_us = 0.8\n\
+                    [shared_core.tiers.host]\nlatency_us = 1.5\nbandwidth_gbps = 5.0\n";
+        let profile = parse_profile(text, "p.toml").unwrap();
+        let cli = Cli::parse_from(["explain", "--np", "3", "--size", "64"]);
+        let host = |cores| ExplainHost {
+            cores,
+            profile: Some((profile.clone(), "p.toml".into())),
+        };
+        let (shared, source) = explain_tuner(&cli.explain, &host(2)).unwrap();
+        assert!(shared.shares_cores());
+        assert_eq!(shared.costs(), profile.apply(TierCosts::default(), 1.5));
+        assert!((shared.costs().core_wait_us - 0.4).abs() < 1e-12);
+        assert!(
+            source.contains("p.toml") && source.contains("1.50 ranks per core"),
+            "{source}"
+        );
+        // With a core per rank: the profile's own tiers, and no turns to wait for.
+        let (free, source) = explain_tuner(&cli.explain, &host(4)).unwrap();
+        assert!(!free.shares_cores());
+        assert_eq!(free.costs(), profile.apply(TierCosts::default(), 0.75));
+        assert_eq!(free.costs().core_wait_us, 0.0);
+        assert!(!source.contains("ranks per core"), "{source}");
+        // A ring's steps keep every rank busy, so on the shared core each waits its turn: it
+        // costs more than the same figures priced with a core per rank.
+        let ring = |t: &strata::algorithms::tuner::Tuner| {
+            t.price(Collective::AllReduce, Algorithm::Ring, 64)
+                .seconds
+                .unwrap()
+        };
+        let same_costs = free.with_costs(shared.costs());
+        assert!(
+            ring(&shared) > ring(&same_costs) + 1e-6,
+            "{} against {}",
+            ring(&shared),
+            ring(&same_costs)
+        );
+        // Without a profile the defaults price, as init's would before its probe.
+        let bare = ExplainHost {
+            cores: 2,
+            profile: None,
+        };
+        let (plain, source) = explain_tuner(&cli.explain, &bare).unwrap();
+        assert_eq!(plain.costs(), TierCosts::default());
+        assert!(
+            plain.shares_cores() && !source.contains("profile"),
+            "{source}"
+        );
     }
 }
