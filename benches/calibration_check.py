@@ -20,6 +20,17 @@ each other and with the host's usual floor (the median of five readings first), 
 collbench run whose floor before or after is off calibrate's by more than that is set aside
 and run again (at most 3 x ROUNDS runs per collective and kind). Where no calibrate held its
 floor, the check says so and keeps every run; FLOOR_BAND=0 keeps every run too.
+
+"The best fixed algorithm" of a size is the least of about fifteen algorithms' medians. Where
+many take the same time (small sizes, ranks sharing cores) that least sits below what any one
+of them usually takes, so auto is held to a minimum no single algorithm keeps. The check
+therefore also times auto beside that algorithm: PAIRS (7) pairs per size, each pair one
+collbench run of each at that size alone, back to back in alternating order, at calibrate's
+floor. The paired figure is the median of the pairs' ratios (auto's time over the
+algorithm's): the two runs of a pair are seconds apart and mostly see the same state of the
+host, where medians of runs minutes apart need not (at 3 ranks on 2 cores one algorithm's
+512 B all-reduce takes 2.7 us in one run and 4.0 us in the next, about one run in three).
+Both figures are printed. PAIRS=0 leaves the pairs out.
 """
 
 import json
@@ -38,6 +49,7 @@ OPS = os.environ.get("OPS", "all_reduce all_gather reduce_scatter").split()
 CAL_ROUNDS = os.environ.get("CAL_ROUNDS", "5")
 FLOOR_BAND = float(os.environ.get("FLOOR_BAND", "0.25"))
 CAL_TRIES = int(os.environ.get("CAL_TRIES", "5"))
+PAIRS = int(os.environ.get("PAIRS", "7"))
 
 
 def run(args, env=None):
@@ -82,10 +94,10 @@ def floor_range(values):
     return f"{min(v):.0f}-{max(v):.0f} ns" if v else "not measured"
 
 
-def rows(np_, op, algo, profile, tmp):
+def rows(np_, op, algo, profile, tmp, sizes=("8", MAX)):
     out = os.path.join(tmp, "r.json")
     run(
-        ["--np", str(np_), "--op", op, "--algo", algo, "-b", "8", "-e", MAX, "-f", "8",
+        ["--np", str(np_), "--op", op, "--algo", algo, "-b", sizes[0], "-e", sizes[1], "-f", "8",
          "--no-in-place", "-c", "0", "-J", out],
         {"STRATA_COST_PROFILE": profile},
     )
@@ -124,11 +136,11 @@ def check(np_, tmp, floor_exe):
     auto = defaultdict(list)       # (op, size) -> [us]
     auto_ran = defaultdict(set)    # (op, size) -> algorithms auto ran
 
-    def steady(kind, op):
+    def steady(kind, op, sizes=("8", MAX)):
         """One collbench run of `kind` at calibrate's floor: its rows, or None when set aside."""
         nonlocal set_aside
         before = floor_ns(floor_exe)
-        got = rows(np_, op, kind, profile, tmp)
+        got = rows(np_, op, kind, profile, tmp, sizes)
         after = floor_ns(floor_exe)
         during.extend([before, after])
         if near(before, reference) and near(after, reference):
@@ -186,11 +198,52 @@ def check(np_, tmp, floor_exe):
     for ratio, op, size, a, best, _, ran, best_algo in sorted(bad, reverse=True):
         print(f"     {op} {size} B: auto {a:.2f} us ({ran}), best {best:.2f} us ({best_algo}), "
               f"{ratio:.2f}x")
+    if PAIRS > 0:
+        paired(worst, steady)
     for (op, algo, size), v in sorted(measured.items()):
         p = predicted.get((op, algo, size))
         if p is not None and abs(p / statistics.median(v) - 1) > 0.25:
             print(f"     off: {op} {algo} {size} B predicted {p:.2f} us, "
                   f"measured {statistics.median(v):.2f} us")
+
+
+def paired(worst, steady):
+    """Times auto beside each size's best fixed algorithm, PAIRS pairs in alternating order."""
+    results = []
+    for _, op, size, _, _, _, _, best_algo in sorted(worst, key=lambda w: (w[1], w[2])):
+        pairs = []                 # (auto us, best us), one run of each, back to back
+        auto_algos = set()
+        for i in range(PAIRS * 3):
+            if len(pairs) >= PAIRS:
+                break
+            order = ["auto", best_algo] if i % 2 == 0 else [best_algo, "auto"]
+            got = {k: steady(k, op, (str(size), str(size))) for k in order}
+            if any(g is None for g in got.values()):
+                continue
+            mine = {k: [r for r in g if r["size_bytes"] == size] for k, g in got.items()}
+            if not all(mine.values()):
+                continue
+            auto_algos.update(r["algorithm"] for r in mine["auto"])
+            pairs.append((mine["auto"][0]["out_of_place"]["time_us"],
+                          mine[best_algo][0]["out_of_place"]["time_us"]))
+        if not pairs:
+            print(f"     paired: {op} {size} B: no pair at calibrate's floor")
+            continue
+        ratio = statistics.median(a / b for a, b in pairs)
+        apart = statistics.median(a - b for a, b in pairs)
+        a = statistics.median(a for a, _ in pairs)
+        b = statistics.median(b for _, b in pairs)
+        ok = ratio <= 1.10 or (size < 4096 and apart <= 1.0)
+        ran = ",".join(sorted(auto_algos))
+        results.append((ratio, op, size, a, b, ok, ran, best_algo, len(pairs)))
+    bad = [r for r in results if not r[5]]
+    print(f"   auto within 1.10x of that best algorithm timed beside it ({PAIRS} pairs per "
+          f"size, one run of each back to back in alternating order, the median of the pairs' "
+          f"ratios; or 1 us below 4 KiB): {len(results) - len(bad)}/{len(results)} sizes")
+    for ratio, op, size, a, b, ok, ran, best_algo, n in sorted(results, reverse=True):
+        mark = "" if ok else "  MISS"
+        print(f"     paired: {op} {size} B: auto {a:.2f} us ({ran}), {best_algo} {b:.2f} us "
+              f"(medians), pairs' ratio {ratio:.2f}x over {n} pairs{mark}")
 
 
 def main():
