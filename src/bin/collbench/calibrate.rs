@@ -87,6 +87,15 @@ struct Plan {
     out_bytes: usize,
 }
 
+/// The sizes calibrate times: collbench's with the same `-b`, `-e` and `-f` (down to one
+/// element), and the largest. Below one element per rank, as collbench's 8 B rows of 3 and
+/// 4 ranks are, a call moves headers only (all-gather, reduce-scatter) or leaves ranks idle
+/// (all-reduce), and those rows are priced too: until 2026-12-06 calibrate started at one
+/// element per rank (12 B at 3 ranks, 16 B at 4) and the fit never saw them.
+fn timed_sizes(a: &CalibrateArgs, es: usize) -> Vec<usize> {
+    sizes(a.min_bytes.max(es), a.max_bytes, a.step_factor)
+}
+
 /// The collbench sizes: `min`, `min·f`, ... below `max`, then `max`.
 fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
     let mut out = Vec::new();
@@ -134,7 +143,7 @@ fn run(a: &CalibrateArgs, comm: &Communicator) -> Result<(), String> {
             ));
         }
         for algorithm in parse_algos("all", c, n)?.into_iter().flatten() {
-            for size in sizes(a.min_bytes.max(es * n), a.max_bytes, a.step_factor) {
+            for size in timed_sizes(a, es) {
                 let (count, in_bytes, out_bytes) = shape(c, size, es, n, rank, 0);
                 plans.push(Plan {
                     collective: c,
@@ -564,5 +573,24 @@ mod tests {
         assert_eq!(sizes(8, 4096, 8), vec![8, 64, 512, 4096]);
         assert_eq!(sizes(8, 5000, 8), vec![8, 64, 512, 4096, 5000]);
         assert_eq!(sizes(64, 64, 8), vec![64]);
+    }
+
+    /// calibrate times the sizes collbench prints with the same options, whatever the rank
+    /// count: 8 B first (collbench's smallest row), then 64 B, ..., and always the largest.
+    #[test]
+    fn calibrate_times_collbenchs_sizes() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            calibrate: CalibrateArgs,
+        }
+        let a = Cli::parse_from(["calibrate", "--np", "3"]).calibrate;
+        let got = timed_sizes(&a, 4);
+        let collbench: Vec<usize> = (0..8).map(|k| 8usize << (3 * k)).collect();
+        assert_eq!(got[..8], collbench[..], "{got:?}");
+        assert_eq!(got.last(), Some(&(64 << 20)));
+        let a = Cli::parse_from(["calibrate", "-b", "1"]).calibrate;
+        assert_eq!(timed_sizes(&a, 4)[0], 4, "one element at least");
     }
 }
