@@ -253,6 +253,24 @@ fn a_bad_profile_is_named_and_never_overwritten() {
         t.contains("STRATA_COST_PROFILE") && t.contains("reduce_gbps") && t.contains("bad.toml"),
         "{t}"
     );
+    // explain loads the profile the way init does, so it fails the same way.
+    let explain = |profile: &std::ffi::OsStr| {
+        Command::new(env!("CARGO_BIN_EXE_collbench"))
+            .args(["explain", "--np", "2", "--size", "8"])
+            .env("STRATA_COST_PROFILE", profile)
+            .output()
+            .unwrap()
+    };
+    let out = explain(bad.as_os_str());
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("STRATA_COST_PROFILE") && t.contains("reduce_gbps") && t.contains("bad.toml"),
+        "{t}"
+    );
+    // A blank variable is an unset one, for explain as for init.
+    let out = explain(" ".as_ref());
+    assert!(out.status.success(), "{}", text(&out));
     let out = quick_calibration(bad.to_str().unwrap(), &[]);
     let t = text(&out);
     assert!(!out.status.success(), "{t}");

@@ -117,6 +117,19 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
+/// The cost profile `STRATA_COST_PROFILE` names, loaded, and its path; `None` where the variable
+/// is unset or blank, an error naming the variable where the file does not load.
+pub fn cost_profile_from_env() -> Result<Option<(strata_topology::CostProfile, std::path::PathBuf)>>
+{
+    let Some(path) = env("STRATA_COST_PROFILE") else {
+        return Ok(None);
+    };
+    let path = std::path::PathBuf::from(path);
+    let profile = strata_topology::profile::load_profile(&path)
+        .map_err(|e| Error::InvalidArgument(format!("STRATA_COST_PROFILE {e}")))?;
+    Ok(Some((profile, path)))
+}
+
 fn parse_env<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
     match env(name) {
         None => Ok(default),
@@ -209,13 +222,7 @@ impl Config {
                 None => Vec::new(),
                 Some(path) => crate::tuning::load_rules(std::path::Path::new(&path))?,
             },
-            cost_profile: match env("STRATA_COST_PROFILE") {
-                None => None,
-                Some(path) => Some(std::sync::Arc::new(
-                    strata_topology::profile::load_profile(std::path::Path::new(&path))
-                        .map_err(|e| Error::InvalidArgument(format!("STRATA_COST_PROFILE {e}")))?,
-                )),
-            },
+            cost_profile: cost_profile_from_env()?.map(|(p, _)| std::sync::Arc::new(p)),
             handshake_timeout: secs("STRATA_HANDSHAKE_TIMEOUT", 5.0)?,
             listen_ip,
             heartbeat_interval: Duration::from_millis(parse_env("STRATA_HEARTBEAT_MS", 1000u64)?),

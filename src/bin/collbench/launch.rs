@@ -81,7 +81,9 @@ pub(super) fn spawn_main(args: &Args) -> ExitCode {
             .env(ENV_ID, id.to_hex())
             .env(ENV_RANK, rank.to_string())
             .env(ENV_NRANKS, args.np.to_string());
-        let core = cores.as_ref().map(|cores| cores[rank % cores.len()]);
+        let core = cores
+            .as_ref()
+            .map(|cores| cores[core_of_rank(rank, cores.len())]);
         // SAFETY: between fork and exec the child only makes system calls.
         unsafe {
             command.pre_exec(move || {
@@ -160,6 +162,12 @@ fn die_with(launcher: libc::pid_t) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Which of `cores` cores `--np` binds rank `rank` to, by index: round robin, so that core c
+/// holds the ranks c, c + cores, ....
+pub(super) fn core_of_rank(rank: usize, cores: usize) -> usize {
+    rank % cores
 }
 
 /// The cores this process may run on.

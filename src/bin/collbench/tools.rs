@@ -175,15 +175,9 @@ impl ExplainHost {
     /// This host's cores, and the profile `STRATA_COST_PROFILE` names (an error where it does
     /// not load, as init fails).
     fn here() -> Result<Self, String> {
-        let profile = match std::env::var_os("STRATA_COST_PROFILE") {
-            Some(path) => {
-                let path = std::path::PathBuf::from(path);
-                let p = strata::topology::profile::load_profile(&path)
-                    .map_err(|e| format!("STRATA_COST_PROFILE {e}"))?;
-                Some((p, path.display().to_string()))
-            }
-            None => None,
-        };
+        let profile = strata::config::cost_profile_from_env()
+            .map_err(|e| e.to_string())?
+            .map(|(p, path)| (p, path.display().to_string()));
         Ok(Self {
             cores: super::launch::allowed_cores().len(),
             profile,
@@ -200,7 +194,7 @@ fn shared_cores_of_np(np: usize, cores: usize) -> Vec<Option<u32>> {
     // Core c holds the ranks c, c + cores, ...: more than one wherever np > cores + c.
     (0..np)
         .map(|r| {
-            let c = r % cores;
+            let c = super::launch::core_of_rank(r, cores);
             (np > cores + c).then_some(c as u32)
         })
         .collect()
