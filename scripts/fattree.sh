@@ -24,7 +24,8 @@
 # --calibrate instead runs `collbench calibrate` on the 8 hosts (launcher placement, 8 B to
 # FATTREE_CAL_MAX, default 4M), writing DIR/profile.toml (--out, else a temporary file), then
 # calibrate again with STRATA_COST_PROFILE naming it and --no-write: the second run's
-# "before" column is the profile's prediction against times measured afresh.
+# "before" column is the profile's prediction against times measured afresh. Each run's points
+# go to DIR/profile.json and DIR/profile_check.json, for `collbench calibrate --refit`.
 # Everything it creates is removed on exit, failure or interrupt; every run has a deadline.
 set -euo pipefail
 
@@ -188,11 +189,11 @@ if [ "$CALIBRATE" = 1 ]; then
     cal=(calibrate -e "${FATTREE_CAL_MAX:-4M}" --rounds 3)
     echo
     echo "## collbench calibrate on 8 hosts, writing $profile"
-    run_job 1800 "${all[@]}" -- "${cal[@]}" --profile "$profile"
+    run_job 1800 "${all[@]}" -- "${cal[@]}" --profile "$profile" --json "${profile%.toml}.json"
     echo
     echo "## again with STRATA_COST_PROFILE=$profile: 'before' is the profile's prediction"
     EXTRA_ENV+=("STRATA_COST_PROFILE=$profile")
-    run_job 1800 "${all[@]}" -- "${cal[@]}" --no-write
+    run_job 1800 "${all[@]}" -- "${cal[@]}" --no-write --json "${profile%.toml}_check.json"
     exit 0
 fi
 
