@@ -1,12 +1,17 @@
 //! Near-tie trials: where the model prices algorithms for a size class within
 //! [`NEAR_TIE`](strata_algorithms::tuner::NEAR_TIE) of its choice, it cannot tell which is
 //! fastest here, so the first calls of that class on host buffers take turns among them (the
-//! choice and up to three rivals, distinct prices first, [`TRIAL_MAX`]). Each rank times its
-//! own calls; after a warm-up call of each and a few timed calls of each (more for small
-//! messages, [`rounds`]), the ranks add up their medians with one all-reduce of one number
-//! per algorithm, and every rank keeps the same one (the fastest in total, the cheaper priced
-//! on a tie). Medians, because a call of a few microseconds on a shared machine is sometimes
-//! preempted for a millisecond. Every rank makes the same calls in the same order, so every
+//! choice and up to three rivals, distinct prices first, [`TRIAL_MAX`]). A turn is two calls of
+//! one algorithm: the first settles what the call leaves behind (connections, slot rings,
+//! caches) as that algorithm's own previous call would in a loop of it, the second is timed on
+//! each rank. After a few turns of each (more for small messages, [`rounds`]), the ranks add
+//! up their medians with one all-reduce of one number per algorithm, and every rank keeps the
+//! same one (the fastest in total, the cheaper priced on a tie). Turns rather than one block
+//! per algorithm, so that a drift of the machine's speed falls on every algorithm alike;
+//! medians, because a call of a few microseconds on a shared machine is sometimes preempted
+//! for a millisecond. Timing calls that followed another algorithm's (as trials once did) kept
+//! ring for a 3-rank 2 MiB all-gather on a 2-core VM, where recursive doubling runs 1.1-1.35x
+//! faster call after call (benches/trial_order.py). Every rank makes the same calls in the same order, so every
 //! rank runs the same algorithm in every call, trial or not.
 //! `STRATA_ALGO`, `set_algorithm` and tuning-file rules skip trials; `STRATA_TUNER_TRIALS=0`
 //! turns them off.
@@ -14,9 +19,9 @@
 use super::*;
 use strata_algorithms::tuner::{ChoiceAndRivals, TRIAL_MAX, size_class};
 
-/// Timed calls of each rival for a size class of `class_bytes`, after one warm-up call of each
-/// (which opens its connections): 1 MiB's worth, between 4 and 32 calls. The count depends on
-/// the class alone, so every rank makes the same.
+/// Turns of each rival (a settling call, then a timed one) for a size class of `class_bytes`:
+/// 1 MiB's worth of timed calls, between 4 and 32. The count depends on the class alone, so
+/// every rank makes the same.
 fn rounds(class_bytes: usize) -> u32 {
     ((1usize << 20) / class_bytes.max(1)).clamp(4, 32) as u32
 }
@@ -26,15 +31,18 @@ fn rounds(class_bytes: usize) -> u32 {
 /// agree within the last of them.
 pub fn tuner_trial_calls(bytes: usize, algorithms: usize) -> usize {
     let class = strata_algorithms::tuner::class_bytes(size_class(bytes));
-    algorithms.clamp(2, TRIAL_MAX) * (1 + rounds(class) as usize)
+    algorithms.clamp(2, TRIAL_MAX) * CALLS_PER_TURN as usize * rounds(class) as usize
 }
+
+/// Calls in a turn: one that settles the algorithm's state, one timed.
+const CALLS_PER_TURN: u32 = 2;
 
 /// A size class's trial: the algorithms, the calls made, this rank's times in each.
 #[derive(Clone, Debug)]
 pub(super) struct Trial {
     /// The model's choice, then its rivals, cheapest first.
     pub rivals: Vec<Algorithm>,
-    /// Timed calls of each.
+    /// Turns of each (timed calls of each).
     pub rounds: u32,
     /// Calls of the class made so far.
     pub calls: u32,
@@ -65,9 +73,9 @@ impl Trial {
         }
     }
 
-    /// The algorithm of call `i` of the trial: they take turns.
+    /// The algorithm of call `i` of the trial: they take turns of [`CALLS_PER_TURN`] calls.
     fn of_call(&self, i: u32) -> usize {
-        i as usize % self.rivals.len()
+        (i / CALLS_PER_TURN) as usize % self.rivals.len()
     }
 
     /// What the next call of the class runs.
@@ -83,12 +91,12 @@ impl Trial {
             return false;
         }
         let n = self.rivals.len() as u32;
-        if self.calls >= n {
+        if self.calls % CALLS_PER_TURN == CALLS_PER_TURN - 1 {
             let i = self.of_call(self.calls);
             self.times[i].push(seconds);
         }
         self.calls += 1;
-        self.calls == n * (1 + self.rounds)
+        self.calls == n * CALLS_PER_TURN * self.rounds
     }
 
     /// This rank's median time of each algorithm.
@@ -182,35 +190,47 @@ impl Communicator {
 mod tests {
     use super::*;
 
+    /// Each turn times the second of two calls of one algorithm, so an algorithm is timed in
+    /// the state its own previous call left, as in a loop of it: here `a` is the faster call
+    /// after call, but slower right after `b`, and a trial that timed calls straight after
+    /// the other algorithm's would keep `b`.
     #[test]
-    fn a_trial_alternates_skips_the_warm_up_and_keeps_the_faster_median() {
+    fn a_trial_times_each_algorithm_after_its_own_call_and_keeps_the_faster_median() {
         let (a, b) = (Algorithm::RecursiveDoubling, Algorithm::OneShot);
         let key = (Collective::AllReduce, size_class(1 << 20));
         let mut t = Trial::new(ChoiceAndRivals::new(a, &[b]), key);
         assert_eq!(t.rounds, 4);
-        assert_eq!(tuner_trial_calls(1 << 20, 2), 10);
-        assert_eq!(tuner_trial_calls(8, 2), 66, "8 B: 32 timed calls of each");
+        assert_eq!(
+            tuner_trial_calls(1 << 20, 2),
+            16,
+            "4 turns of 2 calls of each"
+        );
+        assert_eq!(tuner_trial_calls(8, 2), 128, "8 B: 32 timed calls of each");
         let mut ran = Vec::new();
         let mut done = false;
         while !done {
-            ran.push(t.current());
-            // The rival is 1 ms faster per call; the warm-ups are slow, and one timed call of
-            // the rival is preempted for 50 ms, which the median ignores.
-            let secs = match t.calls {
-                0 | 1 => 1.0,
-                3 => 0.050,
-                _ if t.current() == a => 0.003,
-                _ => 0.002,
+            let now = t.current();
+            // Settling calls are slow (the first opens connections); `a` takes 2 ms after
+            // itself and 4 ms after `b`, `b` 3 ms either way, and `b`'s first timed call
+            // (call 3) is preempted for 50 ms, which the median ignores.
+            let secs = match (t.calls, ran.last()) {
+                (c, _) if c.is_multiple_of(2) => 1.0,
+                (3, _) => 0.050,
+                (_, Some(&prev)) if now == a && prev == b => 0.004,
+                _ if now == a => 0.002,
+                _ => 0.003,
             };
+            ran.push(now);
             done = t.record(secs);
         }
-        assert_eq!(ran.len(), 10);
-        assert!(ran.chunks(2).all(|c| c == [a, b]));
+        assert_eq!(ran.len(), 16);
+        assert!(ran.chunks(4).all(|c| c == [a, a, b, b]), "{ran:?}");
         let m = t.medians();
         assert!(
-            (m[0] - 0.003).abs() < 1e-12 && (m[1] - 0.002).abs() < 1e-12,
+            (m[0] - 0.002).abs() < 1e-12 && (m[1] - 0.003).abs() < 1e-12,
             "{m:?}"
         );
+        assert_eq!(t.winner(&m), a);
         assert_eq!(t.winner(&[0.006, 0.004]), b);
         assert_eq!(
             t.winner(&[0.004, 0.004]),
@@ -236,17 +256,19 @@ mod tests {
         let mut done = false;
         while !done {
             ran.push(t.current());
-            // The third priced runs fastest; the warm-up round is slow.
+            // The third priced runs fastest; the first turn's settling calls are slow.
             let secs = match t.current() {
-                _ if t.calls < 4 => 1.0,
+                _ if t.calls < 8 && t.calls.is_multiple_of(2) => 1.0,
                 RecursiveDoubling => 0.001,
                 _ => 0.002,
             };
             done = t.record(secs);
         }
         assert_eq!(ran.len(), tuner_trial_calls(1 << 20, 4));
-        assert_eq!(ran.len(), 4 * 5, "a warm-up and four timed calls of each");
-        assert!(ran.chunks(4).all(|c| c == order), "{ran:?}");
+        assert_eq!(ran.len(), 4 * 4 * 2, "four turns of two calls of each");
+        let turns: Vec<Algorithm> = ran.chunks(2).map(|c| c[0]).collect();
+        assert!(ran.chunks(2).all(|c| c[0] == c[1]), "{ran:?}");
+        assert!(turns.chunks(4).all(|c| c == order), "{ran:?}");
         let m = t.medians();
         assert_eq!(m, vec![0.002, 0.002, 0.001, 0.002]);
         assert_eq!(t.winner(&m), RecursiveDoubling);
