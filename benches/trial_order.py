@@ -28,7 +28,8 @@ SIZES = os.environ.get("SIZES", "8 512 4K 32K 256K 2M").split()
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 TRIALS = int(os.environ.get("TRIALS", "3"))
 BUILDS = [
-    tuple(b.split(":", 1)) for b in os.environ.get("BUILDS", "trial:target/release/collbench").split()
+    tuple(b.split(":", 1))
+    for b in os.environ.get("BUILDS", "trial:target/release/collbench").split()
 ]
 COLLBENCH = BUILDS[0][1]
 KEEP = re.compile(r"their medians summed over the ranks are (.*); keeping (\S+)")
@@ -38,7 +39,8 @@ def collbench(np, op, size, extra, env, binary=None):
     e = dict(os.environ)
     e.setdefault("STRATA_SOCKET_IFNAME", "=lo")
     e.update(env)
-    args = [binary or COLLBENCH, "--np", str(np), "--op", op, "-b", size, "-e", size, "--timeout", "120"]
+    args = [binary or COLLBENCH, "--np", str(np), "--op", op, "-b", size, "-e", size,
+            "--timeout", "120"]
     r = subprocess.run(args + extra, env=e, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"{' '.join(args + extra)} failed:\n{r.stdout}\n{r.stderr}")

@@ -11,8 +11,8 @@
 //! medians, because a call of a few microseconds on a shared machine is sometimes preempted
 //! for a millisecond. Timing calls that followed another algorithm's (as trials once did) kept
 //! ring for a 3-rank 2 MiB all-gather on a 2-core VM, where recursive doubling runs 1.1-1.35x
-//! faster call after call (benches/trial_order.py). Every rank makes the same calls in the same order, so every
-//! rank runs the same algorithm in every call, trial or not.
+//! faster call after call (benches/trial_order.py). Every rank makes the same calls in the
+//! same order, so every rank runs the same algorithm in every call, trial or not.
 //! `STRATA_ALGO`, `set_algorithm` and tuning-file rules skip trials; `STRATA_TUNER_TRIALS=0`
 //! turns them off.
 
