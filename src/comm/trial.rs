@@ -31,7 +31,12 @@ fn rounds(class_bytes: usize) -> u32 {
 /// agree within the last of them.
 pub fn tuner_trial_calls(bytes: usize, algorithms: usize) -> usize {
     let class = strata_algorithms::tuner::class_bytes(size_class(bytes));
-    algorithms.clamp(2, TRIAL_MAX) * CALLS_PER_TURN as usize * rounds(class) as usize
+    trial_length(algorithms, rounds(class)) as usize
+}
+
+/// Calls in a trial of `algorithms` (2 to [`TRIAL_MAX`]) taking `rounds` turns each.
+fn trial_length(algorithms: usize, rounds: u32) -> u32 {
+    algorithms.clamp(2, TRIAL_MAX) as u32 * CALLS_PER_TURN * rounds
 }
 
 /// Calls in a turn: one that settles the algorithm's state, one timed.
@@ -90,13 +95,12 @@ impl Trial {
         if self.decided.is_some() {
             return false;
         }
-        let n = self.rivals.len() as u32;
         if self.calls % CALLS_PER_TURN == CALLS_PER_TURN - 1 {
             let i = self.of_call(self.calls);
             self.times[i].push(seconds);
         }
         self.calls += 1;
-        self.calls == n * CALLS_PER_TURN * self.rounds
+        self.calls == trial_length(self.rivals.len(), self.rounds)
     }
 
     /// This rank's median time of each algorithm.
