@@ -25,7 +25,9 @@
 # FATTREE_CAL_MAX, default 4M), writing DIR/profile.toml (--out, else a temporary file), then
 # calibrate again with STRATA_COST_PROFILE naming it and --no-write: the second run's
 # "before" column is the profile's prediction against times measured afresh. Each run's points
-# go to DIR/profile.json and DIR/profile_check.json, for `collbench calibrate --refit`.
+# go to DIR/profile.json and DIR/profile_check.json, for `collbench calibrate --refit`; then
+# collbench --algo auto per collective with the profile (DIR/profile_auto_OP.json), set beside
+# the second calibrate's best algorithm per size by benches/auto_vs_best.py.
 # Everything it creates is removed on exit, failure or interrupt; every run has a deadline.
 set -euo pipefail
 
@@ -194,6 +196,19 @@ if [ "$CALIBRATE" = 1 ]; then
     echo "## again with STRATA_COST_PROFILE=$profile: 'before' is the profile's prediction"
     EXTRA_ENV+=("STRATA_COST_PROFILE=$profile")
     run_job 1800 "${all[@]}" -- "${cal[@]}" --no-write --json "${profile%.toml}_check.json"
+    # Auto with the profile, collbench's own counts, beside the second calibrate's times of
+    # every algorithm (one run of each, minutes apart: benches/auto_vs_best.py says so).
+    autos=()
+    for op in all_reduce all_gather reduce_scatter; do
+        echo
+        echo "## $op, --algo auto with the profile"
+        autos+=("${profile%.toml}_auto_$op.json")
+        run_job 1800 "${all[@]}" -- --op "$op" --algo auto -b 8 -e "${FATTREE_CAL_MAX:-4M}" \
+            -f 8 --no-in-place -c 1 -J "${autos[-1]}"
+    done
+    echo
+    echo "## auto beside the best fixed algorithm of the second calibrate"
+    python3 benches/auto_vs_best.py "${profile%.toml}_check.json" "${autos[@]}" || true
     exit 0
 fi
 
