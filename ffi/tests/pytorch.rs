@@ -169,12 +169,28 @@ fn ddp_and_fsdp_training_end_where_gloo_ends() {
     let _machine = beside_others();
     let dir = scratch_dir("train");
     let out = dir.to_str().unwrap();
-    for (backend, extra, steps) in [
-        ("strata", None, "300"),
-        ("gloo", None, "300"),
-        ("strata", Some("--fsdp"), "60"),
-        ("gloo", Some("--fsdp"), "60"),
-    ] {
+    // Parameters match Gloo's only where strata sums each gradient in a fixed order: a ReLU
+    // network carries a last-bit difference on through flipped activations (3.9e-2 apart
+    // after 300 steps once near-tie trials switched algorithms mid-run; 2.4e-7 with ring
+    // fixed). So the parameter check pins ring, and the run with strata's own choices (trials
+    // included) is held to Gloo's final loss; ddp_train.py checks its ranks agree bit for bit.
+    let ring = "allreduce:ring;reducescatter:ring";
+    let runs: [(&str, &[&str], &str); 5] = [
+        (
+            "strata",
+            &["--strata-algo", ring, "--tag", "strata-ring"],
+            "300",
+        ),
+        ("strata", &["--tag", "strata-auto"], "300"),
+        ("gloo", &[], "300"),
+        (
+            "strata",
+            &["--fsdp", "--strata-algo", ring, "--tag", "strata-ring-fsdp"],
+            "60",
+        ),
+        ("gloo", &["--fsdp"], "60"),
+    ];
+    for (backend, extra, steps) in runs {
         let mut args = vec!["--backend", backend, "--steps", steps, "--out", out];
         args.extend(extra);
         if backend == "gloo" {
@@ -183,10 +199,15 @@ fn ddp_and_fsdp_training_end_where_gloo_ends() {
             torchrun(&python, 4, "python/tests/ddp_train.py", &args, 300);
         }
     }
-    for (a, b) in [("strata", "gloo"), ("strata-fsdp", "gloo-fsdp")] {
+    for (a, b, limit) in [
+        ("strata-ring", "gloo", ["--rtol", "1e-5"]),
+        ("strata-ring-fsdp", "gloo-fsdp", ["--rtol", "1e-5"]),
+        ("strata-auto", "gloo", ["--loss-rtol", "0.02"]),
+    ] {
         let mut cmd = python_cmd(&python);
         cmd.arg(repo().join("python/tests/compare_runs.py"))
-            .args([out, a, b, "--rtol", "1e-5"]);
+            .args([out, a, b])
+            .args(limit);
         let (ok, text) = run_bounded(&mut cmd, Duration::from_secs(60));
         println!("{text}");
         assert!(ok, "{a} and {b} training ended apart:\n{text}");

@@ -55,7 +55,11 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--out", required=True)
     ap.add_argument("--fsdp", action="store_true")
+    ap.add_argument("--strata-algo", help="STRATA_ALGO for this run (a fixed summation order)")
+    ap.add_argument("--tag", help="the name of the files written (default: backend[-fsdp])")
     args = ap.parse_args()
+    if args.strata_algo:
+        os.environ["STRATA_ALGO"] = args.strata_algo
     torch.set_num_threads(1)
     dist.init_process_group(args.backend, timeout=timedelta(seconds=120))
     rank = dist.get_rank()
@@ -94,7 +98,7 @@ def main():
     if rank == 0:
         out = pathlib.Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        tag = args.backend + ("-fsdp" if args.fsdp else "")
+        tag = args.tag or args.backend + ("-fsdp" if args.fsdp else "")
         torch.save(state, out / f"{tag}.pt")
         warm = times[min(10, len(times) - 1) :]
         (out / f"{tag}.json").write_text(
