@@ -22,20 +22,28 @@ args = parser.parse_args()
 if args.backend == "strata":
     import strata_torch  # noqa: F401  (registers the backend)
 
+
+
+def say(line):
+    """One write per line: four workers share torchrun's stdout, and print() may write the
+    text and its newline separately (unbuffered), which lets another worker's line in between."""
+    os.write(1, (line + "\n").encode())
+
+
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-print(f"RESTART pid {os.getpid()} attempt {attempt}", flush=True)
+say(f"RESTART pid {os.getpid()} attempt {attempt}")
 dist.init_process_group(args.backend)
 rank, size = dist.get_rank(), dist.get_world_size()
 for step in range(args.steps):
     if attempt == 0 and rank == args.die_rank and step == args.die_step:
-        print(f"RESTART rank {rank} exits at step {step} of attempt {attempt}", flush=True)
+        say(f"RESTART rank {rank} exits at step {step} of attempt {attempt}")
         os._exit(1)
     t = torch.full((1000,), float(rank + step + 1))
     dist.all_reduce(t)
     want = size * (step + 1) + size * (size - 1) / 2
     if not torch.all(t == want):
-        print(f"RESTART wrong at step {step}: {t[0].item()} != {want}", flush=True)
+        say(f"RESTART wrong at step {step}: {t[0].item()} != {want}")
         sys.exit(2)
 dist.barrier()
 dist.destroy_process_group()
-print(f"RESTART ok attempt {attempt} rank {rank}", flush=True)
+say(f"RESTART ok attempt {attempt} rank {rank}")
