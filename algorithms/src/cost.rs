@@ -133,6 +133,15 @@ pub trait Network {
         0.0
     }
 
+    /// CPU seconds each end of a message from `from` to `to` spends on it (LogP's o): a
+    /// rank's messages pay it one after another, and so do those of the ranks sharing its
+    /// core ([`Network::shared_core`]). Priced by the flow-level engine only. The default:
+    /// nothing.
+    fn message_cpu(&self, from: usize, to: usize) -> f64 {
+        let _ = (from, to);
+        0.0
+    }
+
     /// Whether schedules on this network are timed by flows sharing links over time
     /// (`fluid`) instead of step by step with sharers counted per step index. The default
     /// (step by step) is what the closed-form costs describe.
@@ -216,6 +225,10 @@ impl Network for FabricModel<'_> {
 
     fn core_wait(&self) -> f64 {
         self.costs.core_wait_us * 1e-6
+    }
+
+    fn message_cpu(&self, from: usize, to: usize) -> f64 {
+        self.costs.link(self.hierarchy.tier(from, to)).cpu_us * 1e-6
     }
 
     fn flow_level(&self) -> bool {

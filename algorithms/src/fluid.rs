@@ -26,6 +26,12 @@
 //! at a time, as one rank's do. A message whose sender or receiver shares its core with a rank
 //! outside the message that has messages of its own in flight waits, after its α, for a turn
 //! on that core ([`Network::core_wait`]).
+//!
+//! Each end of a message also spends CPU time on it ([`Network::message_cpu`], LogP's o): the
+//! sender from when it reaches the step, the receiver once the message has come α later, each
+//! in the first free stretch of its CPU (its core, where ranks share one). So a rank's
+//! messages, and those of the ranks on its core, pay it one after another: a rank that sends
+//! to seven peers at once pays it seven times before the last one leaves.
 
 use std::collections::{BinaryHeap, HashMap};
 
@@ -220,6 +226,15 @@ struct RankState {
     in_flight: usize,
 }
 
+/// The CPU a rank spends its messages' CPU time on.
+#[derive(Clone, Copy, Hash, PartialEq, Eq)]
+enum Cpu {
+    /// A core that ranks share.
+    Core(u32),
+    /// A rank with a core of its own.
+    Rank(usize),
+}
+
 /// Which port of a rank a message uses.
 #[derive(Clone, Copy, Hash, PartialEq, Eq)]
 enum Port {
@@ -257,6 +272,9 @@ struct Engine<'a> {
     core_ranks: HashMap<u32, Vec<usize>>,
     /// What a message waits for its turn on a shared core ([`Network::core_wait`]).
     core_wait: f64,
+    /// Per CPU, the stretches it spends on messages ([`Network::message_cpu`]): sorted,
+    /// disjoint `(from, to)` intervals.
+    cpu_busy: HashMap<Cpu, Vec<(f64, f64)>>,
 }
 
 /// Runs `schedules` on `net` with flows sharing links by time and returns when each rank
@@ -282,6 +300,7 @@ pub(crate) fn time(
         core_free: HashMap::new(),
         core_ranks: HashMap::new(),
         core_wait: net.core_wait(),
+        cpu_busy: HashMap::new(),
     };
     if e.core_wait > 0.0 {
         for r in 0..schedules.len() {
@@ -386,9 +405,16 @@ impl Engine<'_> {
         self.ranks[to].in_flight += 1;
         let link = self.net.link(from, to);
         let bytes = elems as f64 * self.elem_bytes;
-        let start = self.ranks[from].entered.max(self.ranks[to].entered)
-            + link.alpha
-            + self.net.fill_seconds(from, to, bytes);
+        let cpu = self.net.message_cpu(from, to);
+        let mut ready = self.ranks[from].entered;
+        if cpu > 0.0 {
+            ready = self.spend_cpu(from, ready, cpu);
+        }
+        let mut start =
+            ready.max(self.ranks[to].entered) + link.alpha + self.net.fill_seconds(from, to, bytes);
+        if cpu > 0.0 {
+            start = self.spend_cpu(to, start, cpu);
+        }
         let off_host = self.net.crosses_hosts(from, to);
         let mut uses = [
             self.port(Port::Send {
@@ -451,6 +477,26 @@ impl Engine<'_> {
                 uses,
             },
         });
+    }
+
+    /// Spends `seconds` of rank `r`'s CPU (its shared core's, where it shares one) on a
+    /// message, in the first free stretch from `at` on; returns when that ends.
+    fn spend_cpu(&mut self, r: usize, at: f64, seconds: f64) -> f64 {
+        let key = self.net.shared_core(r).map_or(Cpu::Rank(r), Cpu::Core);
+        let busy = self.cpu_busy.entry(key).or_default();
+        // Disjoint and sorted by start, so sorted by end too.
+        let mut i = busy.partition_point(|&(_, end)| end <= at);
+        let mut t = at;
+        while i < busy.len() && busy[i].0 < t + seconds {
+            t = t.max(busy[i].1);
+            i += 1;
+        }
+        if i > 0 && busy[i - 1].1 == t {
+            busy[i - 1].1 = t + seconds;
+        } else {
+            busy.insert(i, (t, t + seconds));
+        }
+        t + seconds
     }
 
     fn port(&mut self, p: Port) -> usize {
@@ -956,6 +1002,81 @@ mod tests {
     /// reduction after its last byte where the data is the slower, and its whole reduction
     /// after its first byte where the reduction is; a message of one piece is reduced after
     /// it has arrived.
+    /// Every message costs `cpu` seconds of CPU at each end; `cores[r]` as in [`OneHost`].
+    struct Busy {
+        cores: Vec<Option<u32>>,
+        cpu: f64,
+    }
+    impl Network for Busy {
+        fn link(&self, _: usize, _: usize) -> LinkCost {
+            LinkCost {
+                alpha: ALPHA,
+                beta: BETA,
+                gamma: 0.0,
+                reduces_after_data: false,
+            }
+        }
+        fn shared_core(&self, r: usize) -> Option<u32> {
+            self.cores.get(r).copied().flatten()
+        }
+        fn message_cpu(&self, _: usize, _: usize) -> f64 {
+            self.cpu
+        }
+        fn flow_level(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_messages_cpu_time_is_paid_one_after_another_on_its_cpu() {
+        const O: f64 = 2e-6;
+        // Rank 0 sends to three peers at once: its CPU sends them one after another, and
+        // each receiver spends O once its message has come, α after it left.
+        let fan_out = vec![
+            sched(vec![vec![send(1, 0), send(2, 0), send(3, 0)]]),
+            sched(vec![vec![recv(0, 0)]]),
+            sched(vec![vec![recv(0, 0)]]),
+            sched(vec![vec![recv(0, 0)]]),
+        ];
+        let own = Busy {
+            cores: vec![],
+            cpu: O,
+        };
+        let ends = time(&fan_out, &own, 1.0).unwrap();
+        for (r, &end) in ends.iter().enumerate().skip(1) {
+            assert!(close(end, r as f64 * O + ALPHA + O), "rank {r}: {end}");
+        }
+        assert!(close(ends[0], 3.0 * O + ALPHA + O), "{ends:?}");
+        // Two pairs at once: with cores of their own, each pays O at both ends; with the
+        // senders on one core and the receivers on another, the second message waits for the
+        // first at both.
+        let pairs = vec![
+            sched(vec![vec![send(1, 0)]]),
+            sched(vec![vec![recv(0, 0)]]),
+            sched(vec![vec![send(3, 0)]]),
+            sched(vec![vec![recv(2, 0)]]),
+        ];
+        assert!(close(finish(&pairs, &own), 2.0 * O + ALPHA));
+        let cores = vec![Some(0), Some(1), Some(0), Some(1)];
+        let shared = Busy {
+            cores: cores.clone(),
+            cpu: O,
+        };
+        assert!(close(finish(&pairs, &shared), 3.0 * O + ALPHA));
+        // A sender that reached its step early has spent its CPU time by the time its
+        // receiver comes: only the receiver's shows.
+        let late = vec![
+            sched(vec![vec![send(1, 0)]]),
+            sched(vec![vec![recv(2, 0)], vec![recv(0, 0)]]),
+            sched(vec![vec![send(1, 0)]]),
+        ];
+        // 2 -> 1: O + α + O; then 0 -> 1, its send long done: α + O more.
+        assert!(close(finish(&late, &own), 3.0 * O + 2.0 * ALPHA));
+        // Without a CPU cost, α alone.
+        let free = Busy { cores, cpu: 0.0 };
+        assert!(close(finish(&pairs, &free), ALPHA));
+    }
+
     #[test]
     fn a_reducing_receive_reduces_beside_its_data() {
         struct Reduces(f64);

@@ -21,6 +21,13 @@ pub struct TierLink {
     /// queueing and unfairness; the emulated fat tree measures about 0.8.
     #[serde(default = "one")]
     pub shared_efficiency: f64,
+    /// CPU time each end of a message over this tier spends on it, µs: system calls, the
+    /// transport's stack, polling (LogP's o, beside `latency_us`'s L). A rank's messages pay
+    /// it one after another, and so do those of ranks that share a core, so a rank that
+    /// sends to seven peers at once pays it seven times. 0 unless a cost profile or the file
+    /// says otherwise; priced by the flow-level engine (full simulations, up to 64 ranks).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_us: f64,
 }
 
 fn one() -> f64 {
@@ -151,6 +158,7 @@ fn default_host() -> TierLink {
         latency_us: 0.5,
         oversubscription: 1.0,
         shared_efficiency: 1.0,
+        cpu_us: 0.0,
     }
 }
 
@@ -160,6 +168,7 @@ fn default_net() -> TierLink {
         latency_us: 5.0,
         oversubscription: 1.0,
         shared_efficiency: 1.0,
+        cpu_us: 0.0,
     }
 }
 
@@ -193,13 +202,15 @@ impl TierLink {
             && self.oversubscription.is_finite()
             && self.oversubscription >= 1.0
             && self.shared_efficiency > 0.0
-            && self.shared_efficiency <= 1.0;
+            && self.shared_efficiency <= 1.0
+            && self.cpu_us.is_finite()
+            && self.cpu_us >= 0.0;
         if ok {
             Ok(())
         } else {
             Err(format!(
-                "tiers.{name}: expected bandwidth_gbps > 0, latency_us ≥ 0, oversubscription ≥ 1 \
-                 and 0 < shared_efficiency ≤ 1"
+                "tiers.{name}: expected bandwidth_gbps > 0, latency_us ≥ 0, oversubscription ≥ 1, \
+                 0 < shared_efficiency ≤ 1 and cpu_us ≥ 0"
             ))
         }
     }

@@ -9,6 +9,7 @@
 //! [tiers.host]
 //! bandwidth_gbps = 6.2
 //! latency_us = 0.28
+//! cpu_us = 0.05              # CPU time each end spends on a message, one after another
 //! [tiers.memory]             # buffers beyond 24 MiB on a host: each byte past it 1/9 ns more
 //! cache_mib = 24.0
 //! miss_gbps = 9.0
@@ -203,6 +204,7 @@ impl CostProfile {
         let link = |a: TierLink, b: TierLink| TierLink {
             bandwidth_gbps: inv(a.bandwidth_gbps, b.bandwidth_gbps),
             latency_us: mix(a.latency_us, b.latency_us).max(0.0),
+            cpu_us: mix(a.cpu_us, b.cpu_us).max(0.0),
             ..b
         };
         TierCosts {
@@ -298,6 +300,7 @@ mod tests {
             latency_us,
             oversubscription: 1.0,
             shared_efficiency: 1.0,
+            cpu_us: 0.0,
         }
     }
 

@@ -13,6 +13,7 @@ pub(crate) fn emulated_costs() -> TierCosts {
         latency_us: 50.0,
         oversubscription,
         shared_efficiency: 1.0,
+        cpu_us: 0.0,
     };
     TierCosts {
         leaf: link(1.0),
