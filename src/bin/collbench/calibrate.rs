@@ -448,7 +448,8 @@ fn patch_of(tiers: &[Tier], c: &TierCosts) -> TierPatch {
 fn write_profile(path: &std::path::Path, profile: &CostProfile) -> Result<(), String> {
     let comment = "strata cost profile, written by collbench calibrate; \
                    STRATA_COST_PROFILE=<this file> prices with it\n\
-                   latency_us: α, bandwidth_gbps: 1/β, reduce_gbps: 1/γ, call_us: every call, \
+                   latency_us: α, bandwidth_gbps: 1/β, cpu_us: each end's CPU time per \
+                   message, paid one after another on a core, reduce_gbps: 1/γ, call_us: every call, \
                    schedule_us: every call but a small all-reduce's\n\
                    memory: the share of a call's buffers on a host beyond cache_mib costs \
                    1/miss_gbps more per byte\n\
@@ -518,11 +519,13 @@ fn print_figures(tiers: &[Tier], c: &TierCosts) {
     for &t in tiers {
         let l = c.link(t);
         println!(
-            "# tiers.{}: α {:.3e} s per message, β {:.3e} s per byte ({:.2} GB/s)",
+            "# tiers.{}: α {:.3e} s per message, β {:.3e} s per byte ({:.2} GB/s), CPU {:.3e} s \
+             per message at each end",
             tier_key(t),
             l.latency_us * 1e-6,
             1.0 / (l.bandwidth_gbps * 1e9),
-            l.bandwidth_gbps
+            l.bandwidth_gbps,
+            l.cpu_us * 1e-6
         );
     }
     let copy = c.copy_gbps.unwrap_or(f64::INFINITY);
