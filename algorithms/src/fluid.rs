@@ -886,10 +886,12 @@ mod tests {
     }
 
     /// One host, every link 100 MB/s and reductions at 1 GB/s; `cores[r]` is the core rank
-    /// `r` shares, if any, and a message waits `core_wait` for a turn on a busy one.
+    /// `r` shares, if any, a message waits `core_wait` for a turn on a busy one, and costs
+    /// `cpu` seconds of CPU at each end.
     struct OneHost {
         cores: Vec<Option<u32>>,
         core_wait: f64,
+        cpu: f64,
     }
     impl Network for OneHost {
         fn link(&self, _: usize, _: usize) -> LinkCost {
@@ -909,6 +911,9 @@ mod tests {
         fn core_wait(&self) -> f64 {
             self.core_wait
         }
+        fn message_cpu(&self, _: usize, _: usize) -> f64 {
+            self.cpu
+        }
         fn flow_level(&self) -> bool {
             true
         }
@@ -927,10 +932,12 @@ mod tests {
         let alone = OneHost {
             cores: vec![],
             core_wait: 0.0,
+            cpu: 0.0,
         };
         let shared = OneHost {
             cores: vec![Some(0), None, Some(0), None],
             core_wait: 0.0,
+            cpu: 0.0,
         };
         let bytes = n as f64 * BETA;
         assert!(close(finish(&exchange, &alone), ALPHA + bytes));
@@ -988,7 +995,11 @@ mod tests {
             sched(vec![vec![send(0, 0), recv(0, 0)]]),
             sched(vec![vec![send(0, 0)], vec![recv(0, 0)]]),
         ];
-        let host = |cores: Vec<Option<u32>>, core_wait| OneHost { cores, core_wait };
+        let host = |cores: Vec<Option<u32>>, core_wait| OneHost {
+            cores,
+            core_wait,
+            cpu: 0.0,
+        };
         let shared = host(vec![Some(0), None, Some(0)], WAIT);
         assert!(close(finish(&ring_step, &shared), ALPHA + WAIT));
         assert!(close(finish(&rd, &shared), 3.0 * ALPHA));
@@ -996,35 +1007,6 @@ mod tests {
         assert!(close(finish(&ring_step, &host(vec![], WAIT)), ALPHA));
         let unmeasured = host(vec![Some(0), None, Some(0)], 0.0);
         assert!(close(finish(&ring_step, &unmeasured), ALPHA));
-    }
-
-    /// A receive that reduces runs its reduction beside its data: it ends one piece's
-    /// reduction after its last byte where the data is the slower, and its whole reduction
-    /// after its first byte where the reduction is; a message of one piece is reduced after
-    /// it has arrived.
-    /// Every message costs `cpu` seconds of CPU at each end; `cores[r]` as in [`OneHost`].
-    struct Busy {
-        cores: Vec<Option<u32>>,
-        cpu: f64,
-    }
-    impl Network for Busy {
-        fn link(&self, _: usize, _: usize) -> LinkCost {
-            LinkCost {
-                alpha: ALPHA,
-                beta: BETA,
-                gamma: 0.0,
-                reduces_after_data: false,
-            }
-        }
-        fn shared_core(&self, r: usize) -> Option<u32> {
-            self.cores.get(r).copied().flatten()
-        }
-        fn message_cpu(&self, _: usize, _: usize) -> f64 {
-            self.cpu
-        }
-        fn flow_level(&self) -> bool {
-            true
-        }
     }
 
     #[test]
@@ -1038,8 +1020,9 @@ mod tests {
             sched(vec![vec![recv(0, 0)]]),
             sched(vec![vec![recv(0, 0)]]),
         ];
-        let own = Busy {
+        let own = OneHost {
             cores: vec![],
+            core_wait: 0.0,
             cpu: O,
         };
         let ends = time(&fan_out, &own, 1.0).unwrap();
@@ -1058,8 +1041,9 @@ mod tests {
         ];
         assert!(close(finish(&pairs, &own), 2.0 * O + ALPHA));
         let cores = vec![Some(0), Some(1), Some(0), Some(1)];
-        let shared = Busy {
+        let shared = OneHost {
             cores: cores.clone(),
+            core_wait: 0.0,
             cpu: O,
         };
         assert!(close(finish(&pairs, &shared), 3.0 * O + ALPHA));
@@ -1073,10 +1057,18 @@ mod tests {
         // 2 -> 1: O + α + O; then 0 -> 1, its send long done: α + O more.
         assert!(close(finish(&late, &own), 3.0 * O + 2.0 * ALPHA));
         // Without a CPU cost, α alone.
-        let free = Busy { cores, cpu: 0.0 };
+        let free = OneHost {
+            cores,
+            core_wait: 0.0,
+            cpu: 0.0,
+        };
         assert!(close(finish(&pairs, &free), ALPHA));
     }
 
+    /// A receive that reduces runs its reduction beside its data: it ends one piece's
+    /// reduction after its last byte where the data is the slower, and its whole reduction
+    /// after its first byte where the reduction is; a message of one piece is reduced after
+    /// it has arrived.
     #[test]
     fn a_reducing_receive_reduces_beside_its_data() {
         struct Reduces(f64);
