@@ -333,7 +333,10 @@ mod tests {
             shared_core: Some(SharedCore {
                 ranks_per_core: 2.0,
                 tiers: TierPatch {
-                    host: Some(link(2.0, 4.25)),
+                    host: Some(TierLink {
+                        cpu_us: 1.0,
+                        ..link(2.0, 4.25)
+                    }),
                     reduce_gbps: Some(1.0),
                     call_us: Some(2.5),
                     schedule_us: Some(0.75),
@@ -366,11 +369,17 @@ mod tests {
     fn shared_cores_interpolate_in_seconds() {
         let base = TierCosts::default();
         let p = profile();
-        assert_eq!(p.apply(base, 2.0).host, link(2.0, 4.25));
+        let full = p.apply(base, 2.0).host;
+        assert_eq!(
+            (full.bandwidth_gbps, full.latency_us, full.cpu_us),
+            (2.0, 4.25, 1.0)
+        );
         let half = p.apply(base, 1.5);
         // Halfway in seconds per byte: (1/8 + 1/2) / 2 ns per byte.
         assert!((1.0 / half.host.bandwidth_gbps - 0.3125).abs() < 1e-12);
         assert!((half.host.latency_us - 2.25).abs() < 1e-12);
+        // A message's CPU time too: none measured with a core per rank, 1 µs at two a core.
+        assert!((half.host.cpu_us - 0.5).abs() < 1e-12);
         assert!((half.call_us - 1.5).abs() < 1e-12);
         assert!((half.schedule_us - 0.5).abs() < 1e-12);
         // No rank waits for a core's turn at one rank per core.
@@ -412,6 +421,8 @@ mod tests {
         assert!(e.starts_with("p:2:") && e.contains("rduce_gbps"), "{e}");
         let e = err("[shared_core]\nranks_per_core = 1.0\n");
         assert!(e.contains("ranks_per_core"), "{e}");
+        let e = err("[tiers.leaf]\nbandwidth_gbps = 1.0\nlatency_us = 1.0\ncpu_us = -2.0\n");
+        assert!(e.contains("tiers.leaf") && e.contains("cpu_us"), "{e}");
         let e = err("[tiers]\ncall_us = -1.0\n");
         assert!(e.contains("call_us"), "{e}");
         let e = err("[tiers]\nschedule_us = -0.5\n");

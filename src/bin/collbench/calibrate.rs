@@ -449,7 +449,8 @@ fn write_profile(path: &std::path::Path, profile: &CostProfile) -> Result<(), St
     let comment = "strata cost profile, written by collbench calibrate; \
                    STRATA_COST_PROFILE=<this file> prices with it\n\
                    latency_us: α, bandwidth_gbps: 1/β, cpu_us: each end's CPU time per \
-                   message, paid one after another on a core, reduce_gbps: 1/γ, call_us: every call, \
+                   message, paid one after another on a core, reduce_gbps: 1/γ, \
+                   call_us: every call, \
                    schedule_us: every call but a small all-reduce's\n\
                    memory: the share of a call's buffers on a host beyond cache_mib costs \
                    1/miss_gbps more per byte\n\

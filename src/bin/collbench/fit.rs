@@ -2,13 +2,14 @@
 //!
 //! The unknowns are α, β and a message's CPU time of every tier the job spans, γ, local
 //! copies, the cost of a call and of walking a schedule step by step, of a message's first
-//! shared-memory slot, and of a byte beyond the host's caches. A price is homogeneous of degree one in them and piecewise
-//! linear (a maximum over paths of sums of α, bytes·β and bytes·γ), so near any figures it is
-//! the linear form its partial derivatives give. Each Gauss-Newton step takes those
-//! derivatives by finite differences through the real pricing, solves the least squares of
-//! the relative errors (predicted / measured - 1) for the figures with every figure kept
-//! positive, and keeps the step only where the real error falls (halving it otherwise).
-//! Where the caches end is not such a figure: it is searched.
+//! shared-memory slot, and of a byte beyond the host's caches. A price is homogeneous of
+//! degree one in them and piecewise linear (a maximum over paths of sums of α, bytes·β and
+//! bytes·γ), so near any figures it is the linear form its partial derivatives give. Each
+//! Gauss-Newton step takes those derivatives by finite differences through the real pricing,
+//! solves the least squares of the relative errors (predicted / measured - 1) for the figures
+//! with every figure kept positive, and keeps the step only where the real error falls
+//! (halving it otherwise). Where the caches end is not such a figure: it is searched. A
+//! message's CPU time is fitted last, from several starts ([`fit_cpu`]).
 
 use strata::Collective;
 use strata::algorithms::Algorithm;
