@@ -32,7 +32,7 @@ fn alone() -> RwLockWriteGuard<'static, ()> {
 }
 
 /// The number after each occurrence of `prefix` in `text`, wherever it stands: workers that
-/// share one pipe can write into the middle of each other's lines.
+/// share one output file can write into the middle of each other's lines.
 fn markers<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
     text.match_indices(prefix)
         .map(|(at, _)| {
@@ -543,7 +543,7 @@ fn a_torchrun_restart_with_c10d_rendezvous_at_an_endpoint_joins_again_and_finish
         1,
         "{text}"
     );
-    // Markers are read wherever they stand, not line by line: the workers share one pipe.
+    // Markers are read wherever they stand, not line by line: the workers share one file.
     let finished = markers(&text, "RESTART ok attempt 1 rank ");
     for rank in 0..4 {
         assert!(
