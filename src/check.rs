@@ -64,10 +64,40 @@ pub fn input_value(spec: &CallSpec, rank: usize, i: usize) -> f64 {
     }
 }
 
-/// Fills `buf` (the rank's input, `dtype` elements) with [`input_value`].
+/// How often a rank's inputs repeat: [`input_value`] of element `i` is that of `i % period`.
+/// Inputs, and so expected outputs, are built and checked one period at a time.
+fn period(spec: &CallSpec) -> usize {
+    if !spec.collective.reduces() {
+        return 61;
+    }
+    match spec.op {
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => {
+            if is_fp8(spec.dtype) {
+                12
+            } else {
+                3
+            }
+        }
+        ReduceOp::Prod => 35,
+        ReduceOp::Min | ReduceOp::Max => 17,
+    }
+}
+
+/// Fills `buf` (the rank's input, `dtype` elements) with [`input_value`]: one period
+/// converted, the rest copied from it.
 pub fn fill_input(spec: &CallSpec, rank: usize, buf: &mut [u8]) {
-    for i in 0..buf.len() / spec.dtype.size() {
+    let es = spec.dtype.size();
+    let end = buf.len() / es * es;
+    let first = period(spec).min(end / es);
+    for i in 0..first {
         set_element_from_f64(spec.dtype, buf, i, input_value(spec, rank, i));
+    }
+    // Whole periods double until the buffer is full.
+    let mut filled = first * es;
+    while filled < end {
+        let m = filled.min(end - filled);
+        buf.copy_within(0..m, filled);
+        filled += m;
     }
 }
 
@@ -101,30 +131,54 @@ fn reduce_expected(spec: &CallSpec, nranks: usize, i: usize) -> f64 {
     }
 }
 
-/// Expected output elements of `rank` (empty where the rank has no output to check).
-pub fn expected_output(spec: &CallSpec, nranks: usize, rank: usize) -> Vec<f64> {
+/// A stretch of a rank's output: `len` elements whose expected values are those of input
+/// element `start` on, of rank `src` (a copy) or of every rank reduced (`src` unused).
+struct Run {
+    src: usize,
+    start: usize,
+    len: usize,
+}
+
+/// The stretches of `rank`'s output, in order (none where the rank has no output to check).
+fn output_runs(spec: &CallSpec, nranks: usize, rank: usize) -> Vec<Run> {
     let n = spec.count;
-    let d = spec.dtype;
-    let copy = |src_rank: usize, idx: usize| stored(d, input_value(spec, src_rank, idx));
+    let one = |src, start| vec![Run { src, start, len: n }];
+    let each = |start| (0..nranks).map(|src| Run { src, start, len: n }).collect();
     match spec.collective {
-        Collective::AllReduce => (0..n).map(|i| reduce_expected(spec, nranks, i)).collect(),
-        Collective::Reduce if rank == spec.root => {
-            (0..n).map(|i| reduce_expected(spec, nranks, i)).collect()
-        }
-        Collective::ReduceScatter => (0..n)
-            .map(|i| reduce_expected(spec, nranks, rank * n + i))
-            .collect(),
-        Collective::Broadcast => (0..n).map(|i| copy(spec.root, i)).collect(),
-        Collective::AllGather => (0..nranks * n).map(|k| copy(k / n, k % n)).collect(),
-        Collective::Gather if rank == spec.root => {
-            (0..nranks * n).map(|k| copy(k / n, k % n)).collect()
-        }
-        Collective::AllToAll => (0..nranks * n)
-            .map(|k| copy(k / n, rank * n + k % n))
-            .collect(),
-        Collective::Scatter => (0..n).map(|i| copy(spec.root, rank * n + i)).collect(),
+        Collective::AllReduce => one(0, 0),
+        Collective::Reduce if rank == spec.root => one(0, 0),
+        Collective::ReduceScatter => one(0, rank * n),
+        Collective::Broadcast => one(spec.root, 0),
+        Collective::AllGather => each(0),
+        Collective::Gather if rank == spec.root => each(0),
+        Collective::AllToAll => each(rank * n),
+        Collective::Scatter => one(spec.root, rank * n),
         _ => Vec::new(),
     }
+}
+
+/// The expected values of one period of a run from `src` (exact, before storing in the type).
+fn period_values(spec: &CallSpec, nranks: usize, src: usize) -> Vec<f64> {
+    (0..period(spec))
+        .map(|i| {
+            if spec.collective.reduces() {
+                reduce_expected(spec, nranks, i)
+            } else {
+                stored(spec.dtype, input_value(spec, src, i))
+            }
+        })
+        .collect()
+}
+
+/// Expected output elements of `rank` (empty where the rank has no output to check).
+pub fn expected_output(spec: &CallSpec, nranks: usize, rank: usize) -> Vec<f64> {
+    let p = period(spec);
+    let mut out = Vec::new();
+    for run in output_runs(spec, nranks, rank) {
+        let values = period_values(spec, nranks, run.src);
+        out.extend((run.start..run.start + run.len).map(|i| values[i % p]));
+    }
+    out
 }
 
 /// Allowed distance between an `avg` result and the exact mean.
@@ -151,20 +205,60 @@ fn element_ok(spec: &CallSpec, got: f64, expect: f64) -> bool {
 }
 
 /// Compares `out` (the rank's output bytes) with [`expected_output`] in one pass; missing
-/// elements count as wrong.
+/// elements count as wrong. Exact results are compared a run of whole periods at a time as
+/// bytes, and element by element (as numbers, so `-0` equals `0`) only where the bytes differ.
 pub fn compare(spec: &CallSpec, nranks: usize, rank: usize, out: &[u8]) -> Checked {
-    let expect = expected_output(spec, nranks, rank);
-    let have = out.len() / spec.dtype.size();
+    let d = spec.dtype;
+    let es = d.size();
+    let p = period(spec);
+    let inexact = spec.collective.reduces() && spec.op == ReduceOp::Avg && d.is_float();
+    // Elements per byte comparison: whole periods, about 256 elements.
+    let stretch = p * 256usize.div_ceil(p);
+    let runs = output_runs(spec, nranks, rank);
+    let have = out.len() / es;
     let mut checked = Checked {
-        wrong: expect.len().saturating_sub(have),
+        wrong: runs
+            .iter()
+            .map(|r| r.len)
+            .sum::<usize>()
+            .saturating_sub(have),
         first: None,
     };
-    for (i, e) in expect.iter().take(have).enumerate() {
-        let got = element_as_f64(spec.dtype, out, i);
-        if !element_ok(spec, got, *e) {
-            checked.wrong += 1;
-            checked.first.get_or_insert((i, got, *e));
+    let mut at = 0;
+    for run in runs {
+        let len = run.len.min(have.saturating_sub(at));
+        let values = period_values(spec, nranks, run.src);
+        let mut check_one = |k: usize, want: f64| {
+            let got = element_as_f64(d, out, k);
+            if !element_ok(spec, got, want) {
+                checked.wrong += 1;
+                checked.first.get_or_insert((k, got, want));
+            }
+        };
+        if inexact {
+            for j in 0..len {
+                check_one(at + j, values[(run.start + j) % p]);
+            }
+        } else {
+            // Two stretches of expected bytes, so that one can start at any phase.
+            let mut pattern = vec![0u8; 2 * stretch * es];
+            for e in 0..2 * stretch {
+                set_element_from_f64(d, &mut pattern, e, values[e % p]);
+            }
+            let mut j = 0;
+            while j < len {
+                let phase = (run.start + j) % p;
+                let m = stretch.min(len - j);
+                let k = at + j;
+                if out[k * es..(k + m) * es] != pattern[phase * es..(phase + m) * es] {
+                    for e in 0..m {
+                        check_one(k + e, values[(phase + e) % p]);
+                    }
+                }
+                j += m;
+            }
         }
+        at += run.len;
     }
     checked
 }
@@ -321,6 +415,96 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn inputs_repeat_with_their_period_and_fill_writes_them() {
+        for c in [Collective::AllReduce, Collective::AllGather] {
+            for d in DataType::ALL {
+                for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Prod, ReduceOp::Max] {
+                    let spec = CallSpec {
+                        op,
+                        ..CallSpec::new(c, d, 0)
+                    };
+                    let p = period(&spec);
+                    for rank in 0..9 {
+                        for i in 0..4 * p + 5 {
+                            let (a, b) =
+                                (input_value(&spec, rank, i), input_value(&spec, rank, i % p));
+                            assert_eq!(a, b, "{c} {d} {op} rank {rank} element {i}");
+                        }
+                        // Not a whole number of periods, and a part of an element after it.
+                        let count = 3 * p + 2;
+                        let mut buf = vec![0x5Au8; (count + 1) * d.size() - 1];
+                        fill_input(&spec, rank, &mut buf);
+                        for i in 0..count {
+                            assert_eq!(
+                                element_as_f64(d, &buf, i),
+                                stored(d, input_value(&spec, rank, i))
+                            );
+                        }
+                        assert!(
+                            buf[count * d.size()..].iter().all(|&b| b == 0x5A),
+                            "a byte past the last element"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn compare_finds_each_wrong_element_wherever_it_lies() {
+        // Runs from every source, at phases that are not multiples of the period, longer than
+        // one byte-compared stretch.
+        for (c, d) in [
+            (Collective::AllGather, DataType::Float16),
+            (Collective::AllToAll, DataType::Int8),
+            (Collective::ReduceScatter, DataType::Float32),
+            (Collective::Scatter, DataType::Uint64),
+        ] {
+            let spec = CallSpec {
+                root: 2,
+                ..CallSpec::new(c, d, 700)
+            };
+            let (nranks, rank) = (5, 3);
+            let want = expected_output(&spec, nranks, rank);
+            let mut out = vec![0u8; want.len() * d.size()];
+            for (i, e) in want.iter().enumerate() {
+                set_element_from_f64(d, &mut out, i, *e);
+            }
+            assert_eq!(compare(&spec, nranks, rank, &out).wrong, 0, "{c} {d}");
+            let bad: std::collections::BTreeSet<usize> =
+                [0, 699, 700, want.len() / 2, want.len() - 1]
+                    .into_iter()
+                    .filter(|&i| i < want.len())
+                    .collect();
+            let mut wrong = out.clone();
+            for &i in &bad {
+                set_element_from_f64(d, &mut wrong, i, 77.0);
+            }
+            let got = compare(&spec, nranks, rank, &wrong);
+            let bad_here = bad.iter().filter(|&&i| want[i] != 77.0).count();
+            assert_eq!(
+                (got.wrong, got.first.map(|w| w.0)),
+                (bad_here, Some(0)),
+                "{c} {d}"
+            );
+        }
+        // A zero of the other sign is the same number.
+        let spec = CallSpec::new(Collective::AllReduce, DataType::Float32, 9);
+        let want = expected_output(&spec, 2, 0);
+        let mut out = vec![0u8; 36];
+        for (i, e) in want.iter().enumerate() {
+            set_element_from_f64(
+                DataType::Float32,
+                &mut out,
+                i,
+                if *e == 0.0 { -0.0 } else { *e },
+            );
+        }
+        assert!(want.contains(&0.0));
+        assert_eq!(compare(&spec, 2, 0, &out).wrong, 0);
     }
 
     #[test]
