@@ -26,8 +26,11 @@
 # calibrate again with STRATA_COST_PROFILE naming it and --no-write: the second run's
 # "before" column is the profile's prediction against times measured afresh. Each run's points
 # go to DIR/profile.json and DIR/profile_check.json, for `collbench calibrate --refit`; then
-# collbench --algo auto per collective with the profile (DIR/profile_auto_OP.json), set beside
-# the second calibrate's best algorithm per size by benches/auto_vs_best.py.
+# the rounds of --auto-vs-best with that profile.
+# --auto-vs-best PROFILE runs, with STRATA_COST_PROFILE=PROFILE, FATTREE_ROUNDS rounds (default
+# 3) of collbench --algo all,auto per collective (8 B to FATTREE_CAL_MAX by 8x; every fixed
+# algorithm, then strata's choice, side by side in each run; DIR/auto_rK_OP.json), and
+# benches/auto_vs_best.py sets auto's median beside the best algorithm's median per size.
 # Everything it creates is removed on exit, failure or interrupt; every run has a deadline.
 set -euo pipefail
 
@@ -35,13 +38,15 @@ QUICK=0
 OUT=""
 HEALTH=""
 CALIBRATE=0
+AUTO_PROFILE=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
         --out) OUT="$2"; shift ;;
         --health) HEALTH="$2"; shift ;;
         --calibrate) CALIBRATE=1 ;;
-        *) echo "usage: $0 [--quick] [--out DIR] [--health HOST | --calibrate]" >&2; exit 2 ;;
+        --auto-vs-best) AUTO_PROFILE="$2"; shift ;;
+        *) echo "usage: $0 [--quick] [--out DIR] [--health HOST | --calibrate | --auto-vs-best PROFILE]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -196,19 +201,28 @@ if [ "$CALIBRATE" = 1 ]; then
     echo "## again with STRATA_COST_PROFILE=$profile: 'before' is the profile's prediction"
     EXTRA_ENV+=("STRATA_COST_PROFILE=$profile")
     run_job 1800 "${all[@]}" -- "${cal[@]}" --no-write --json "${profile%.toml}_check.json"
-    # Auto with the profile, collbench's own counts, beside the second calibrate's times of
-    # every algorithm (one run of each, minutes apart: benches/auto_vs_best.py says so).
-    autos=()
-    for op in all_reduce all_gather reduce_scatter; do
-        echo
-        echo "## $op, --algo auto with the profile"
-        autos+=("${profile%.toml}_auto_$op.json")
-        run_job 1800 "${all[@]}" -- --op "$op" --algo auto -b 8 -e "${FATTREE_CAL_MAX:-4M}" \
-            -f 8 --no-in-place -c 1 -J "${autos[-1]}"
+    AUTO_PROFILE=$profile
+fi
+
+if [ -n "$AUTO_PROFILE" ]; then
+    [ -f "$AUTO_PROFILE" ] || { echo "fattree.sh: no profile $AUTO_PROFILE" >&2; exit 2; }
+    all=()
+    for r in $(seq 0 $((HOSTS - 1))); do all+=("st-h$r"); done
+    dir=${OUT:-$(dirname "$AUTO_PROFILE")}
+    EXTRA_ENV=("STRATA_TOPO_FILE=$TOPO" "STRATA_COST_PROFILE=$AUTO_PROFILE")
+    runs=()
+    for k in $(seq 1 "${FATTREE_ROUNDS:-3}"); do
+        for op in all_reduce all_gather reduce_scatter; do
+            echo
+            echo "## round $k, $op: every fixed algorithm, then auto, with $AUTO_PROFILE"
+            runs+=("$dir/auto_r${k}_$op.json")
+            run_job 1800 "${all[@]}" -- --op "$op" --algo all,auto -b 8 -e "${FATTREE_CAL_MAX:-4M}" \
+                -f 8 --no-in-place -c 1 -J "${runs[-1]}"
+        done
     done
     echo
-    echo "## auto beside the best fixed algorithm of the second calibrate"
-    python3 benches/auto_vs_best.py "${profile%.toml}_check.json" "${autos[@]}" || true
+    echo "## auto beside the best fixed algorithm, medians of the rounds"
+    python3 benches/auto_vs_best.py "${runs[@]}"
     exit 0
 fi
 

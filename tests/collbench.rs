@@ -378,3 +378,84 @@ fn launcher_flags_work_before_and_after_the_health_subcommand() {
         assert!(text.contains("every host in line"), "{args:?}:\n{text}");
     }
 }
+
+/// `--algo rd,ring,auto` times the named algorithms and then strata's choice in one run; the
+/// JSON marks the tuner's rows, and benches/auto_vs_best.py sets auto's median beside the best
+/// fixed algorithm's over the rounds it is given.
+#[test]
+fn fixed_algorithms_and_auto_side_by_side_and_the_comparison_script() {
+    let dir = std::env::temp_dir().join(format!("strata-all-auto-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let none = std::ffi::OsStr::new("");
+    let mut files = Vec::new();
+    for round in 0..2 {
+        let path = dir.join(format!("round{round}.json"));
+        let p = path.to_str().unwrap();
+        let args = [
+            "--np",
+            "3",
+            "--algo",
+            "rd,ring,auto",
+            "-b",
+            "64",
+            "-e",
+            "4K",
+            "-f",
+            "64",
+        ];
+        collbench_ok(
+            &[&args[..], &["-n", "3", "-w", "1", "-J", p]].concat(),
+            &[],
+            none,
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let rows: Vec<(String, bool, u64)> = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let algorithm = r["algorithm"].as_str().unwrap().to_string();
+                (
+                    algorithm,
+                    r["tuned"].as_bool().unwrap(),
+                    r["size_bytes"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        // Two sizes per table, in the order named: rd, ring, then the tuner's.
+        assert_eq!(rows.len(), 6, "{rows:?}");
+        assert_eq!(
+            rows[..4],
+            [
+                ("rd".into(), false, 64),
+                ("rd".into(), false, 4096),
+                ("ring".into(), false, 64),
+                ("ring".into(), false, 4096)
+            ],
+            "{rows:?}"
+        );
+        assert!(rows[4..].iter().all(|r| r.1), "{rows:?}");
+        files.push(path);
+    }
+    let out = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/benches/auto_vs_best.py"
+        ))
+        .args(&files)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One line per (collective, size) with its two rounds, and the count over both sizes.
+    assert!(text.contains("all_reduce 64 B: auto "), "{text}");
+    assert!(text.contains("all_reduce 4096 B: auto "), "{text}");
+    assert_eq!(text.matches(", 2 rounds").count(), 2, "{text}");
+    assert!(text.contains("/2\n"), "{text}");
+}

@@ -180,7 +180,8 @@ pub(super) fn run_bench(args: &Args, comm: &Communicator) -> Result<u64, String>
         for &dtype in &dtypes {
             for op in ops_for(dtype)? {
                 for &size in &sizes {
-                    let row = bench_row(args, comm, collective, dtype, op, size)?;
+                    let mut row = bench_row(args, comm, collective, dtype, op, size)?;
+                    row.tuned = algo.is_none();
                     total_wrong += row.out_of_place.wrong + row.in_place.map_or(0, |m| m.wrong);
                     if rank == 0 {
                         print_row(&row);
@@ -332,36 +333,42 @@ pub(super) fn avg_busbw(rows: &[Row]) -> f64 {
 }
 
 /// The algorithms `--algo` names for `collective` on `nranks` ranks (`None`: strata's
-/// choice); `all` leaves out those that do not run on that many ranks.
+/// choice), in the order named: a comma-separated list of names, `auto` and `all` (every
+/// algorithm that runs on that many ranks), each once; `all,auto` times every fixed algorithm
+/// and then strata's choice, side by side in one run.
 pub(super) fn parse_algos(
     spec: &str,
     collective: Collective,
     nranks: usize,
 ) -> Result<Vec<Option<Algorithm>>, String> {
-    if spec.eq_ignore_ascii_case("auto") {
-        return Ok(vec![None]);
-    }
-    if spec.eq_ignore_ascii_case("all") {
-        let all = strata::algorithms::algorithms_for(collective);
-        return Ok(all
-            .iter()
-            .copied()
-            .filter(|a| a.runs_on(nranks))
-            .map(Some)
-            .collect());
-    }
-    spec.split(',')
-        .map(|name| {
-            Algorithm::parse_for(collective, name)
+    let mut out: Vec<Option<Algorithm>> = Vec::new();
+    for name in spec.split(',') {
+        let named = if name.eq_ignore_ascii_case("auto") {
+            vec![None]
+        } else if name.eq_ignore_ascii_case("all") {
+            strata::algorithms::algorithms_for(collective)
+                .iter()
+                .copied()
+                .filter(|a| a.runs_on(nranks))
                 .map(Some)
-                .ok_or_else(|| {
+                .collect()
+        } else {
+            vec![Some(Algorithm::parse_for(collective, name).ok_or_else(
+                || {
                     format!(
                         "algorithm '{name}' cannot run {collective}; valid: auto, all, {}",
                         strata::algorithms::valid_names(collective)
                     )
-                })
-        })
-        .collect()
+                },
+            )?)]
+        };
+        for a in named {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The column headers of one table.
@@ -551,6 +558,7 @@ pub(super) fn bench_row(
         },
         root: if collective.rooted() { root as i64 } else { -1 },
         algorithm: kernel.map_or_else(|| algorithm.name(), str::to_string),
+        tuned: false,
         predicted_us: (rank == 0 && collective != Collective::Send && kernel.is_none())
             .then(|| comm.predict(collective, algorithm, count * es).ok())
             .flatten()

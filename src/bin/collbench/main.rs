@@ -65,7 +65,8 @@ struct Args {
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     dtype: String,
     /// Algorithm: auto (strata's choice per size), a name (ring, tree, rd, rhd, bruck, ...),
-    /// a comma-separated list, or all: one table per algorithm of the collective.
+    /// all (every one the collective has), or a comma-separated list of these (all,auto):
+    /// one table per algorithm, in that order.
     #[arg(short = 'A', long = "algo", default_value = "auto")]
     algo: String,
     /// Time only the out-of-place call (halves the run time of long sweeps).
@@ -214,6 +215,8 @@ struct Row {
     redop: String,
     root: i64,
     algorithm: String,
+    /// Whether strata's tuner chose `algorithm` (`--algo auto`) rather than `--algo` naming it.
+    tuned: bool,
     /// The cost model's prediction for this row's algorithm and size, µs.
     predicted_us: Option<f64>,
     size_bytes: usize,
@@ -312,6 +315,25 @@ mod tests {
         assert!(!all(9).contains(&one_shot));
         assert_eq!(all(8).len(), all(9).len() + 1);
         assert!(parse_algos("one_shot", Collective::AllGather, 4).is_err());
+    }
+
+    /// A list may name auto and all beside names, in its own order, each algorithm once.
+    #[test]
+    fn algo_lists_mix_auto_all_and_names() {
+        let parse = |s| parse_algos(s, Collective::AllReduce, 4).unwrap();
+        let all = parse("all");
+        let both = parse("all,auto");
+        assert_eq!(both.len(), all.len() + 1);
+        assert_eq!(
+            (both[..all.len()].to_vec(), both[all.len()]),
+            (all.clone(), None)
+        );
+        let rd = Some(strata::Algorithm::RecursiveDoubling);
+        assert_eq!(parse("auto,rd,auto,rd"), vec![None, rd]);
+        assert_eq!(parse("rd,all")[0], rd);
+        assert_eq!(parse("rd,all").len(), all.len());
+        let e = parse_algos("auto,nope", Collective::AllReduce, 4).unwrap_err();
+        assert!(e.contains("'nope'"), "{e}");
     }
 
     #[test]
