@@ -28,9 +28,11 @@
 # go to DIR/profile.json and DIR/profile_check.json, for `collbench calibrate --refit`; then
 # the rounds of --auto-vs-best with that profile.
 # --auto-vs-best PROFILE runs, with STRATA_COST_PROFILE=PROFILE, FATTREE_ROUNDS rounds (default
-# 3) of collbench --algo all,auto per collective (8 B to FATTREE_CAL_MAX by 8x; every fixed
-# algorithm, then strata's choice, side by side in each run; DIR/auto_rK_OP.json), and
-# benches/auto_vs_best.py sets auto's median beside the best algorithm's median per size.
+# 4) of collbench per collective (8 B to FATTREE_CAL_MAX by 8x; 200 calls a row to 32 KiB,
+# 20 above), each timing every fixed
+# algorithm and strata's choice side by side (--algo all,auto, and auto,all in even rounds;
+# DIR/auto_rK_OP_fromSIZE.json), and benches/auto_vs_best.py sets auto's median beside the best
+# algorithm's median per size.
 # Everything it creates is removed on exit, failure or interrupt; every run has a deadline.
 set -euo pipefail
 
@@ -211,13 +213,23 @@ if [ -n "$AUTO_PROFILE" ]; then
     dir=${OUT:-$(dirname "$AUTO_PROFILE")}
     EXTRA_ENV=("STRATA_TOPO_FILE=$TOPO" "STRATA_COST_PROFILE=$AUTO_PROFILE")
     runs=()
-    for k in $(seq 1 "${FATTREE_ROUNDS:-3}"); do
+    for k in $(seq 1 "${FATTREE_ROUNDS:-4}"); do
+        # Auto last in odd rounds and first in even ones: where a table stands in a run moves
+        # its times (the same algorithm 0.7x apart at 8 B), and no side should have one place.
+        order=all,auto
+        [ $((k % 2)) = 0 ] && order=auto,all
         for op in all_reduce all_gather reduce_scatter; do
-            echo
-            echo "## round $k, $op: every fixed algorithm, then auto, with $AUTO_PROFILE"
-            runs+=("$dir/auto_r${k}_$op.json")
-            run_job 1800 "${all[@]}" -- --op "$op" --algo all,auto -b 8 -e "${FATTREE_CAL_MAX:-4M}" \
-                -f 8 --no-in-place -c 1 -J "${runs[-1]}"
+            # 200 timed calls a row up to 32 KiB (20 calls of under a millisecond moved by a
+            # quarter between runs), collbench's 20 above it.
+            for band in "-b 8 -e 32K -n 200 -w 20" "-b 256K -e ${FATTREE_CAL_MAX:-4M}"; do
+                echo
+                echo "## round $k, $op, $band: --algo $order, with $AUTO_PROFILE"
+                from=${band#-b }
+                runs+=("$dir/auto_r${k}_${op}_from${from%% *}.json")
+                # shellcheck disable=SC2086
+                run_job 1800 "${all[@]}" -- --op "$op" --algo "$order" $band -f 8 --no-in-place \
+                    -c 1 -J "${runs[-1]}"
+            done
         done
     done
     echo
