@@ -13,7 +13,6 @@ made on strata. Each test spawns WORLD_SIZE processes, which import this file ag
 set-up below runs in each. Checked against torch 2.15.0 (needs `expecttest` from PyPI).
 """
 
-import inspect
 import os
 import sys
 import unittest
@@ -73,33 +72,6 @@ if GATE == "gloo":
     TestStrataWithSpawn.test_get_backend = unittest.skip(
         "gated as for gloo: asserts the backend is named gloo; the group is strata's by construction"
     )(TestStrataWithSpawn.test_get_backend)
-
-
-def _skip_gpu_tests_without_a_gpu():
-    """Skips, before anything is spawned, the tests that need an accelerator where there is none.
-
-    Such a test carries `@skip_if_no_gpu` or `@skip_if_lt_x_gpu(n)` (without `allow_cpu`),
-    which skip it inside each spawned process when `torch.accelerator` has no device: on a
-    machine without one that is WORLD_SIZE processes importing torch (about 8 s on 2 cores) for
-    a skip. The condition and the outcome are the same; the skip only comes sooner."""
-    import torch
-
-    if torch.accelerator.is_available():
-        return
-    for name in unittest.TestLoader().getTestCaseNames(TestStrataWithSpawn):
-        test = getattr(TestStrataWithSpawn, name)
-        try:
-            decorators = inspect.getsource(test).split("def ", 1)[0]
-        except (OSError, TypeError):
-            continue
-        needs = "@skip_if_no_gpu" in decorators or "@skip_if_lt_x_gpu(" in decorators
-        if needs and "allow_cpu" not in decorators:
-            setattr(TestStrataWithSpawn, name, unittest.skip(
-                "no accelerator here: its @skip_if_no_gpu/@skip_if_lt_x_gpu skips it in every spawned process"
-            )(test))
-
-
-_skip_gpu_tests_without_a_gpu()
 
 
 if __name__ == "__main__":
