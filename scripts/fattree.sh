@@ -28,11 +28,10 @@
 # go to DIR/profile.json and DIR/profile_check.json, for `collbench calibrate --refit`; then
 # the rounds of --auto-vs-best with that profile.
 # --auto-vs-best PROFILE runs, with STRATA_COST_PROFILE=PROFILE, FATTREE_ROUNDS rounds (default
-# 4) of collbench per collective (8 B to FATTREE_CAL_MAX by 8x; 200 calls a row to 32 KiB,
-# 20 above), each timing every fixed
-# algorithm and strata's choice side by side (--algo all,auto, and auto,all in even rounds;
-# DIR/auto_rK_OP_fromSIZE.json), and benches/auto_vs_best.py sets auto's median beside the best
-# algorithm's median per size.
+# 4) of collbench per collective (8 B to FATTREE_CAL_MAX by 8x; 200 calls a row to 32 KiB, 20
+# above), each timing every fixed algorithm and strata's choice side by side (--algo all,auto,
+# and auto,all in even rounds; DIR/auto_rK_OP_fromSIZE.json), and benches/auto_vs_best.py sets
+# auto's median beside the best algorithm's median per size.
 # Everything it creates is removed on exit, failure or interrupt; every run has a deadline.
 set -euo pipefail
 
