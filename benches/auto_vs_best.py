@@ -20,6 +20,11 @@ import sys
 from collections import defaultdict
 
 
+def within_bound(t, best, size):
+    """Issue 41's bound: 1.10x the best, or 1 us over it below 4 KiB."""
+    return t / best <= 1.10 or (size < 4096 and t - best <= 1.0)
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -43,16 +48,15 @@ def main():
         best = min(medians, key=medians.get)
         b = medians[best]
         a = statistics.median(t for t, _ in tuned[key])
-        chosen = "/".join(sorted({name for _, name in tuned[key]}))
+        picks = {name for _, name in tuned[key]}
+        chosen = "/".join(sorted(picks))
         rounds = len(tuned[key])
-        ok = a / b <= 1.10 or (key[1] < 4096 and a - b <= 1.0)
+        ok = within_bound(a, b, key[1])
         total += 1
         within += ok
-        picks = {name for _, name in tuned[key]}
         fixed_of_picks = [medians[p] for p in picks if p in medians]
         choice = max(fixed_of_picks) if len(fixed_of_picks) == len(picks) else None
-        choice_ok = choice is not None and (
-            choice / b <= 1.10 or (key[1] < 4096 and choice - b <= 1.0))
+        choice_ok = choice is not None and within_bound(choice, b, key[1])
         chose_well += choice_ok
         same_txt = f", {chosen} fixed {choice:.2f} us" if choice is not None else ""
         print(f"{key[0]} {key[1]} B: auto {a:.2f} us ({chosen}), best {b:.2f} us ({best})"

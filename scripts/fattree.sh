@@ -174,9 +174,11 @@ run_job() {
     return $rc
 }
 
+# Every host, rank i on host i (the launcher's placement).
+all=()
+for r in $(seq 0 $((HOSTS - 1))); do all+=("st-h$r"); done
+
 if [ -n "$HEALTH" ]; then
-    all=()
-    for r in $(seq 0 $((HOSTS - 1))); do all+=("st-h$r"); done
     echo
     echo "## collbench health, every link as built"
     run_job 120 "${all[@]}" -- health --bytes 2M || true
@@ -190,8 +192,6 @@ if [ -n "$HEALTH" ]; then
 fi
 
 if [ "$CALIBRATE" = 1 ]; then
-    all=()
-    for r in $(seq 0 $((HOSTS - 1))); do all+=("st-h$r"); done
     profile=${OUT:-$(mktemp -d)}/profile.toml
     rm -f "$profile"
     cal=(calibrate -e "${FATTREE_CAL_MAX:-4M}" --rounds 3)
@@ -207,8 +207,6 @@ fi
 
 if [ -n "$AUTO_PROFILE" ]; then
     [ -f "$AUTO_PROFILE" ] || { echo "fattree.sh: no profile $AUTO_PROFILE" >&2; exit 2; }
-    all=()
-    for r in $(seq 0 $((HOSTS - 1))); do all+=("st-h$r"); done
     dir=${OUT:-$(dirname "$AUTO_PROFILE")}
     EXTRA_ENV=("STRATA_TOPO_FILE=$TOPO" "STRATA_COST_PROFILE=$AUTO_PROFILE")
     runs=()
@@ -265,9 +263,8 @@ FIXED=${FATTREE_ALGOS:-$FIXED}
 if [ -n "${FATTREE_BANDS:-}" ]; then
     BANDS=("$FATTREE_BANDS")
 fi
-launcher=(); scattered=()
+scattered=()
 for r in $(seq 0 $((HOSTS - 1))); do
-    launcher+=("st-h$r")
     scattered+=("st-h$(( (r % LEAVES) * PER_LEAF + r / LEAVES ))")
 done
 
@@ -289,7 +286,7 @@ sweep() { # title algo env... -- namespaces
 }
 
 for placement in launcher scattered; do
-    if [ "$placement" = launcher ]; then nss=("${launcher[@]}"); else nss=("${scattered[@]}"); fi
+    if [ "$placement" = launcher ]; then nss=("${all[@]}"); else nss=("${scattered[@]}"); fi
     echo
     echo "## 2. all_reduce, $placement placement: rank -> host ${nss[*]#st-}"
     before=$(cpu_busy)

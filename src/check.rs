@@ -195,9 +195,14 @@ fn tolerance(d: DataType, expect: f64) -> f64 {
     eps * expect.abs().max(1.0)
 }
 
+/// Whether `spec`'s results round (a floating-point `avg`), and so are compared within
+/// [`tolerance`] rather than exactly.
+fn inexact(spec: &CallSpec) -> bool {
+    spec.collective.reduces() && spec.op == ReduceOp::Avg && spec.dtype.is_float()
+}
+
 fn element_ok(spec: &CallSpec, got: f64, expect: f64) -> bool {
-    let inexact = spec.collective.reduces() && spec.op == ReduceOp::Avg && spec.dtype.is_float();
-    if inexact {
+    if inexact(spec) {
         (got - expect).abs() <= tolerance(spec.dtype, expect)
     } else {
         got == stored(spec.dtype, expect)
@@ -211,7 +216,6 @@ pub fn compare(spec: &CallSpec, nranks: usize, rank: usize, out: &[u8]) -> Check
     let d = spec.dtype;
     let es = d.size();
     let p = period(spec);
-    let inexact = spec.collective.reduces() && spec.op == ReduceOp::Avg && d.is_float();
     // Elements per byte comparison: whole periods, about 256 elements.
     let stretch = p * 256usize.div_ceil(p);
     let runs = output_runs(spec, nranks, rank);
@@ -235,7 +239,7 @@ pub fn compare(spec: &CallSpec, nranks: usize, rank: usize, out: &[u8]) -> Check
                 checked.first.get_or_insert((k, got, want));
             }
         };
-        if inexact {
+        if inexact(spec) {
             for j in 0..len {
                 check_one(at + j, values[(run.start + j) % p]);
             }
