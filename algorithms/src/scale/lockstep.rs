@@ -338,15 +338,12 @@ impl<'a> Engine<'a> {
     fn port_ends(&mut self, r: usize, sends: bool, off_host: bool) {
         self.ends.clear();
         let mine = self.ops(r);
-        let on_port = |e: &Self, i: usize| mine[i].sends() == sends && e.off_host(r, i) == off_host;
+        let on_port = |op: &Transfer| op.sends() == sends && op.off_host() == off_host;
         // Most ports carry one message in a step: nothing to share.
-        if (0..mine.len())
-            .filter(|&i| on_port(self, i))
-            .nth(1)
-            .is_none()
-        {
+        if mine.iter().filter(|op| on_port(op)).nth(1).is_none() {
             return;
         }
+        let entered = self.ranks[r].entered;
         // (peer, messages at once, counted so far)
         let mut peers = std::mem::take(&mut self.peers);
         let mut flows = std::mem::take(&mut self.flows);
@@ -354,7 +351,7 @@ impl<'a> Engine<'a> {
         flows.clear();
         let mut beta = f64::INFINITY;
         for (i, op) in mine.iter().enumerate() {
-            if !on_port(self, i) {
+            if !on_port(op) {
                 continue;
             }
             let q = op.peer();
@@ -380,9 +377,9 @@ impl<'a> Engine<'a> {
             };
             beta = beta.min(link.beta);
             let ready = if at_once > 0 {
-                self.ranks[q].entered.max(self.ranks[r].entered)
+                self.ranks[q].entered.max(entered)
             } else {
-                self.ranks[r].entered
+                entered
             };
             flows.push(Shared {
                 op: i,

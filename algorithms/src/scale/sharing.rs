@@ -51,11 +51,55 @@ pub(super) fn processor_sharing(
         ends.extend(flows.iter().map(|f| (f.op, f.start)));
         return;
     }
+    if let [a, b] = flows {
+        two_sharing(a, b, capacity, efficiency, ends);
+        return;
+    }
     if equal_sharing(flows, capacity, efficiency, &mut scratch.heap, ends) {
         return;
     }
     ends.clear();
     capped_sharing(flows, capacity, efficiency, &mut scratch.capped, ends);
+}
+
+/// [`processor_sharing`] of two messages, `a` starting no later than `b`, in closed form (the
+/// case the lock-step engine meets most: a rank's two children on one port). `a` moves
+/// alone until `b` starts; then each gets its max-min share of the link until one ends, and
+/// the other moves alone again.
+fn two_sharing(
+    a: &Shared,
+    b: &Shared,
+    capacity: f64,
+    efficiency: f64,
+    ends: &mut Vec<(usize, f64)>,
+) {
+    let alone = |f: &Shared| f.cap.min(capacity);
+    let a_alone = a.start + a.bytes / alone(a);
+    if a_alone <= b.start {
+        ends.push((a.op, a_alone));
+        ends.push((b.op, b.start + b.bytes / alone(b)));
+        return;
+    }
+    let a_left = a.bytes - alone(a) * (b.start - a.start);
+    // Water-filling of two: an equal split unless a cap binds below it.
+    let share = capacity * efficiency;
+    let (rate_a, rate_b) = if a.cap.min(b.cap) >= share / 2.0 {
+        (share / 2.0, share / 2.0)
+    } else if a.cap <= b.cap {
+        (a.cap, b.cap.min(share - a.cap))
+    } else {
+        (a.cap.min(share - b.cap), b.cap)
+    };
+    let (a_in, b_in) = (a_left / rate_a, b.bytes / rate_b);
+    if a_in <= b_in {
+        ends.push((a.op, b.start + a_in));
+        let b_left = b.bytes - rate_b * a_in;
+        ends.push((b.op, b.start + a_in + b_left / alone(b)));
+    } else {
+        let a_left = a_left - rate_a * b_in;
+        ends.push((a.op, b.start + b_in + a_left / alone(a)));
+        ends.push((b.op, b.start + b_in));
+    }
 }
 
 /// Buffers of [`capped_sharing`].
@@ -480,6 +524,32 @@ mod tests {
                 let (g, w) = (got[f.op], want[f.op]);
                 let span = w - f.start;
                 prop_assert!((g - w).abs() <= 1e-9 * span.max(1e-9), "message {i}: {g} against {w}");
+            }
+        }
+    }
+
+    proptest! {
+        /// Two messages, the closed form: the ends water-filling gives, whichever starts
+        /// first, ends first or is held to its cap.
+        #[test]
+        fn two_messages_end_as_water_filling_says(
+            starts in (0u8..8, 0u8..8),
+            bytes in (0u8..9, 1u8..9),
+            caps in (1u8..12, 1u8..12),
+            capacity in 1.0f64..20.0,
+            efficiency in 0.5f64..=1.0,
+        ) {
+            let mut flows = vec![
+                Shared { op: 0, start: starts.0 as f64 * 0.5, bytes: bytes.0 as f64, cap: caps.0 as f64 },
+                Shared { op: 1, start: starts.1 as f64 * 0.5, bytes: bytes.1 as f64 * 2.0, cap: caps.1 as f64 },
+            ];
+            let got = ends_of(&mut flows, capacity, efficiency);
+            for (op, w) in water_filling(&flows, capacity, efficiency) {
+                let start = flows.iter().find(|f| f.op == op).map_or(0.0, |f| f.start);
+                prop_assert!(
+                    (got[op] - w).abs() <= 1e-9 * (w - start).max(1e-9),
+                    "message {op}: {} against {w}", got[op]
+                );
             }
         }
     }
