@@ -540,8 +540,18 @@ mod tests {
             efficiency in 0.5f64..=1.0,
         ) {
             let mut flows = vec![
-                Shared { op: 0, start: starts.0 as f64 * 0.5, bytes: bytes.0 as f64, cap: caps.0 as f64 },
-                Shared { op: 1, start: starts.1 as f64 * 0.5, bytes: bytes.1 as f64 * 2.0, cap: caps.1 as f64 },
+                Shared {
+                    op: 0,
+                    start: starts.0 as f64 * 0.5,
+                    bytes: bytes.0 as f64,
+                    cap: caps.0 as f64,
+                },
+                Shared {
+                    op: 1,
+                    start: starts.1 as f64 * 0.5,
+                    bytes: bytes.1 as f64 * 2.0,
+                    cap: caps.1 as f64,
+                },
             ];
             let got = ends_of(&mut flows, capacity, efficiency);
             for (op, w) in water_filling(&flows, capacity, efficiency) {
