@@ -677,7 +677,7 @@ impl Tuner {
         if threads > 1 {
             // The dearest first, so that the cheaper ones share the other threads meanwhile
             // rather than leave it to run alone at the end.
-            rest.sort_by_key(|&a| !dear_to_price(collective, a));
+            rest.sort_by_key(|&a| !scale::is_pipelined(collective, a));
         }
         ranked.extend(map_in_order(&rest, threads, price_one));
         for (a, bound) in bounded {
@@ -789,16 +789,6 @@ fn cheap_to_price(collective: Collective, algorithm: Algorithm, bytes: usize, p:
         (Collective::AllGather | Collective::ReduceScatter, a) => a == Algorithm::Ring,
         _ => false,
     }
-}
-
-/// Whether pricing `algorithm` for `collective` is the dearest at scale: a pipelined tree or
-/// chain, timed on every chunk of every rank (at 24,576 ranks, most of what explaining an
-/// all-reduce costs).
-fn dear_to_price(collective: Collective, algorithm: Algorithm) -> bool {
-    matches!(
-        (collective, algorithm.normalized()),
-        (Collective::AllReduce, Algorithm::Tree) | (Collective::Broadcast, Algorithm::Chain)
-    )
 }
 
 /// Whether `bytes` per rank price as fewer elements than `p` ranks: a ring all-reduce of that

@@ -176,12 +176,20 @@ pub fn price(q: &Query) -> Result<f64, String> {
         (Collective::AllReduce, Algorithm::RecursiveDoubling) if p > STEPWISE_DOUBLING_ABOVE => {
             pricer.doubling_stepwise(q.count)
         }
-        (Collective::AllReduce, Algorithm::Tree) | (Collective::Broadcast, Algorithm::Chain) => {
-            pricer.pipelined()?
-        }
+        (c, a) if is_pipelined(c, a) => pricer.pipelined()?,
         _ => pricer.whole()?,
     }
     Ok(pricer.finish())
+}
+
+/// Whether [`price`] prices `algorithm` for `collective` as a pipeline of chunks (a double
+/// binary tree all-reduce, a chain broadcast): on the engine with every chunk of every rank,
+/// the dearest pricing at scale.
+pub fn is_pipelined(collective: Collective, algorithm: Algorithm) -> bool {
+    matches!(
+        (collective, algorithm.normalized()),
+        (Collective::AllReduce, Algorithm::Tree) | (Collective::Broadcast, Algorithm::Chain)
+    )
 }
 
 /// A time below which [`price`] cannot come for `q`, found in O(lg p), where one is known:
