@@ -11,8 +11,9 @@
 //!   connection per queue pair, so no figure from it is NIC speed.
 //! * Over libfabric's real `tcp` provider across 4 emulated hosts (network namespaces on a
 //!   bridge; needs root, `ip` and libfabric, and says so when it skips): the matrix and
-//!   receive from any source, and a peer killed in the middle of 4 MiB all-reduces named on
-//!   every survivor.
+//!   receive from any source, a peer killed in the middle of 4 MiB all-reduces named on
+//!   every survivor, and (2 hosts, the sender's link shaped by `tc tbf`) a rank that destroys
+//!   its communicator right after its last send, whose peer still gets all of it.
 //!
 //! With `STRATA_RDMA_TESTS_REAL=1` (`scripts/rdma-check.sh`) the verbs matrices run on the
 //! machine's own rdma-core and devices, and the tests that need the stand-in say they skip.
@@ -496,4 +497,67 @@ fn a_peer_killed_mid_transfer_over_libfabric_is_named_on_every_survivor() {
         );
         assert!(ms < 10_000.0, "rank {r} took {ms} ms:\n{out}");
     }
+}
+
+/// Shapes host `h`'s sending link (`eth0` in its namespace) with `tc tbf`.
+fn shape(prefix: &str, h: usize, rate: &str) -> bool {
+    Command::new("ip")
+        .args(["netns", "exec", &format!("{prefix}{h}"), "tc", "qdisc"])
+        .args(["replace", "dev", "eth0", "root", "tbf", "rate", rate])
+        .args(["burst", "64kb", "latency", "2s"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Over libfabric's `tcp` provider, a rank that sends 4 MiB on a link shaped to 40 Mbit/s and
+/// destroys its communicator at once loses nothing: its writes complete only once delivered
+/// (`FI_DELIVERY_COMPLETE`), so the destroy waits for them. At libfabric's default (transmit
+/// complete) the writes completed with most of the data still in the sender's socket, and
+/// the receiver was told the sender left while it waited (3 of 3 runs).
+#[test]
+fn over_libfabric_a_rank_that_destroys_right_after_sending_on_a_slow_link_loses_nothing() {
+    const BYTES: usize = 4 << 20;
+    let name =
+        "over_libfabric_a_rank_that_destroys_right_after_sending_on_a_slow_link_loses_nothing";
+    if let Some(w) = worker() {
+        let pattern = |i: usize| (i % 251) as u8;
+        if w.rank == 0 {
+            let v: Vec<u8> = (0..BYTES).map(pattern).collect();
+            w.comm.send(&v, 1).unwrap();
+            let t = std::time::Instant::now();
+            drop(w);
+            println!("DESTROYED_IN_MS={}", t.elapsed().as_millis());
+        } else {
+            let mut v = vec![0u8; BYTES];
+            w.comm.recv(&mut v, 0).unwrap();
+            let wrong = (0..BYTES).filter(|&i| v[i] != pattern(i)).count();
+            assert_eq!(wrong, 0, "{wrong} of {BYTES} bytes wrong");
+            println!("RECEIVED");
+        }
+        return;
+    }
+    if is_worker() {
+        return;
+    }
+    if let Err(e) = strata::rdma::ofi::providers(Some("tcp")) {
+        println!("skipped: {name} needs libfabric's tcp provider (Debian: libfabric1): {e}");
+        return;
+    }
+    let _hosts = match Hosts::build("st-d", "198.18.4.", 2, |_| Vec::new()) {
+        Ok(h) => h,
+        Err(why) => {
+            println!("skipped: {name} {why}");
+            return;
+        }
+    };
+    assert!(shape("st-d", 0, "40mbit"), "tc tbf on host 0");
+    let env = [
+        ("STRATA_TRANSPORT", "ofi"),
+        ("STRATA_OFI_PROVIDER", "tcp"),
+        ("STRATA_TEST_NETNS", "st-d"),
+        ("STRATA_TEST_SUBNET", "198.18.4."),
+    ];
+    let res = spawn(name, 2, 2, &env, Duration::from_secs(60));
+    assert_all_ok(&res);
+    assert!(res[1].1.contains("RECEIVED"), "{res:?}");
 }

@@ -83,7 +83,7 @@ fn is_hardware(prov: &str) -> bool {
 /// (`provider` narrows them, like `FI_PROVIDER`).
 pub fn providers(provider: Option<&str>) -> Result<Vec<ProviderInfo>, String> {
     let api = api()?;
-    let list = getinfo(api, provider)?;
+    let (list, _) = getinfo(api, provider)?;
     let mut out = Vec::new();
     let mut p = list;
     while !p.is_null() {
@@ -112,8 +112,23 @@ pub fn providers(provider: Option<&str>) -> Result<Vec<ProviderInfo>, String> {
     Ok(out)
 }
 
-/// `fi_getinfo` with strata's needs as hints; the caller frees the list.
-fn getinfo(api: &Api, provider: Option<&str>) -> Result<*mut sys::fi_info, String> {
+/// `fi_getinfo` with strata's needs as hints; the caller frees the list. Writes are asked to
+/// complete only once delivered into the peer's memory (`FI_DELIVERY_COMPLETE`), as an RC
+/// queue pair's do: a transmit completion (libfabric's default) may come while the data still
+/// sits in the sender's socket, and a rank that destroys its communicator then loses it. A
+/// provider that cannot deliver so is taken at its default, and the flag says so.
+fn getinfo(api: &Api, provider: Option<&str>) -> Result<(*mut sys::fi_info, bool), String> {
+    match getinfo_with(api, provider, sys::FI_DELIVERY_COMPLETE) {
+        Ok(list) => Ok((list, true)),
+        Err(_) => getinfo_with(api, provider, 0).map(|list| (list, false)),
+    }
+}
+
+fn getinfo_with(
+    api: &Api,
+    provider: Option<&str>,
+    tx_op_flags: u64,
+) -> Result<*mut sys::fi_info, String> {
     // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with its attribute blocks.
     let hints = unsafe { (api.dupinfo)(std::ptr::null()) };
     if hints.is_null() {
@@ -131,6 +146,7 @@ fn getinfo(api: &Api, provider: Option<&str>) -> Result<*mut sys::fi_info, Strin
             | sys::FI_RECV;
         h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2 | sys::FI_RX_CQ_DATA;
         (*h.ep_attr).ep_type = sys::FI_EP_RDM;
+        (*h.tx_attr).op_flags = tx_op_flags;
         (*h.domain_attr).mr_mode =
             sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
         if let Some(p) = provider {
@@ -192,7 +208,7 @@ pub(crate) fn open(cfg: &RdmaConfig) -> Result<Arc<OfiFabric>, String> {
 
 fn open_uncached(cfg: &RdmaConfig) -> Result<OfiFabric, String> {
     let api = api()?;
-    let list = getinfo(api, cfg.ofi_provider.as_deref())?;
+    let (list, delivered) = getinfo(api, cfg.ofi_provider.as_deref())?;
     let mut chosen: *mut sys::fi_info = std::ptr::null_mut();
     let mut p = list;
     while !p.is_null() {
@@ -254,7 +270,11 @@ fn open_uncached(cfg: &RdmaConfig) -> Result<OfiFabric, String> {
         mr_mode,
         mode: i.mode,
         hardware: is_hardware(&prov),
-        device: format!("{prov} on {dom}"),
+        device: if delivered {
+            format!("{prov} on {dom}")
+        } else {
+            format!("{prov} on {dom} (writes complete when sent, not when delivered)")
+        },
         next_key: AtomicU64::new(1),
         // SAFETY: each handle is an fid_mr this cache registered.
         cache: RegCache::new(|mr: usize| unsafe {

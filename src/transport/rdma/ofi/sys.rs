@@ -19,6 +19,7 @@ pub const FI_SEND: u64 = 1 << 11;
 pub const FI_REMOTE_WRITE: u64 = 1 << 13;
 pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
 pub const FI_COMPLETION: u64 = 1 << 24;
+pub const FI_DELIVERY_COMPLETE: u64 = 1 << 28;
 pub const FI_HMEM: u64 = 1 << 47;
 pub const FI_LOCAL_COMM: u64 = 1 << 51;
 pub const FI_REMOTE_COMM: u64 = 1 << 52;
@@ -110,12 +111,27 @@ pub struct fi_info {
     pub src_addr: *mut c_void,
     pub dest_addr: *mut c_void,
     pub handle: *mut fid,
-    pub tx_attr: *mut c_void,
+    pub tx_attr: *mut fi_tx_attr,
     pub rx_attr: *mut c_void,
     pub ep_attr: *mut fi_ep_attr,
     pub domain_attr: *mut fi_domain_attr,
     pub fabric_attr: *mut fi_fabric_attr,
     pub nic: *mut c_void,
+}
+
+/// `struct fi_tx_attr`.
+#[repr(C)]
+pub struct fi_tx_attr {
+    pub caps: u64,
+    pub mode: u64,
+    pub op_flags: u64,
+    pub msg_order: u64,
+    pub comp_order: u64,
+    pub inject_size: usize,
+    pub size: usize,
+    pub iov_limit: usize,
+    pub rma_iov_limit: usize,
+    pub tclass: u32,
 }
 
 /// `struct fid_fabric` and its `fi_ops_fabric`.
@@ -363,7 +379,11 @@ mod tests {
     #[test]
     fn layout_matches_libfabric() {
         assert_eq!(size_of::<fi_info>(), 120);
+        assert_eq!(offset_of!(fi_info, tx_attr), 72);
         assert_eq!(offset_of!(fi_info, domain_attr), 96);
+        // fabric.h declares fi_tx_attr's nine 64-bit fields before its u32 tclass.
+        assert_eq!(offset_of!(fi_tx_attr, op_flags), 16);
+        assert_eq!(size_of::<fi_tx_attr>(), 80);
         assert_eq!(offset_of!(fi_info, fabric_attr), 104);
         assert_eq!(offset_of!(fi_domain_attr, threading), 16);
         assert_eq!(offset_of!(fi_domain_attr, mr_mode), 36);
