@@ -74,5 +74,54 @@ if GATE == "gloo":
     )(TestStrataWithSpawn.test_get_backend)
 
 
+def _skip_decided_before_spawning():
+    """The suite's run-time skips whose answer the parent already knows. A test wrapped in
+    `skip_if_small_worldsize` (WORLD_SIZE below 8, unless MPI), `skip_if_no_gpu` (fewer
+    accelerators than ranks) or `skip_if_lt_x_gpu(x)` (fewer than x, unless it allows CPU and
+    there is none) spawns WORLD_SIZE processes only to have each exit with the skip code,
+    about 10 s on a 2-core machine. Such a test is skipped here, by the same rule and with the
+    suite's own words; every other test is left as it is."""
+    import torch
+    from torch.testing._internal.common_distributed import TEST_SKIPS
+
+    world_size = int(os.environ["WORLD_SIZE"])
+    available = torch.accelerator.is_available()
+    devices = torch.accelerator.device_count() if available else 0
+
+    def closure(f, name):
+        names = f.__code__.co_freevars
+        return f.__closure__[names.index(name)].cell_contents if name in names else None
+
+    def reason(f):
+        # functools.wraps copies the test's name onto a wrapper; its code keeps its own.
+        outer = getattr(getattr(f, "__code__", None), "co_qualname", "").split(".<locals>")[0]
+        if outer == "skip_if_small_worldsize":
+            if os.environ["BACKEND"] != "mpi" and world_size < 8:
+                return TEST_SKIPS["small_worldsize"].message
+        elif outer == "skip_if_no_gpu":
+            if not available:
+                return TEST_SKIPS["no_accelerator"].message
+            if devices < world_size:
+                return TEST_SKIPS[f"multi-device-{world_size}"].message
+        elif outer == "skip_if_lt_x_gpu":
+            x = getattr(f, "_min_gpus_required", None)
+            if x is not None and devices < x and not (closure(f, "allow_cpu") and not available):
+                return TEST_SKIPS[f"multi-device-{x}"].message
+        return None
+
+    for name in unittest.TestLoader().getTestCaseNames(TestStrataWithSpawn):
+        f = getattr(TestStrataWithSpawn, name)
+        while f is not None and not getattr(f, "__unittest_skip__", False):
+            why = reason(f)
+            if why is not None:
+                test = getattr(TestStrataWithSpawn, name)
+                setattr(TestStrataWithSpawn, name, unittest.skip(why)(test))
+                break
+            f = getattr(f, "__wrapped__", None)
+
+
+_skip_decided_before_spawning()
+
+
 if __name__ == "__main__":
     run_tests()
