@@ -189,6 +189,47 @@ fn alike_ranks_share_a_class() {
     assert_eq!(classes_of(&h, Algorithm::Tree, 4), None);
 }
 
+/// The coarse first round gives up on a fold only where full refinement would take more
+/// classes than allowed, at every limit, and it does give up: Bruck's all-gather, whose ranks
+/// all differ, at every limit below the rank count; trees and binomial broadcasts at some.
+#[test]
+fn the_coarse_round_gives_up_only_where_refinement_would() {
+    let mut gave_up = 0;
+    for h in [
+        fat_tree(2, 2, 4, 2, None),
+        fat_tree(4, 2, 2, 1, None),
+        fat_tree(3, 2, 2, 1, None),
+        fat_tree(2, 3, 5, 1, None),
+    ] {
+        for (c, a) in [
+            (Collective::AllReduce, Algorithm::RecursiveDoubling),
+            (Collective::AllReduce, Algorithm::Rabenseifner),
+            (Collective::AllReduce, Algorithm::Tree),
+            (Collective::AllGather, Algorithm::Bruck),
+            (Collective::AllGather, Algorithm::RecursiveDoubling),
+            (Collective::Broadcast, Algorithm::BinomialTree),
+        ] {
+            let mut q = query(&h, emulated_costs(), a, 3 << 12);
+            q.collective = c;
+            let (_, compact) = schedules(&q);
+            let pricer = Pricer::new(&q);
+            let start = vec![0.0; h.len()];
+            let refined = classes::refined_classes(&compact, &start, &pricer.net);
+            for max in 1..=h.len() {
+                if classes::too_many_classes(&compact, &start, &pricer.net, max) {
+                    gave_up += 1;
+                    assert!(
+                        refined > max,
+                        "{c} {a} on {} ranks: gave up at {max} classes, refinement takes {refined}",
+                        h.len()
+                    );
+                }
+            }
+        }
+    }
+    assert!(gave_up > 0, "the coarse round never gave up");
+}
+
 /// Recursive doubling step by step (what prices it above [`STEPWISE_DOUBLING_ABOVE`] ranks)
 /// times it exactly as its schedule folded, which times it as the full simulation does:
 /// oversubscribed leaf and pod uplinks, rank counts that are powers of two and counts whose
