@@ -83,18 +83,13 @@ fn is_hardware(prov: &str) -> bool {
 /// (`provider` narrows them, like `FI_PROVIDER`).
 pub fn providers(provider: Option<&str>) -> Result<Vec<ProviderInfo>, String> {
     let api = api()?;
-    let (list, _) = getinfo(api, provider)?;
+    let list = getinfo(api, provider, 0)?;
     let mut out = Vec::new();
     let mut p = list;
     while !p.is_null() {
         // SAFETY: a list from fi_getinfo, freed below.
         let i = unsafe { &*p };
-        let (prov, dom) = unsafe {
-            (
-                cstr((*i.fabric_attr).prov_name),
-                cstr((*i.domain_attr).name),
-            )
-        };
+        let (prov, dom) = names(i);
         if !out
             .iter()
             .any(|o: &ProviderInfo| o.provider == prov && o.domain == dom)
@@ -112,19 +107,9 @@ pub fn providers(provider: Option<&str>) -> Result<Vec<ProviderInfo>, String> {
     Ok(out)
 }
 
-/// `fi_getinfo` with strata's needs as hints; the caller frees the list. Writes are asked to
-/// complete only once delivered into the peer's memory (`FI_DELIVERY_COMPLETE`), as an RC
-/// queue pair's do: a transmit completion (libfabric's default) may come while the data still
-/// sits in the sender's socket, and a rank that destroys its communicator then loses it. A
-/// provider that cannot deliver so is taken at its default, and the flag says so.
-fn getinfo(api: &Api, provider: Option<&str>) -> Result<(*mut sys::fi_info, bool), String> {
-    match getinfo_with(api, provider, sys::FI_DELIVERY_COMPLETE) {
-        Ok(list) => Ok((list, true)),
-        Err(_) => getinfo_with(api, provider, 0).map(|list| (list, false)),
-    }
-}
-
-fn getinfo_with(
+/// `fi_getinfo` with strata's needs as hints, and `tx_op_flags` as the endpoints' default
+/// transmit flags; the caller frees the list.
+fn getinfo(
     api: &Api,
     provider: Option<&str>,
     tx_op_flags: u64,
@@ -206,42 +191,93 @@ pub(crate) fn open(cfg: &RdmaConfig) -> Result<Arc<OfiFabric>, String> {
         .clone()
 }
 
-fn open_uncached(cfg: &RdmaConfig) -> Result<OfiFabric, String> {
-    let api = api()?;
-    let (list, delivered) = getinfo(api, cfg.ofi_provider.as_deref())?;
+/// An entry's provider and domain names.
+fn names(i: &sys::fi_info) -> (String, String) {
+    // SAFETY: an entry from fi_getinfo, whose attribute blocks and names libfabric filled.
+    unsafe {
+        (
+            cstr((*i.fabric_attr).prov_name),
+            cstr((*i.domain_attr).name),
+        )
+    }
+}
+
+/// The entry of `list` that carries 4 bytes of remote CQ data, the one on the domain named
+/// `domain` where there is one, else the first; null if none.
+fn choose(list: *mut sys::fi_info, domain: Option<&str>) -> *mut sys::fi_info {
     let mut chosen: *mut sys::fi_info = std::ptr::null_mut();
     let mut p = list;
     while !p.is_null() {
         // SAFETY: an entry of the list.
         let i = unsafe { &*p };
-        let (dom, data) = unsafe { (cstr((*i.domain_attr).name), (*i.domain_attr).cq_data_size) };
-        if data >= 4 && (chosen.is_null() || cfg.interface.as_deref() == Some(dom.as_str())) {
+        // SAFETY: as above.
+        let data = unsafe { (*i.domain_attr).cq_data_size };
+        let here = domain.is_some() && domain == Some(names(i).1.as_str());
+        if data >= 4 && (chosen.is_null() || here) {
             chosen = p;
-            if cfg.interface.as_deref() == Some(dom.as_str()) {
+            if here {
                 break;
             }
         }
         p = i.next;
     }
+    chosen
+}
+
+/// The chosen provider and domain asked for again with writes that complete only once
+/// delivered into the peer's memory (`FI_DELIVERY_COMPLETE`), as an RC queue pair's do: a
+/// transmit completion (libfabric's default) may come while the data still sits in the
+/// sender's socket, and a rank that destroys its communicator then loses it. A duplicate of
+/// that entry, or null where the provider cannot deliver so (the caller then keeps its
+/// default). Asked apart from the listing, so that a provider without it is still found.
+fn delivering(api: &Api, chosen: &sys::fi_info) -> *mut sys::fi_info {
+    let (prov, dom) = names(chosen);
+    let Ok(list) = getinfo(api, Some(&prov), sys::FI_DELIVERY_COMPLETE) else {
+        return std::ptr::null_mut();
+    };
+    let mut p = list;
+    let mut out = std::ptr::null_mut();
+    while !p.is_null() {
+        // SAFETY: an entry of the list.
+        let i = unsafe { &*p };
+        // SAFETY: as above.
+        let (p_name, d_name) = names(i);
+        if p_name == prov && d_name == dom && unsafe { (*i.domain_attr).cq_data_size } >= 4 {
+            // SAFETY: duplicating one entry (fi_dupinfo copies only the entry).
+            out = unsafe { (api.dupinfo)(p) };
+            break;
+        }
+        p = i.next;
+    }
+    // SAFETY: the list from fi_getinfo.
+    unsafe { (api.freeinfo)(list) };
+    out
+}
+
+fn open_uncached(cfg: &RdmaConfig) -> Result<OfiFabric, String> {
+    let api = api()?;
+    let list = getinfo(api, cfg.ofi_provider.as_deref(), 0)?;
+    let chosen = choose(list, cfg.interface.as_deref());
     if chosen.is_null() {
         // SAFETY: the list from fi_getinfo.
         unsafe { (api.freeinfo)(list) };
         return Err("no provider carries 4 bytes of remote CQ data".into());
     }
-    // SAFETY: duplicating one entry (fi_dupinfo copies only the entry), then freeing the list.
-    let info = unsafe { (api.dupinfo)(chosen) };
+    // SAFETY: an entry of the list, still alive.
+    let mut info = delivering(api, unsafe { &*chosen });
+    let delivered = !info.is_null();
+    if !delivered {
+        // SAFETY: duplicating one entry (fi_dupinfo copies only the entry).
+        info = unsafe { (api.dupinfo)(chosen) };
+    }
+    // SAFETY: the list from fi_getinfo; `info` is a copy.
     unsafe { (api.freeinfo)(list) };
     if info.is_null() {
         return Err("fi_dupinfo failed".into());
     }
     // SAFETY: a valid fi_info from fi_dupinfo.
     let i = unsafe { &*info };
-    let (prov, dom) = unsafe {
-        (
-            cstr((*i.fabric_attr).prov_name),
-            cstr((*i.domain_attr).name),
-        )
-    };
+    let (prov, dom) = names(i);
     let mut fabric: *mut sys::fid_fabric = std::ptr::null_mut();
     // SAFETY: the entry's fabric attributes and an out-parameter.
     let r = unsafe { (api.fabric)(i.fabric_attr, &mut fabric, std::ptr::null_mut()) };
