@@ -240,8 +240,8 @@ fn delivering(api: &Api, chosen: &sys::fi_info) -> *mut sys::fi_info {
     while !p.is_null() {
         // SAFETY: an entry of the list.
         let i = unsafe { &*p };
-        // SAFETY: as above.
         let (p_name, d_name) = names(i);
+        // SAFETY: as above.
         if p_name == prov && d_name == dom && unsafe { (*i.domain_attr).cq_data_size } >= 4 {
             // SAFETY: duplicating one entry (fi_dupinfo copies only the entry).
             out = unsafe { (api.dupinfo)(p) };
