@@ -13,14 +13,9 @@ const HOSTS: usize = 4;
 const PER_HOST: usize = 2;
 const SLOW: usize = 2;
 
-fn tc(ns: &str, rate: &str) -> bool {
-    Command::new("ip")
-        .args([
-            "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root",
-        ])
-        .args(["tbf", "rate", rate, "burst", "512kb", "latency", "200ms"])
-        .status()
-        .is_ok_and(|s| s.success())
+/// Host `h`'s sending link shaped to `rate`.
+fn tc(hosts: &Hosts, h: usize, rate: &str) -> bool {
+    hosts.shape(h, rate, "512kb", "200ms")
 }
 
 /// Where rank `r` of the run on `port` writes its JSON report (rank 0 alone does).
@@ -97,7 +92,7 @@ fn health_names_the_host_whose_link_is_shaped_to_half_and_no_other() {
             return;
         }
     };
-    if !(0..HOSTS).all(|h| tc(&format!("st-k{h}"), "400mbit")) {
+    if !(0..HOSTS).all(|h| tc(&hosts, h, "400mbit")) {
         common::skip(
             "health_names_the_host_whose_link_is_shaped_to_half_and_no_other",
             "tc tbf failed",
@@ -116,7 +111,7 @@ fn health_names_the_host_whose_link_is_shaped_to_half_and_no_other() {
         assert_eq!(*code, Some(0), "rank {r}: {out}");
     }
     // Host 2 at half.
-    assert!(tc(&format!("st-k{SLOW}"), "200mbit"));
+    assert!(tc(&hosts, SLOW, "200mbit"));
     let t = Instant::now();
     let shaped = health(port + 1);
     let shaped_s = t.elapsed().as_secs_f64();

@@ -401,12 +401,18 @@ fn memfd() -> std::io::Result<std::os::fd::OwnedFd> {
 /// Four emulated hosts `st-o0` … `st-o3` (198.18.2.1-4/24) on one bridge in `st-osw`, for
 /// libfabric's tcp provider; removed on drop.
 fn ofi_hosts() -> Result<Hosts, String> {
+    ofi_hosts_at("st-o", "198.18.2.", HOSTS)
+}
+
+/// `count` emulated hosts named from `prefix` in `subnet`, once libfabric's tcp provider is
+/// known to be there; or why not.
+fn ofi_hosts_at(prefix: &str, subnet: &str, count: usize) -> Result<Hosts, String> {
     if let Err(e) = strata::rdma::ofi::providers(Some("tcp")) {
         return Err(format!(
             "needs libfabric's tcp provider (Debian: libfabric1): {e}"
         ));
     }
-    Hosts::build("st-o", "198.18.2.", HOSTS, |_| Vec::new())
+    Hosts::build(prefix, subnet, count, |_| Vec::new())
 }
 
 const HOSTS: usize = 4;
@@ -499,16 +505,6 @@ fn a_peer_killed_mid_transfer_over_libfabric_is_named_on_every_survivor() {
     }
 }
 
-/// Shapes host `h`'s sending link (`eth0` in its namespace) with `tc tbf`.
-fn shape(prefix: &str, h: usize, rate: &str) -> bool {
-    Command::new("ip")
-        .args(["netns", "exec", &format!("{prefix}{h}"), "tc", "qdisc"])
-        .args(["replace", "dev", "eth0", "root", "tbf", "rate", rate])
-        .args(["burst", "64kb", "latency", "2s"])
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// Over libfabric's `tcp` provider, a rank that sends 4 MiB on a link shaped to 40 Mbit/s and
 /// destroys its communicator at once loses nothing: its writes complete only once delivered
 /// (`FI_DELIVERY_COMPLETE`), so the destroy waits for them. At libfabric's default (transmit
@@ -539,18 +535,14 @@ fn over_libfabric_a_rank_that_destroys_right_after_sending_on_a_slow_link_loses_
     if is_worker() {
         return;
     }
-    if let Err(e) = strata::rdma::ofi::providers(Some("tcp")) {
-        println!("skipped: {name} needs libfabric's tcp provider (Debian: libfabric1): {e}");
-        return;
-    }
-    let _hosts = match Hosts::build("st-d", "198.18.4.", 2, |_| Vec::new()) {
+    let hosts = match ofi_hosts_at("st-d", "198.18.4.", 2) {
         Ok(h) => h,
         Err(why) => {
             println!("skipped: {name} {why}");
             return;
         }
     };
-    assert!(shape("st-d", 0, "40mbit"), "tc tbf on host 0");
+    assert!(hosts.shape(0, "40mbit", "64kb", "2s"), "tc tbf on host 0");
     let env = [
         ("STRATA_TRANSPORT", "ofi"),
         ("STRATA_OFI_PROVIDER", "tcp"),

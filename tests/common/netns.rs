@@ -71,6 +71,23 @@ impl Hosts {
         Ok(hosts)
     }
 
+    /// Shapes host `h`'s sending link (`eth0` in its namespace) with `tc tbf` at `rate`, with
+    /// `burst` and `latency` as tc writes them; whether tc took it.
+    pub fn shape(&self, h: usize, rate: &str, burst: &str, latency: &str) -> bool {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &format!("{}{h}", self.prefix),
+                "tc",
+                "qdisc",
+            ])
+            .args(["replace", "dev", "eth0", "root", "tbf", "rate", rate])
+            .args(["burst", burst, "latency", latency])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     /// The bridge namespace, where host h's port is `<prefix>p<h>`.
     pub fn switch(&self) -> String {
         format!("{}sw", self.prefix)
